@@ -1,0 +1,86 @@
+"""``ConvSpec``: a validated description of one weight-quantized convolution.
+
+Engines are built from a ``ConvSpec``; the oracle takes the same fields as keyword arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _validate as V
+from .weights import QuantizedWeight
+
+ACT_QUANT_MODES = ("tensor", "row", None)
+
+
+@dataclass(frozen=True, eq=False)
+class ConvSpec:
+    """Weight, bias and hyper-parameters of a conv.
+
+    ``weight``: :class:`~qconv.weights.QuantizedWeight` ``(O, I/groups, kh, kw)``; ``bias``: float32 ``(O,)``
+    or None; ``stride``/``padding``/``dilation``: ``(h, w)`` pairs (padding is applied on both sides);
+    ``activation``: None, ``"relu"`` or ``"relu6"``; ``act_quant``: ``"tensor"``, ``"row"`` or None.
+    """
+
+    weight: QuantizedWeight
+    bias: np.ndarray | None = None
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    activation: str | None = None
+    act_quant: str | None = "tensor"
+
+    def __post_init__(self):
+        if not isinstance(self.weight, QuantizedWeight):
+            raise TypeError(f"weight must be a qconv.QuantizedWeight, got {type(self.weight).__name__} "
+                            "(use qconv.quantize_weight to make one)")
+        object.__setattr__(self, "stride", V.as_pair(self.stride, "stride", minimum=1))
+        object.__setattr__(self, "padding", V.as_pair(self.padding, "padding", minimum=0))
+        object.__setattr__(self, "dilation", V.as_pair(self.dilation, "dilation", minimum=1))
+        V.check_choice(self.activation, "activation", V.ACTIVATIONS)
+        V.check_choice(self.act_quant, "act_quant", ACT_QUANT_MODES)
+        if self.bias is not None:
+            bias = V.float_array(self.bias, "bias", ndim=1)
+            if bias.shape != (self.weight.out_channels,):
+                raise ValueError(f"bias must have shape ({self.weight.out_channels},), got {bias.shape}")
+            bias.setflags(write=False)
+            object.__setattr__(self, "bias", bias)
+
+    @property
+    def groups(self) -> int:
+        return self.weight.groups
+
+    @property
+    def in_channels(self) -> int:
+        return self.weight.in_channels
+
+    @property
+    def out_channels(self) -> int:
+        return self.weight.out_channels
+
+    @property
+    def kernel_size(self) -> tuple[int, int]:
+        return self.weight.kernel_size
+
+    @property
+    def is_pointwise(self) -> bool:
+        """1x1 kernel, stride 1, no padding, dilation 1 (a GEMM over pixels)."""
+        return (self.kernel_size == (1, 1) and self.stride == (1, 1) and self.padding == (0, 0)
+                and self.dilation == (1, 1))
+
+    def out_hw(self, h: int, w: int) -> tuple[int, int]:
+        """Output ``(OH, OW)`` for an ``h x w`` input; ``ValueError`` when either would be <= 0."""
+        out = []
+        for size, k, s, p, d, name in zip((h, w), self.kernel_size, self.stride, self.padding, self.dilation,
+                                          ("height", "width")):
+            span = d * (k - 1) + 1
+            o = (size + 2 * p - span) // s + 1
+            if o <= 0:
+                raise ValueError(f"output {name} would be {o} <= 0: input {name} {size}, padding {p}, "
+                                 f"dilated kernel {span}, stride {s}")
+            out.append(o)
+        return out[0], out[1]
+
+    def bias_or_zeros(self) -> np.ndarray:
+        return self.bias if self.bias is not None else np.zeros(self.out_channels, np.float32)

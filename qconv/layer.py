@@ -1,0 +1,201 @@
+"""Public layers: :class:`Conv2d`, :class:`Linear` and the functional :func:`conv2d`.
+
+A layer validates its arguments once, picks an engine by ``device`` and lets the engine prepare the
+weights (tiling, packing, fused tables). Calls validate the input, then run the engine.
+
+Devices: ``"cpu"`` (Cython int8 GEMM engine), ``"reference"`` (the numpy oracle), ``"opencl"`` (first GPU,
+else any OpenCL device), ``"opencl:P:D"``, or a ``pyopencl.Device`` / ``pyopencl.Context``.
+``act_quant="auto"`` resolves to the engine's default: ``"tensor"`` on the CPU (``"row"`` for
+:class:`Linear`), ``None`` (float activations) on OpenCL.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _validate as V
+from . import reference
+from .geometry import ConvSpec
+from .layouts.nc4hw4 import NC4HW4
+from .weights import QuantizedWeight
+
+LAYOUTS = ("nchw", "nc4hw4")
+PUBLIC_NC4HW4 = NC4HW4(4)
+
+
+class ReferenceEngine:
+    """The numpy oracle behind the engine protocol (slow; for checks and as a fallback you ask for)."""
+
+    name = "reference"
+    supported_act_quant = ("tensor", "row", None)
+    default_act_quant = "tensor"
+    default_linear_act_quant = "row"
+    native_layouts = ("nchw",)
+
+    def __init__(self, spec: ConvSpec):
+        self.spec = spec
+
+    def forward(self, x: np.ndarray, layout: str = "nchw") -> np.ndarray:
+        s = self.spec
+        return reference.conv2d(x, s.weight, s.bias, s.stride, s.padding, s.dilation, s.activation,
+                                s.act_quant)
+
+    def describe(self) -> str:
+        return "reference (numpy float64/int64 oracle)"
+
+
+def _is_opencl_device(device) -> bool:
+    if isinstance(device, str):
+        return device == "opencl" or device.startswith("opencl:")
+    mod = type(device).__module__ or ""
+    return mod.startswith("pyopencl")
+
+
+def _engine_class(device):
+    if isinstance(device, str) and device == "cpu":
+        try:
+            from .cpu import CpuEngine
+        except ImportError as exc:
+            raise RuntimeError("the qconv CPU engine is not built (its Cython extension failed to import: "
+                               f"{exc}); reinstall with `pip install -e .` and a C compiler") from exc
+        return CpuEngine
+    if isinstance(device, str) and device == "reference":
+        return ReferenceEngine
+    if _is_opencl_device(device):
+        try:
+            from .gpu import OpenCLEngine
+        except ImportError as exc:
+            raise RuntimeError(f"the OpenCL engine needs pyopencl (`pip install pyopencl`): {exc}") from exc
+        return OpenCLEngine
+    raise ValueError(f"device must be 'cpu', 'reference', 'opencl', 'opencl:P:D' or a pyopencl "
+                     f"Device/Context, got {device!r}")
+
+
+def _is_cl_array(x) -> bool:
+    return type(x).__module__.startswith("pyopencl") and hasattr(x, "queue")
+
+
+class Conv2d:
+    """A prepared weight-quantized 2-D convolution.
+
+    ``weight``: :class:`QuantizedWeight` ``(O, I/groups, kh, kw)``; ``bias``: float ``(O,)`` or None;
+    ``stride``, ``padding``, ``dilation``: int or ``(h, w)``; ``activation``: None, ``"relu"``, ``"relu6"``;
+    ``act_quant``: ``"auto"``, ``"tensor"``, ``"row"`` or None (see the module docstring); ``threads``: CPU
+    threads (None = all cores). Extra keyword arguments go to the engine (e.g. ``input_qparams``,
+    ``output_qparams`` of the CPU engine's static int8 path).
+
+    ``layer(x)`` takes float32 NCHW ``(N, C, H, W)`` and returns float32 NCHW ``(N, O, OH, OW)``;
+    ``layer(x, layout="nc4hw4")`` takes and returns ``(ceil(C/4), N, H, W, 4)`` arrays (padding lanes zero).
+    """
+
+    _default_act_quant_key = "default_act_quant"
+
+    def __init__(self, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1,
+                 activation=None, device="cpu", act_quant="auto", threads=None, **engine_options):
+        engine_cls = _engine_class(device)
+        if act_quant == "auto":
+            act_quant = getattr(engine_cls, self._default_act_quant_key, engine_cls.default_act_quant)
+        V.check_choice(act_quant, "act_quant", engine_cls.supported_act_quant)
+        self.spec = ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant)
+        self.device = device
+        if threads is not None:
+            threads = V.check_int(threads, "threads", minimum=1)
+            engine_options["threads"] = threads
+        if engine_cls is not ReferenceEngine and _is_opencl_device(device):
+            engine_options["device"] = device
+        self.engine = engine_cls(self.spec, **engine_options)
+
+    # --- properties -----------------------------------------------------------------------------
+    @property
+    def weight(self) -> QuantizedWeight:
+        return self.spec.weight
+
+    @property
+    def in_channels(self) -> int:
+        return self.spec.in_channels
+
+    @property
+    def out_channels(self) -> int:
+        return self.spec.out_channels
+
+    def __repr__(self) -> str:
+        s = self.spec
+        act = f", activation={s.activation!r}" if s.activation else ""
+        return (f"{type(self).__name__}({s.in_channels}->{s.out_channels}, kernel={s.kernel_size}, "
+                f"stride={s.stride}, padding={s.padding}, dilation={s.dilation}, groups={s.groups}{act}, "
+                f"weight=int{s.weight.bits} {'sym' if s.weight.symmetric else 'asym'} "
+                f"{'block ' + str(s.weight.block_size) if s.weight.block_size else 'per-channel'}, "
+                f"act_quant={s.act_quant!r}, engine={self.engine.describe()})")
+
+    # --- calls ----------------------------------------------------------------------------------
+    def _check_input(self, x, layout: str):
+        V.check_choice(layout, "layout", LAYOUTS)
+        if _is_cl_array(x):
+            return x  # device arrays are checked by the OpenCL engine
+        int8_input = getattr(self.engine, "int8_input", False)
+        if int8_input:
+            x = np.asarray(x)
+            if x.dtype != np.int8:
+                raise TypeError(f"this layer has input_qparams, so x must be int8, got dtype {x.dtype}")
+            x = np.ascontiguousarray(x)
+            if x.size == 0:
+                raise ValueError(f"x must not be empty, got shape {x.shape}")
+        else:
+            x = V.float_array(x, "x")
+        c = self.spec.in_channels
+        if layout == "nchw":
+            if x.ndim != 4:
+                raise ValueError(f"x must be NCHW (N, C, H, W), got shape {x.shape}")
+            if x.shape[1] != c:
+                raise ValueError(f"x has {x.shape[1]} channels, the layer expects {c} (x shape {x.shape})")
+            n, h, w = x.shape[0], x.shape[2], x.shape[3]
+        else:
+            want = -(-c // 4)
+            if x.ndim != 5 or x.shape[4] != 4 or x.shape[0] != want:
+                raise ValueError(f"x must be NC4HW4 ({want}, N, H, W, 4) for {c} channels, got shape {x.shape}")
+            n, h, w = x.shape[1], x.shape[2], x.shape[3]
+        oh, ow = self.spec.out_hw(h, w)
+        V.check_alloc(4 * n * oh * ow * (-(-self.spec.out_channels // 4) * 4), "the output")
+        return x
+
+    def __call__(self, x, layout: str = "nchw"):
+        x = self._check_input(x, layout)
+        native = getattr(self.engine, "native_layouts", LAYOUTS)
+        if _is_cl_array(x) or layout in native:
+            return self.engine.forward(x, layout)
+        y = self.engine.forward(PUBLIC_NC4HW4.unpack_array(x, self.spec.in_channels), "nchw")
+        return PUBLIC_NC4HW4.pack_array(y)
+
+
+class Linear(Conv2d):
+    """A weight-quantized linear layer: ``y = x @ w.T + bias`` for ``x`` of shape ``(N, K)``.
+
+    ``weight`` is a :class:`QuantizedWeight` of shape ``(O, K, 1, 1)`` (``quantize_weight`` of an ``(O, K)``
+    array). It runs as a 1x1 conv on 1x1 spatial (the GEMV/LLM case). ``act_quant="auto"`` is ``"row"`` on
+    the CPU, so every row is quantized on its own and batching never changes a row's result.
+    """
+
+    _default_act_quant_key = "default_linear_act_quant"
+
+    def __init__(self, weight: QuantizedWeight, bias=None, activation=None, device="cpu", act_quant="auto",
+                 threads=None, **engine_options):
+        if isinstance(weight, QuantizedWeight) and weight.kernel_size != (1, 1):
+            raise ValueError(f"Linear needs a weight of shape (O, K, 1, 1), got {weight.q.shape}")
+        super().__init__(weight, bias, 1, 0, 1, activation, device, act_quant, threads, **engine_options)
+
+    def __call__(self, x):
+        if _is_cl_array(x):
+            if x.ndim != 2:
+                raise ValueError(f"x must have shape (N, K), got {x.shape}")
+            y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
+            return y.reshape(y.shape[0], y.shape[1])
+        x = V.float_array(x, "x", ndim=2)
+        y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
+        return y.reshape(y.shape[0], y.shape[1])
+
+
+def conv2d(x, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1, activation=None,
+           device="cpu", act_quant="auto", threads=None, layout: str = "nchw", **engine_options):
+    """Functional form of :class:`Conv2d` (prepares the weights on every call: use the layer when repeating)."""
+    layer = Conv2d(weight, bias, stride, padding, dilation, activation, device, act_quant, threads,
+                   **engine_options)
+    return layer(x, layout=layout)

@@ -1,0 +1,207 @@
+"""The numpy oracle: what every fast engine computes, written plainly.
+
+Three steps, each exposed so engines can test their own parts against it:
+
+1. :func:`quantize_activation` — dynamic int8 quantization of the float input (``"tensor"`` or ``"row"``).
+2. :func:`integer_parts` — exact integer sums ``A`` (weights x inputs) and ``S`` (input sums) per block.
+3. :func:`conv2d` — the float epilogue: ``y = sum_k dx*(s*A_k + a*S_k) + bias``, then the activation.
+
+Padding taps contribute exactly zero (they are quantized zeros ``u = xq - z = 0``); MNN's padded-L
+artefact (mnn-semantics 6.11) is deliberately not reproduced. Integer sums are computed with float64
+BLAS on integer-valued operands, which is exact while ``|sum| < 2**53``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _validate as V
+from .geometry import ConvSpec
+from .weights import QuantizedWeight, round_half_away
+
+
+@dataclass(frozen=True)
+class ActQuant:
+    """Quantized activations: ``x ~= (xq - zero[n]) * scale[n]``.
+
+    ``xq``: int8, the shape of ``x``. ``scale``: float32 ``(1,)`` (tensor) or ``(N,)`` (row).
+    ``zero``: int32, same shape as ``scale``. ``mode``: ``"tensor"`` or ``"row"``.
+    """
+
+    xq: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+    mode: str
+
+    def per_sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scale, zero)`` broadcast to ``(n,)``."""
+        return (np.broadcast_to(self.scale, (n,)).astype(np.float32),
+                np.broadcast_to(self.zero, (n,)).astype(np.int32))
+
+    def dequantize(self) -> np.ndarray:
+        n = self.xq.shape[0]
+        s, z = self.per_sample(n)
+        shape = (n,) + (1,) * (self.xq.ndim - 1)
+        return ((self.xq.astype(np.float64) - z.reshape(shape)) * s.reshape(shape)).astype(np.float32)
+
+
+def quantize_activation(x, mode: str = "tensor") -> ActQuant:
+    """Dynamic int8 quantization of float32 ``x`` (any shape with the batch first).
+
+    ``"tensor"``: ``lo = min(min x, 0)``, ``hi = max(max x, 0)``; ``qs = 255/(hi-lo)``, ``dx = (hi-lo)/255``
+    (float32), ``z = round(-lo*qs) - 128``; ``xq = clip(round(x*qs) + z, -128, 127)``. An all-zero input
+    gives ``qs = dx = 1, z = 0``.
+    ``"row"``: per sample ``n``, ``a = max|x[n]|``, ``qs = 127/a``, ``dx = a/127``, ``xq = clip(round(x*qs), -127, 127)``,
+    ``z = 0`` (``a == 0`` gives ``qs = dx = 1``).
+    Rounding is half away from zero, applied to the float32 product ``x*qs`` before adding ``z``.
+    """
+    x = V.float_array(x, "x")
+    V.check_choice(mode, "act_quant", ("tensor", "row"))
+    if mode == "tensor":
+        lo = min(float(x.min()), 0.0)
+        hi = max(float(x.max()), 0.0)
+        rng = np.float32(np.float32(hi) - np.float32(lo))
+        if rng > 0:
+            qs = np.float32(np.float32(255.0) / rng)
+            dx = np.float32(rng / np.float32(255.0))
+            z = int(round_half_away(np.float32(-np.float32(lo)) * qs)) - 128
+        else:
+            qs, dx, z = np.float32(1), np.float32(1), 0
+        xq = np.clip(round_half_away(x * qs) + z, -128, 127).astype(np.int8)
+        return ActQuant(xq, np.array([dx], np.float32), np.array([z], np.int32), "tensor")
+    n = x.shape[0]
+    amax = np.abs(x.reshape(n, -1)).max(axis=1).astype(np.float32)
+    pos = amax > 0
+    qs = np.where(pos, np.float32(127.0) / np.where(pos, amax, 1), 1).astype(np.float32)
+    dx = np.where(pos, amax / np.float32(127.0), 1).astype(np.float32)
+    shape = (n,) + (1,) * (x.ndim - 1)
+    xq = np.clip(round_half_away(x * qs.reshape(shape)), -127, 127).astype(np.int8)
+    return ActQuant(xq, dx, np.zeros(n, np.int32), "row")
+
+
+def _spec(weight, bias, stride, padding, dilation, activation, act_quant) -> ConvSpec:
+    return ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant)
+
+
+def _check_input(x, spec: ConvSpec) -> np.ndarray:
+    x = V.float_array(x, "x", ndim=4)
+    if x.shape[1] != spec.in_channels:
+        raise ValueError(f"x has {x.shape[1]} channels but the weight expects {spec.in_channels} "
+                         f"(x shape {x.shape})")
+    return x
+
+
+def _columns(u: np.ndarray, spec: ConvSpec) -> np.ndarray:
+    """im2col: float64 ``(N, C, H, W)`` -> ``(N*OH*OW, groups, (C/groups)*kh*kw)`` in OIHW row order.
+
+    Out-of-image taps are 0 (for quantized inputs ``u = xq - z``, a zero is an exact quantized zero).
+    """
+    n, c, h, w = u.shape
+    kh, kw = spec.kernel_size
+    (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
+    oh, ow = spec.out_hw(h, w)
+    V.check_alloc(8 * n * oh * ow * c * kh * kw, "reference im2col buffer")
+    up = np.pad(u, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    cols = np.empty((n, oh, ow, c, kh, kw), np.float64)
+    for ky in range(kh):
+        for kx in range(kw):
+            ys, xs = ky * dh, kx * dw
+            patch = up[:, :, ys: ys + sh * (oh - 1) + 1: sh, xs: xs + sw * (ow - 1) + 1: sw]
+            cols[:, :, :, :, ky, kx] = patch.transpose(0, 2, 3, 1)
+    g = spec.groups
+    return cols.reshape(n * oh * ow, g, (c // g) * kh * kw)
+
+
+def _weight_blocks(weight: QuantizedWeight, values: np.ndarray) -> np.ndarray:
+    """``(O, ...)`` per-weight values -> ``(groups, n_blocks, block_len, O/groups)`` float64 for matmul."""
+    g, nb, bl = weight.groups, weight.n_blocks, weight.block_len
+    return values.reshape(g, weight.out_channels // g, nb, bl).transpose(0, 2, 3, 1).astype(np.float64)
+
+
+def integer_parts(x, weight: QuantizedWeight, stride=1, padding=0, dilation=1, act_quant: str = "tensor"):
+    """Exact integer sums of the quantized conv.
+
+    Returns ``(A, S, aq)``: ``A`` int64 ``(N, O, OH, OW, n_blocks)`` = ``sum_{l in block} q[o,l] * u[l]``,
+    ``S`` int64 ``(N, groups, OH, OW, n_blocks)`` = ``sum_{l in block} u[l]``, with ``u = xq - z`` and
+    padding taps ``u = 0``; ``aq`` the :class:`ActQuant` of ``x``.
+    """
+    spec = _spec(weight, None, stride, padding, dilation, None, act_quant)
+    if act_quant is None:
+        raise ValueError("integer_parts needs act_quant='tensor' or 'row'")
+    x = _check_input(x, spec)
+    aq = quantize_activation(x, act_quant)
+    n = x.shape[0]
+    _, z = aq.per_sample(n)
+    u = aq.xq.astype(np.float64) - z.reshape(n, 1, 1, 1)
+    return (*_integer_sums(u, spec), aq)
+
+
+def _integer_sums(u: np.ndarray, spec: ConvSpec):
+    weight = spec.weight
+    n = u.shape[0]
+    oh, ow = spec.out_hw(u.shape[2], u.shape[3])
+    g, nb, bl = weight.groups, weight.n_blocks, weight.block_len
+    cols = _columns(u, spec).reshape(-1, g, nb, bl).transpose(1, 2, 0, 3)  # (G, nb, P, L)
+    acc = np.matmul(cols, _weight_blocks(weight, weight.q))  # (G, nb, P, O/G)
+    a = np.rint(acc).astype(np.int64).transpose(2, 0, 3, 1)  # (P, G, O/G, nb)
+    a = a.reshape(n, oh, ow, weight.out_channels, nb).transpose(0, 3, 1, 2, 4)
+    s = np.rint(cols.sum(axis=3)).astype(np.int64).transpose(2, 0, 1)  # (P, G, nb)
+    s = s.reshape(n, oh, ow, g, nb).transpose(0, 3, 1, 2, 4)
+    return np.ascontiguousarray(a), np.ascontiguousarray(s)
+
+
+def apply_activation(y: np.ndarray, activation) -> np.ndarray:
+    if activation == "relu":
+        return np.maximum(y, 0)
+    if activation == "relu6":
+        return np.clip(y, 0, 6)
+    return y
+
+
+def conv2d(x, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1, activation=None,
+           act_quant: str | None = "tensor") -> np.ndarray:
+    """Reference weight-quantized conv: float32 NCHW ``x`` -> float32 NCHW ``(N, O, OH, OW)``.
+
+    ``act_quant``: ``"tensor"`` / ``"row"`` quantize ``x`` dynamically (see :func:`quantize_activation`) and
+    use exact integer sums; ``None`` convolves the float input with ``weight.dequantize()`` in float64.
+    Epilogue (float64): ``y = sum_k dx * (scale[o,k]*A_k + offset[o,k]*S_k) + bias``, then ``activation``.
+    """
+    spec = _spec(weight, bias, stride, padding, dilation, activation, act_quant)
+    x = _check_input(x, spec)
+    n = x.shape[0]
+    oh, ow = spec.out_hw(x.shape[2], x.shape[3])
+    o, g = weight.out_channels, weight.groups
+    if act_quant is None:
+        cols = _columns(x.astype(np.float64), spec).transpose(1, 0, 2)  # (G, P, L)
+        w = weight.dequantize(np.float64).reshape(g, o // g, -1).transpose(0, 2, 1)  # (G, L, O/G)
+        y = np.matmul(cols, w).transpose(1, 0, 2).reshape(n, oh, ow, o).transpose(0, 3, 1, 2)
+    else:
+        aq = quantize_activation(x, act_quant)
+        dx, z = aq.per_sample(n)
+        u = aq.xq.astype(np.float64) - z.reshape(n, 1, 1, 1)
+        a, s = _integer_sums(u, spec)
+        s = np.repeat(s, o // g, axis=1)  # (N, O, OH, OW, nb): each output channel's group sums
+        scales = weight.scales.astype(np.float64)[None, :, None, None, :]
+        y = (a * scales).sum(axis=-1)
+        if weight.offsets is not None:
+            y = y + (s * weight.offsets.astype(np.float64)[None, :, None, None, :]).sum(axis=-1)
+        y = y * dx.astype(np.float64).reshape(n, 1, 1, 1)
+    y = y + spec.bias_or_zeros().astype(np.float64).reshape(1, o, 1, 1)
+    return np.ascontiguousarray(apply_activation(y, activation).astype(np.float32))
+
+
+def float_conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> np.ndarray:
+    """Plain float conv (float64 accumulation) of float weights ``w (O, I/groups, kh, kw)``: the accuracy baseline."""
+    w = V.float_array(w, "w", ndim=4)
+    o, ipg = w.shape[0], w.shape[1]
+    fake = QuantizedWeight(np.zeros(w.shape, np.int8), np.ones((o, 1), np.float32), None, 8, 0, groups)
+    spec = _spec(fake, bias, stride, padding, dilation, None, None)
+    x = _check_input(x, spec)
+    n = x.shape[0]
+    oh, ow = spec.out_hw(x.shape[2], x.shape[3])
+    cols = _columns(x.astype(np.float64), spec).transpose(1, 0, 2)
+    wm = w.astype(np.float64).reshape(groups, o // groups, -1).transpose(0, 2, 1)
+    y = np.matmul(cols, wm).transpose(1, 0, 2).reshape(n, oh, ow, o).transpose(0, 3, 1, 2)
+    y = y + spec.bias_or_zeros().astype(np.float64).reshape(1, o, 1, 1)
+    return np.ascontiguousarray(y.astype(np.float32))

@@ -1,0 +1,349 @@
+"""The canonical quantized weight, :class:`QuantizedWeight`, and :func:`quantize_weight`.
+
+Every engine, layout and converter of qconv starts from this one flat type. Its fields are plain data:
+
+========== ============================== =====================================================
+field      dtype / shape                  meaning
+========== ============================== =====================================================
+q          int8 ``(O, I/groups, kh, kw)``  quantized weights in the logical (OIHW) shape
+scales     float32 ``(O, n_blocks)``       per (output channel, block) scale ``s``
+offsets    float32 ``(O, n_blocks)``       float-domain offset ``a`` or ``None`` (symmetric)
+bits       4 or 8                          integer range: see :attr:`QuantizedWeight.qmin`
+block_size int >= 0                        input channels per block, 0 = one block per row
+groups     int >= 1                        grouped convolution (``I = groups * q.shape[1]``)
+========== ============================== =====================================================
+
+Dequantization is float-domain, as in MNN: ``w = q * s + a``. A block covers ``block_size`` input
+channels times all ``kh*kw`` taps, i.e. a contiguous run of ``block_len`` elements of the
+OIHW-flattened row of one output channel.
+"""
+from __future__ import annotations
+
+import io
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _validate as V
+
+FORMAT_VERSION = 1
+
+# Integer range of each (bits, symmetric) scheme. Symmetric ranges are restricted (MNN, qnnpack).
+_QRANGE = {(8, True): (-127, 127), (8, False): (-128, 127), (4, True): (-7, 7), (4, False): (-8, 7)}
+_QRANGE_ANY = {8: (-128, 127), 4: (-8, 7)}
+
+
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """Round half away from zero (C ``roundf``), exact for float32 input (computed in float64)."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5))
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """A weight-quantized conv (or linear) weight. See the module docstring for the fields."""
+
+    q: np.ndarray
+    scales: np.ndarray
+    offsets: np.ndarray | None
+    bits: int
+    block_size: int = 0
+    groups: int = 1
+
+    def __post_init__(self):
+        bits = V.check_bits(self.bits)
+        block_size = V.check_int(self.block_size, "block_size", minimum=0)
+        groups = V.check_int(self.groups, "groups", minimum=1)
+        q = self.q
+        if not isinstance(q, np.ndarray):
+            raise TypeError(f"q must be an int8 ndarray, got {type(q).__name__}")
+        if q.dtype != np.int8:
+            raise TypeError(f"q must have dtype int8, got {q.dtype}")
+        if q.ndim != 4:
+            raise ValueError(f"q must have shape (O, I/groups, kh, kw), got shape {q.shape}")
+        if q.size == 0:
+            raise ValueError(f"q must not be empty, got shape {q.shape}")
+        o, ipg = q.shape[0], q.shape[1]
+        if o % groups:
+            raise ValueError(f"out channels {o} are not divisible by groups={groups}")
+        if block_size and ipg % block_size:
+            raise ValueError(f"block_size={block_size} must divide the input channels per group ({ipg}); "
+                             f"valid block sizes: {_divisors(ipg)}")
+        n_blocks = ipg // block_size if block_size else 1
+        lo, hi = _QRANGE_ANY[bits]
+        qmin, qmax = int(q.min()), int(q.max())
+        if qmin < lo or qmax > hi:
+            raise ValueError(f"q values [{qmin}, {qmax}] are outside the int{bits} range [{lo}, {hi}]")
+        scales = _param_array(self.scales, "scales", (o, n_blocks))
+        offsets = None if self.offsets is None else _param_array(self.offsets, "offsets", (o, n_blocks))
+        if offsets is None and qmin < -(2 ** (bits - 1) - 1):
+            raise ValueError(f"symmetric int{bits} weights must lie in [-{2 ** (bits - 1) - 1}, "
+                             f"{2 ** (bits - 1) - 1}], got minimum {qmin}")
+        q = np.ascontiguousarray(q)
+        q.setflags(write=False)
+        object.__setattr__(self, "q", q)
+        object.__setattr__(self, "scales", scales)
+        object.__setattr__(self, "offsets", offsets)
+        object.__setattr__(self, "bits", bits)
+        object.__setattr__(self, "block_size", block_size)
+        object.__setattr__(self, "groups", groups)
+
+    # --- derived properties -------------------------------------------------------------------
+    @property
+    def out_channels(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
+    def in_channels(self) -> int:
+        """Input channels of the conv (all groups)."""
+        return int(self.q.shape[1]) * self.groups
+
+    @property
+    def kernel_size(self) -> tuple[int, int]:
+        return int(self.q.shape[2]), int(self.q.shape[3])
+
+    @property
+    def taps(self) -> int:
+        return int(self.q.shape[2] * self.q.shape[3])
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.scales.shape[1])
+
+    @property
+    def block_channels(self) -> int:
+        """Input channels per block (``block_size``, or all channels of a group when 0)."""
+        return self.block_size or int(self.q.shape[1])
+
+    @property
+    def block_len(self) -> int:
+        """Elements of one block: ``block_channels * kh * kw``."""
+        return self.block_channels * self.taps
+
+    @property
+    def symmetric(self) -> bool:
+        return self.offsets is None
+
+    @property
+    def qmin(self) -> int:
+        return _QRANGE[(self.bits, self.symmetric)][0]
+
+    @property
+    def qmax(self) -> int:
+        return _QRANGE[(self.bits, self.symmetric)][1]
+
+    @property
+    def nbytes_q(self) -> int:
+        """Bytes of the packed integers (int4: two per byte)."""
+        n = int(self.q.size)
+        return n if self.bits == 8 else (n + 1) // 2
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes as stored: packed integers + float32 scales (+ offsets)."""
+        params = self.scales.size * (1 if self.symmetric else 2)
+        return self.nbytes_q + 4 * int(params)
+
+    @property
+    def nbytes_float(self) -> int:
+        """Bytes of the same weight in float32."""
+        return 4 * int(self.q.size)
+
+    def blocks(self) -> np.ndarray:
+        """``q`` viewed as ``(O, n_blocks, block_len)`` (no copy)."""
+        return self.q.reshape(self.out_channels, self.n_blocks, self.block_len)
+
+    def weight_sums(self) -> np.ndarray:
+        """int32 ``(O, n_blocks)``: sum of ``q`` over each block."""
+        return self.blocks().sum(axis=2, dtype=np.int32)
+
+    def dequantize(self, dtype=np.float32) -> np.ndarray:
+        """Float weights ``(O, I/groups, kh, kw)``: ``q * scale + offset`` per block, in float32 arithmetic."""
+        w = self.blocks().astype(np.float32) * self.scales[:, :, None]
+        if self.offsets is not None:
+            w = w + self.offsets[:, :, None]
+        return w.reshape(self.q.shape).astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        kind = "sym" if self.symmetric else "asym"
+        blk = f"block {self.block_size}" if self.block_size else "per-channel"
+        grp = f", groups={self.groups}" if self.groups > 1 else ""
+        return (f"QuantizedWeight(int{self.bits} {kind} {blk}, shape={tuple(self.q.shape)}{grp}, "
+                f"{self.nbytes_float} -> {self.nbytes} bytes)")
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, QuantizedWeight):
+            return NotImplemented
+        same_offsets = (self.offsets is None and other.offsets is None) or (
+            self.offsets is not None and other.offsets is not None
+            and np.array_equal(self.offsets, other.offsets))
+        return (self.bits == other.bits and self.block_size == other.block_size
+                and self.groups == other.groups and self.q.shape == other.q.shape
+                and np.array_equal(self.q, other.q) and np.array_equal(self.scales, other.scales)
+                and same_offsets)
+
+    __hash__ = None
+
+    # --- MNN parameter form -------------------------------------------------------------------
+    @classmethod
+    def from_mnn(cls, weight_bytes, alpha, out_channels: int, bits: int, asymmetric: bool,
+                 weight_shape, groups: int = 1) -> "QuantizedWeight":
+        """Build from MNN's loaded form (mnn-semantics 1.1-1.6).
+
+        ``weight_bytes``: uint8, one byte ``q + 128`` per weight (int8) or two nibbles ``q + 8`` per byte,
+        even element in the high nibble (int4; an odd count ends in a low nibble that is ignored).
+        ``alpha``: float32 ``[oc][block]`` scales (symmetric) or ``(min, scale)`` pairs (asymmetric), which
+        load as ``offset = min + 2**(bits-1) * scale``. ``weight_shape``: ``(O, I/groups, kh, kw)``.
+        """
+        from .layouts.int4 import MNN_INT4
+
+        bits = V.check_bits(bits)
+        o = V.check_int(out_channels, "out_channels", minimum=1)
+        try:
+            shape = tuple(int(s) for s in weight_shape)
+        except TypeError:
+            raise TypeError(f"weight_shape must be (O, I, kh, kw), got {weight_shape!r}") from None
+        if len(shape) != 4 or min(shape) < 1 or shape[0] != o:
+            raise ValueError(f"weight_shape must be (O={o}, I, kh, kw) with positive sizes, got {weight_shape!r}")
+        wb = np.asarray(weight_bytes)
+        if wb.dtype != np.uint8:
+            raise TypeError(f"weight_bytes must be uint8, got dtype {wb.dtype}")
+        wb = wb.reshape(-1)
+        count = int(np.prod(shape))
+        need = count if bits == 8 else (count + 1) // 2
+        if wb.size != need:
+            raise ValueError(f"weight_bytes has {wb.size} bytes, expected {need} for int{bits} weights of shape {shape}")
+        q = (wb.astype(np.int16) - 128).astype(np.int8) if bits == 8 else MNN_INT4.unpack_array(wb, count)
+        q = q.reshape(shape)
+        a = V.float_array(alpha, "alpha", ndim=(1, 2)).reshape(-1)
+        per = 2 if asymmetric else 1
+        if a.size % (per * o):
+            raise ValueError(f"alpha has {a.size} values, not a multiple of {per} x out_channels ({o})")
+        n_blocks = a.size // (per * o)
+        ipg = shape[1]
+        if ipg % n_blocks:
+            raise ValueError(f"alpha gives {n_blocks} blocks per channel, which do not divide the "
+                             f"{ipg} input channels")
+        block_size = 0 if n_blocks == 1 else ipg // n_blocks
+        if asymmetric:
+            pairs = a.reshape(o, n_blocks, 2)
+            scales = pairs[..., 1].copy()
+            offsets = (pairs[..., 0] + np.float32(2 ** (bits - 1)) * scales).astype(np.float32)
+        else:
+            scales, offsets = a.reshape(o, n_blocks).copy(), None
+        return cls(q, scales, offsets, bits, block_size, groups)
+
+    def to_mnn(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(weight_bytes uint8, alpha float32)`` in the form :meth:`from_mnn` reads."""
+        from .layouts.int4 import MNN_INT4
+
+        flat = self.q.reshape(-1)
+        wb = (flat.astype(np.int16) + 128).astype(np.uint8) if self.bits == 8 else MNN_INT4.pack_array(flat)
+        if self.symmetric:
+            alpha = self.scales.reshape(-1).copy()
+        else:
+            mins = (self.offsets - np.float32(2 ** (self.bits - 1)) * self.scales).astype(np.float32)
+            alpha = np.stack([mins, self.scales], axis=-1).reshape(-1)
+        return wb, alpha.astype(np.float32)
+
+    # --- files --------------------------------------------------------------------------------
+    def save(self, path) -> None:
+        """Write an ``.npz`` (format version :data:`FORMAT_VERSION`; no pickled objects)."""
+        arrays = dict(format_version=np.int64(FORMAT_VERSION), q=self.q, scales=self.scales,
+                      bits=np.int64(self.bits), block_size=np.int64(self.block_size),
+                      groups=np.int64(self.groups))
+        if self.offsets is not None:
+            arrays["offsets"] = self.offsets
+        np.savez(path, **arrays)
+
+    @classmethod
+    def load(cls, path) -> "QuantizedWeight":
+        """Read a file written by :meth:`save`. Corrupt or foreign files raise ``ValueError``."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                if "format_version" not in z.files:
+                    raise ValueError(f"{path}: not a qconv weight file (no format_version)")
+                version = int(z["format_version"])
+                if version != FORMAT_VERSION:
+                    raise ValueError(f"{path}: qconv weight format version {version} is not supported "
+                                     f"(this qconv reads version {FORMAT_VERSION})")
+                missing = {"q", "scales", "bits", "block_size"} - set(z.files)
+                if missing:
+                    raise ValueError(f"{path}: missing fields {sorted(missing)}")
+                q_info = z.zip.getinfo("q.npy")
+                if q_info.file_size > V.memory_limit():
+                    V.check_alloc(q_info.file_size, f"{path}: q")
+                data = {k: z[k] for k in z.files}
+        except (zipfile.BadZipFile, EOFError, OSError, KeyError, io.UnsupportedOperation) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise ValueError(f"{path}: corrupt or unreadable qconv weight file ({exc})") from None
+        except ValueError as exc:
+            if str(exc).startswith(str(path)):
+                raise
+            raise ValueError(f"{path}: corrupt qconv weight file ({exc})") from None
+        return cls(data["q"], data["scales"], data.get("offsets"), int(data["bits"]),
+                   int(data["block_size"]), int(data.get("groups", 1)))
+
+
+def _divisors(n: int) -> list[int]:
+    return [0] + [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _param_array(a, name: str, shape: tuple[int, int]) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a float32 ndarray of shape {shape}, got {type(a).__name__}")
+    if a.dtype.kind != "f":
+        raise TypeError(f"{name} must be float32, got dtype {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{name} must have shape (O, n_blocks) = {shape}, got {a.shape}")
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} contains non-finite values")
+    a.setflags(write=False)
+    return a
+
+
+def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = True,
+                    groups: int = 1) -> QuantizedWeight:
+    """Quantize float weights by min/max (MNN's converter), rounding half away from zero.
+
+    ``w``: float ``(O, I/groups, kh, kw)`` (conv) or ``(O, K)`` (linear, seen as a 1x1 conv).
+    ``block_size``: input channels per block (0 = per output channel); must divide ``I/groups``.
+    Symmetric: ``s = absmax / qmax`` with ``q`` in [-127, 127] / [-7, 7]. Asymmetric: ``s = (max-min)/(2^bits-1)``,
+    ``q`` in [-128, 127] / [-8, 7], ``offset = min - qmin*s``. Zero or constant blocks give ``s = 0`` and
+    dequantize exactly.
+    """
+    bits = V.check_bits(bits)
+    block_size = V.check_int(block_size, "block_size", minimum=0)
+    groups = V.check_int(groups, "groups", minimum=1)
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+    w = V.float_array(w, "w", ndim=(2, 4))
+    if w.ndim == 2:
+        w = w[:, :, None, None]
+    o, ipg = w.shape[0], w.shape[1]
+    if o % groups:
+        raise ValueError(f"groups={groups} must divide the {o} output channels")
+    if block_size and ipg % block_size:
+        raise ValueError(f"block_size={block_size} must divide the input channels per group ({ipg}); "
+                         f"valid block sizes: {_divisors(ipg)}")
+    n_blocks = ipg // block_size if block_size else 1
+    blocks = w.reshape(o, n_blocks, -1)
+    qmin, qmax = _QRANGE[(bits, bool(symmetric))]
+    if symmetric:
+        amax = np.abs(blocks).max(axis=2)
+        scales = (amax / np.float32(qmax)).astype(np.float32)
+        safe = np.where(scales > 0, scales, np.float32(1))
+        q = round_half_away(blocks / safe[:, :, None])
+        offsets = None
+    else:
+        lo, hi = blocks.min(axis=2), blocks.max(axis=2)
+        scales = ((hi - lo) / np.float32(2 ** bits - 1)).astype(np.float32)
+        safe = np.where(scales > 0, scales, np.float32(1))
+        q = round_half_away((blocks - lo[:, :, None]) / safe[:, :, None]) + qmin
+        offsets = np.where(scales > 0, lo - np.float32(qmin) * scales, lo).astype(np.float32)
+    q = np.where((scales > 0)[:, :, None], q, 0)
+    q = np.clip(q, qmin, qmax).astype(np.int8).reshape(w.shape)
+    return QuantizedWeight(q, scales, offsets, bits, block_size, groups)

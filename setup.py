@@ -1,0 +1,67 @@
+"""Build the Cython extensions of qconv.
+
+Every ``qconv/_ext/*.pyx`` becomes ``qconv._ext.<name>``. OpenMP (for ``prange``) is used when the
+compiler accepts ``-fopenmp``; otherwise the loops build serial. ``QCONV_SANITIZE=1`` adds
+``-fsanitize=address,undefined`` (see ``make sanitize``); ``QCONV_PORTABLE=1`` builds without
+``-march`` flags (the SIMD kernels are selected at run time either way).
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+
+def _compiler_accepts(flags):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "t.c")
+        with open(src, "w") as fh:
+            fh.write("#include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}\n")
+        try:
+            res = subprocess.run([cc, *flags, src, "-o", os.path.join(tmp, "t")],
+                                 capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return res.returncode == 0
+
+
+def _flags():
+    compile_args = ["-O3", "-fno-strict-aliasing"]
+    link_args = []
+    if sys.platform != "win32" and _compiler_accepts(["-fopenmp"]):
+        compile_args.append("-fopenmp")
+        link_args.append("-fopenmp")
+    else:
+        print("qconv: compiler has no OpenMP; building serial loops", file=sys.stderr)
+    if os.environ.get("QCONV_SANITIZE"):
+        san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1"]
+        compile_args = [a for a in compile_args if a != "-O3"] + san
+        link_args += ["-fsanitize=address,undefined"]
+    return compile_args, link_args
+
+
+def _extensions():
+    compile_args, link_args = _flags()
+    exts = []
+    for pyx in sorted(glob.glob(os.path.join("qconv", "_ext", "*.pyx"))):
+        name = "qconv._ext." + os.path.splitext(os.path.basename(pyx))[0]
+        exts.append(Extension(
+            name, [pyx],
+            include_dirs=[np.get_include(), os.path.join("qconv", "_ext")],
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            extra_compile_args=compile_args, extra_link_args=link_args,
+        ))
+    return cythonize(exts, language_level=3, compiler_directives={
+        "boundscheck": False, "wraparound": False, "cdivision": True, "initializedcheck": False,
+    })
+
+
+setup(ext_modules=_extensions())
