@@ -62,7 +62,7 @@ class Int4Packing:
         if v.dtype.kind not in "iu":
             raise TypeError(f"int4 values must be integers, got dtype {v.dtype}")
         if v.size and (int(v.min()) < lo or int(v.max()) > hi):
-            raise ValueError(f"int4 values must lie in [{lo}, {hi}], got [{int(v.min())}, {int(v.max())}]")
+            raise ValueError(f"int4 values must lie in the range [{lo}, {hi}], got [{int(v.min())}, {int(v.max())}]")
         v = v.astype(np.int16)
         if self.encoding == "offset8":
             v = v + 8
@@ -115,6 +115,24 @@ class Int4Packing:
             first, second = (hi_n, lo_n) if self.order == "high_first" else (lo_n, hi_n)
             nib = np.stack([first, second], axis=-1).reshape(*b.shape[:-1], -1)[..., :n]
         return np.ascontiguousarray(self._decode(nib))
+
+    @classmethod
+    def hypothesis_case(cls):
+        """Strategy of ``(spec, values)`` over every order and encoding, odd lengths included."""
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            spec = cls(draw(st.sampled_from(ORDERS)), draw(st.sampled_from(ENCODINGS)),
+                       draw(st.sampled_from([32, 2, 8])))
+            rows = draw(st.integers(1, 4))
+            n = spec.group * draw(st.integers(1, 3)) if spec.order == "split_halves" else draw(st.integers(1, 41))
+            lo, hi = spec.value_range
+            seed = draw(st.integers(0, 2**32 - 1))
+            vals = np.random.default_rng(seed).integers(lo, hi + 1, size=(rows, n))
+            return spec, vals.astype(np.uint8 if spec.encoding == "unsigned" else np.int8)
+
+        return case()
 
 
 MNN_INT4 = Int4Packing("high_first", "offset8")

@@ -59,3 +59,18 @@ class NC4HW4:
         cb, n, h, w, p = a.shape
         x = a.transpose(0, 4, 1, 2, 3).reshape(cb * p, n, h, w)[:channels]
         return np.ascontiguousarray(x.transpose(1, 0, 2, 3))
+
+    @classmethod
+    def hypothesis_case(cls):
+        """Strategy of ``(spec, x)``: every pack, float32 NCHW ``x`` with odd/prime sizes."""
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            spec = cls(draw(st.sampled_from(PACKS)))
+            shape = tuple(draw(st.integers(1, m)) for m in (3, 37, 5, 6))
+            seed = draw(st.integers(0, 2**32 - 1))
+            return spec, np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+        return case()
+

@@ -1,0 +1,159 @@
+"""Hypothesis strategies for quantized convolution (one source of test strategy for qconv and its users).
+
+All strategies are shrink-friendly: sizes shrink toward small values, random tensors come from a
+drawn integer seed (which shrinks toward 0), and choices toward their first option.
+
+Bounds (defaults; each is a keyword argument):
+
+* ``conv_geometries``: N 1..3, channels per group 1..``max_channels`` (biased to odd/prime counts),
+  kernel 1..``max_kernel`` (7), stride 1..3, padding 0..3, dilation 1..3, groups 1..3 when
+  ``groups=True``, spatial size 1..``max_spatial`` but always large enough for an output >= 1.
+* ``quant_schemes(in_channels)``: bits 4/8, block size a divisor of ``in_channels`` (or 0), sym/asym.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..weights import QuantizedWeight, quantize_weight
+
+# Sizes biased toward the awkward ones: primes, odd counts, 1, and pack/tile edges.
+EDGE_COUNTS = (1, 3, 5, 7, 11, 13, 17, 2, 4, 8, 16, 31, 32, 33)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """One valid conv problem: input ``(n, c, h, w)``, weight ``(o, c/groups, *kernel)``."""
+
+    n: int
+    c: int
+    o: int
+    h: int
+    w: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int = 1
+
+    @property
+    def in_per_group(self) -> int:
+        return self.c // self.groups
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        return tuple((s + 2 * p - d * (k - 1) - 1) // st_ + 1 for s, k, st_, p, d in
+                     zip((self.h, self.w), self.kernel, self.stride, self.padding, self.dilation))
+
+    def conv_kwargs(self) -> dict:
+        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation)
+
+
+def _count(max_value: int):
+    edges = [c for c in EDGE_COUNTS if c <= max_value]
+    return st.one_of(st.sampled_from(edges), st.integers(1, max_value))
+
+
+@st.composite
+def conv_geometries(draw, max_channels: int = 24, max_out_channels: int = 24, max_spatial: int = 12,
+                    max_kernel: int = 7, max_stride: int = 3, max_padding: int = 3, max_dilation: int = 3,
+                    max_batch: int = 3, groups: bool = False, square: bool = False,
+                    pointwise: bool = False) -> ConvGeometry:
+    """Valid conv geometries. ``pointwise=True`` gives 1x1 stride-1 unpadded convs."""
+    g = draw(st.integers(1, 3)) if groups else 1
+    cpg = draw(_count(max(1, max_channels // g)))
+    opg = draw(_count(max(1, max_out_channels // g)))
+    n = draw(st.integers(1, max_batch))
+    dims = []
+    for axis in range(1 if square else 2):
+        if pointwise:
+            k, s, p, d = 1, 1, 0, 1
+        else:
+            k = draw(st.integers(1, max_kernel))
+            s = draw(st.integers(1, max_stride))
+            p = draw(st.integers(0, min(max_padding, k - 1) if k > 1 else 0))
+            d = draw(st.integers(1, max_dilation)) if k > 1 else 1
+        span = d * (k - 1) + 1
+        lo = max(1, span - 2 * p)
+        size = draw(st.integers(lo, max(lo, max_spatial)))
+        dims.append((k, s, p, d, size))
+    if square:
+        dims = dims * 2
+    (kh, sh, ph, dh, h), (kw, sw, pw, dw, w) = dims
+    return ConvGeometry(n, cpg * g, opg * g, h, w, (kh, kw), (sh, sw), (ph, pw), (dh, dw), g)
+
+
+@st.composite
+def quant_schemes(draw, in_channels: int, bits=(8, 4), blocks: bool = True) -> dict:
+    """``dict(bits, block_size, symmetric)`` valid for ``in_channels`` input channels per group."""
+    divisors = [d for d in range(1, in_channels + 1) if in_channels % d == 0 and d < in_channels]
+    block = draw(st.sampled_from([0] + divisors)) if blocks and divisors else 0
+    return dict(bits=draw(st.sampled_from(list(bits))), block_size=block, symmetric=draw(st.booleans()))
+
+
+def _rng(draw):
+    return np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+
+
+@st.composite
+def float_weights(draw, shape) -> np.ndarray:
+    """float32 weights: normal, with some rows scaled, occasional zero or constant blocks."""
+    rng = _rng(draw)
+    kind = draw(st.sampled_from(["normal", "scaled_rows", "zero_row", "constant_row", "positive"]))
+    w = rng.standard_normal(shape).astype(np.float32)
+    if kind == "scaled_rows":
+        w *= (10.0 ** rng.uniform(-3, 2, size=(shape[0],) + (1,) * (len(shape) - 1))).astype(np.float32)
+    elif kind == "zero_row":
+        w[0] = 0
+    elif kind == "constant_row":
+        w[0] = np.float32(0.37)
+    elif kind == "positive":
+        w = np.abs(w) + np.float32(0.5)
+    return w
+
+
+@st.composite
+def quantized_weights(draw, geometry: ConvGeometry | None = None, bits=(8, 4),
+                      blocks: bool = True) -> QuantizedWeight:
+    """A :class:`QuantizedWeight` for ``geometry`` (drawn when None) under a drawn scheme."""
+    if geometry is None:
+        geometry = draw(conv_geometries())
+    scheme = draw(quant_schemes(geometry.in_per_group, bits=bits, blocks=blocks))
+    w = draw(float_weights((geometry.o, geometry.in_per_group) + tuple(geometry.kernel)))
+    return quantize_weight(w, groups=geometry.groups, **scheme)
+
+
+@st.composite
+def activations(draw, shape, outliers: bool | None = None, constant: bool | None = None,
+                negative: bool | None = None) -> np.ndarray:
+    """float32 activations of ``shape``. Each option: True forces it, False forbids it, None lets
+    hypothesis choose. ``outliers``: a few channels x1000; ``constant``: one value everywhere;
+    ``negative``: all values < 0."""
+    rng = _rng(draw)
+    pick = lambda flag: draw(st.booleans()) if flag is None else flag  # noqa: E731
+    if pick(constant):
+        return np.full(shape, np.float32(draw(st.sampled_from([0.0, 1.5, -2.25, 3.7]))), np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    if pick(negative):
+        x = -np.abs(x) - np.float32(0.1)
+    if pick(outliers) and len(shape) >= 2 and shape[1] > 1:
+        chans = rng.choice(shape[1], size=max(1, shape[1] // 8), replace=False)
+        x[:, chans] *= np.float32(1000)
+    return x
+
+
+@st.composite
+def layout_cases(draw):
+    """``(spec, x)`` pairs for every layout in :mod:`qconv.layouts`, ``x`` in the spec's logical form."""
+    from ..layouts import all_specs
+
+    classes = all_specs()
+    cls = draw(st.sampled_from(classes))
+    return draw(cls.hypothesis_case())
+
+
+def layout_specs():
+    """Layout spec instances of every layout class (spec only; see :func:`layout_cases` for data)."""
+    return layout_cases().map(lambda case: case[0])

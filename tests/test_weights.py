@@ -1,0 +1,143 @@
+"""QuantizedWeight and quantize_weight: ranges, error bounds, MNN form, files, validation."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import qconv
+from qconv import QuantizedWeight, quantize_weight
+from qconv.testing.strategies import conv_geometries, float_weights, quant_schemes
+
+
+@st.composite
+def weights_and_scheme(draw):
+    g = draw(conv_geometries(groups=True))
+    scheme = draw(quant_schemes(g.in_per_group))
+    w = draw(float_weights((g.o, g.in_per_group) + g.kernel))
+    return w, scheme, g.groups
+
+
+@given(weights_and_scheme())
+def test_dequantization_error_is_at_most_half_a_step(case):
+    w, scheme, groups = case
+    qw = quantize_weight(w, groups=groups, **scheme)
+    assert qw.q.dtype == np.int8 and qw.q.shape == w.shape
+    assert qw.qmin <= qw.q.min() and qw.q.max() <= qw.qmax
+    step = np.repeat(qw.scales, qw.block_len, axis=1).reshape(w.shape)
+    err = np.abs(qw.dequantize().astype(np.float64) - w)
+    eps = 4 * np.finfo(np.float32).eps * (np.abs(w) + step * (2 ** qw.bits))
+    assert (err <= step / 2 + eps + 1e-30).all()
+
+
+@given(weights_and_scheme())
+def test_mnn_form_round_trip(case):
+    w, scheme, groups = case
+    qw = quantize_weight(w, groups=groups, **scheme)
+    wb, alpha = qw.to_mnn()
+    assert wb.dtype == np.uint8 and alpha.dtype == np.float32
+    assert wb.size == qw.nbytes_q
+    back = QuantizedWeight.from_mnn(wb, alpha, qw.out_channels, qw.bits, not qw.symmetric, qw.q.shape, groups)
+    assert np.array_equal(back.q, qw.q) and np.array_equal(back.scales, qw.scales)
+    assert back.block_size == qw.block_size
+    if qw.symmetric:
+        assert back.offsets is None
+    else:  # offset -> min -> offset in float32: equal to rounding of the min + 2^(b-1) s sum
+        np.testing.assert_allclose(back.offsets, qw.offsets, rtol=1e-6, atol=1e-6 * float(qw.scales.max()))
+
+
+def test_mnn_int4_bytes_and_asymmetric_alpha():
+    q = np.array([[-8, 7, 0, 1]], np.int8).reshape(1, 4, 1, 1)
+    qw = QuantizedWeight(q, np.array([[0.5]], np.float32), np.array([[1.0]], np.float32), 4)
+    wb, alpha = qw.to_mnn()
+    assert wb.tolist() == [0x0F, 0x89]
+    assert alpha.tolist() == [1.0 - 8 * 0.5, 0.5]  # (min, scale): offset = min + 8 * scale
+
+
+def test_zero_and_constant_blocks_are_exact():
+    w = np.zeros((3, 4, 1, 1), np.float32)
+    w[1] = 2.5
+    w[2, :2] = -1.25
+    for sym in (True, False):
+        for bs in (0, 2):
+            qw = quantize_weight(w, 4, bs, sym)
+            assert np.isfinite(qw.scales).all()
+            d = qw.dequantize()
+            assert np.array_equal(d[0], w[0]) and np.array_equal(d[1], w[1])
+            if bs:
+                assert np.array_equal(d[2], w[2])
+
+
+def test_symmetric_ranges_are_restricted():
+    w = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    assert quantize_weight(w, 8).q.min() == -127
+    assert quantize_weight(w, 4).q.min() == -7
+    assert quantize_weight(w, 8, symmetric=False).q.min() == -128
+    assert quantize_weight(w, 4, symmetric=False).q.min() == -8
+
+
+def test_rounding_is_half_away_from_zero():
+    w = np.array([[1.0, 0.5, -0.5, -1.0, 0.25]], np.float32) * 127  # scale 1 -> exact ties at +-63.5
+    qw = quantize_weight(w, 8)
+    assert qw.q.reshape(-1).tolist() == [127, 64, -64, -127, 32]
+
+
+def test_save_load_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    for sym in (True, False):
+        qw = quantize_weight(rng.standard_normal((4, 6, 3, 3)).astype(np.float32), 4, 3, sym)
+        path = tmp_path / f"w{sym}.npz"
+        qw.save(path)
+        assert QuantizedWeight.load(path) == qw
+
+
+def test_load_refuses_corrupt_truncated_and_unknown_versions(tmp_path):
+    qw = quantize_weight(np.ones((2, 2), np.float32))
+    path = tmp_path / "w.npz"
+    qw.save(path)
+    data = path.read_bytes()
+    (tmp_path / "trunc.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="corrupt"):
+        QuantizedWeight.load(tmp_path / "trunc.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip at all")
+    with pytest.raises(ValueError):
+        QuantizedWeight.load(tmp_path / "junk.npz")
+    np.savez(tmp_path / "v9.npz", format_version=9, q=qw.q, scales=qw.scales, bits=8, block_size=0)
+    with pytest.raises(ValueError, match="version 9"):
+        QuantizedWeight.load(tmp_path / "v9.npz")
+    np.savez(tmp_path / "obj.npz", format_version=1, q=np.array([object()], dtype=object), scales=qw.scales,
+             bits=8, block_size=0)
+    with pytest.raises(ValueError):
+        QuantizedWeight.load(tmp_path / "obj.npz")
+
+
+def test_bad_arguments_name_the_problem():
+    w = np.ones((4, 6, 3, 3), np.float32)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        quantize_weight(w, bits=3)
+    with pytest.raises(ValueError, match=r"block_size=4 .*valid block sizes: \[0, 1, 2, 3, 6\]"):
+        quantize_weight(w, block_size=4)
+    with pytest.raises(ValueError, match="3 dimensions|2 or 4 dimensions"):
+        quantize_weight(np.ones((2, 2, 2), np.float32))
+    with pytest.raises(TypeError, match="floating dtype"):
+        quantize_weight(np.ones((2, 2), np.int32))
+    bad = w.copy()
+    bad[0, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        quantize_weight(bad)
+    with pytest.raises(ValueError, match="outside the int4 range"):
+        QuantizedWeight(np.full((1, 1, 1, 1), 9, np.int8), np.ones((1, 1), np.float32), None, 4)
+    with pytest.raises(TypeError, match="int8"):
+        QuantizedWeight(np.zeros((1, 1, 1, 1), np.int16), np.ones((1, 1), np.float32), None, 8)
+    with pytest.raises(ValueError, match="scales must have shape"):
+        QuantizedWeight(np.zeros((2, 1, 1, 1), np.int8), np.ones((1, 1), np.float32), None, 8)
+    with pytest.raises(ValueError, match="groups"):
+        quantize_weight(np.ones((3, 2), np.float32), groups=2)
+
+
+def test_sizes():
+    qw = quantize_weight(np.ones((8, 33), np.float32), 4, 11, False)
+    assert qw.nbytes_float == 8 * 33 * 4
+    assert qw.nbytes == (8 * 33 + 1) // 2 + 2 * 4 * 8 * 3
+    assert qw.n_blocks == 3 and qw.block_len == 11 and qw.in_channels == 33
+    assert "int4 asym block 11" in repr(qw)
+    assert qconv.quantize_weight(np.ones((8, 33), np.float32)).nbytes == 8 * 33 + 4 * 8
