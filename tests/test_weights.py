@@ -141,3 +141,28 @@ def test_sizes():
     assert qw.n_blocks == 3 and qw.block_len == 11 and qw.in_channels == 33
     assert "int4 asym block 11" in repr(qw)
     assert qconv.quantize_weight(np.ones((8, 33), np.float32)).nbytes == 8 * 33 + 4 * 8
+
+
+@given(weights_and_scheme())
+def test_mse_method_is_never_worse_than_minmax_for_any_block(case):
+    w, scheme, groups = case
+    a = quantize_weight(w, groups=groups, **scheme)
+    b = quantize_weight(w, groups=groups, method="mse", **scheme)
+    assert b.qmin <= b.q.min() and b.q.max() <= b.qmax and b.symmetric == a.symmetric
+
+    def block_err(qw):
+        d = qw.dequantize().astype(np.float64).reshape(qw.out_channels, qw.n_blocks, -1)
+        return ((d - w.reshape(d.shape)) ** 2).sum(axis=2)
+
+    assert (block_err(b) <= block_err(a)).all()
+    c = quantize_weight(w, groups=groups, method="mse", **scheme)
+    assert c == b  # deterministic
+
+
+def test_mse_method_improves_int4_on_gaussian_weights():
+    w = np.random.default_rng(0).standard_normal((64, 64, 3, 3)).astype(np.float32)
+    a = quantize_weight(w, 4, 32, False)
+    b = quantize_weight(w, 4, 32, False, method="mse")
+    assert ((b.dequantize() - w) ** 2).sum() < 0.9 * ((a.dequantize() - w) ** 2).sum()
+    with pytest.raises(ValueError, match="method"):
+        quantize_weight(w, method="kmeans")
