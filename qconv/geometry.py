@@ -11,7 +11,7 @@ import numpy as np
 from . import _validate as V
 from .weights import QuantizedWeight
 
-ACT_QUANT_MODES = ("tensor", "row", None)
+ACT_QUANT_MODES = ("tensor", "row", "block", None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -20,7 +20,10 @@ class ConvSpec:
 
     ``weight``: :class:`~qconv.weights.QuantizedWeight` ``(O, I/groups, kh, kw)``; ``bias``: float32 ``(O,)``
     or None; ``stride``/``padding``/``dilation``: ``(h, w)`` pairs (padding is applied on both sides);
-    ``activation``: None, ``"relu"`` or ``"relu6"``; ``act_quant``: ``"tensor"``, ``"row"`` or None.
+    ``activation``: None, ``"relu"`` or ``"relu6"``; ``act_quant``: ``"tensor"``, ``"row"``, ``"block"`` or None;
+    ``act_block``: input channels per activation block of ``act_quant="block"`` (0 = the weight's
+    ``block_channels``); it must divide the input channels per group and either divide or be a multiple
+    of the weight's block channels.
     """
 
     weight: QuantizedWeight
@@ -30,6 +33,7 @@ class ConvSpec:
     dilation: tuple[int, int] = (1, 1)
     activation: str | None = None
     act_quant: str | None = "tensor"
+    act_block: int = 0
 
     def __post_init__(self):
         if not isinstance(self.weight, QuantizedWeight):
@@ -40,6 +44,12 @@ class ConvSpec:
         object.__setattr__(self, "dilation", V.as_pair(self.dilation, "dilation", minimum=1))
         V.check_choice(self.activation, "activation", V.ACTIVATIONS)
         V.check_choice(self.act_quant, "act_quant", ACT_QUANT_MODES)
+        ab = V.check_int(self.act_block, "act_block", minimum=0) or self.weight.block_channels
+        ipg, wb = self.weight.q.shape[1], self.weight.block_channels
+        if ipg % ab or (wb % ab and ab % wb):
+            raise ValueError(f"act_block={self.act_block} must divide the {ipg} input channels per group and "
+                             f"divide or be a multiple of the weight block ({wb} channels)")
+        object.__setattr__(self, "act_block", ab)
         if self.bias is not None:
             bias = V.float_array(self.bias, "bias", ndim=1)
             if bias.shape != (self.weight.out_channels,):
@@ -81,6 +91,11 @@ class ConvSpec:
                                  f"dilated kernel {span}, stride {s}")
             out.append(o)
         return out[0], out[1]
+
+    @property
+    def fine_block_channels(self) -> int:
+        """Channels of the finest common block of weights and activations (integer sums run over these)."""
+        return min(self.act_block, self.weight.block_channels)
 
     def bias_or_zeros(self) -> np.ndarray:
         return self.bias if self.bias is not None else np.zeros(self.out_channels, np.float32)

@@ -26,7 +26,7 @@ class ReferenceEngine:
     """The numpy oracle behind the engine protocol (slow; for checks and as a fallback you ask for)."""
 
     name = "reference"
-    supported_act_quant = ("tensor", "row", None)
+    supported_act_quant = ("tensor", "row", "block", None)
     default_act_quant = "tensor"
     default_linear_act_quant = "row"
     native_layouts = ("nchw",)
@@ -37,7 +37,7 @@ class ReferenceEngine:
     def forward(self, x: np.ndarray, layout: str = "nchw") -> np.ndarray:
         s = self.spec
         return reference.conv2d(x, s.weight, s.bias, s.stride, s.padding, s.dilation, s.activation,
-                                s.act_quant)
+                                s.act_quant, s.act_block)
 
     def describe(self) -> str:
         return "reference (numpy float64/int64 oracle)"
@@ -79,8 +79,9 @@ class Conv2d:
 
     ``weight``: :class:`QuantizedWeight` ``(O, I/groups, kh, kw)``; ``bias``: float ``(O,)`` or None;
     ``stride``, ``padding``, ``dilation``: int or ``(h, w)``; ``activation``: None, ``"relu"``, ``"relu6"``;
-    ``act_quant``: ``"auto"``, ``"tensor"``, ``"row"`` or None (see the module docstring); ``threads``: CPU
-    threads (None = all cores). Extra keyword arguments go to the engine (e.g. ``input_qparams``,
+    ``act_quant``: ``"auto"``, ``"tensor"``, ``"row"``, ``"block"`` or None (see the module docstring);
+    ``threads``: CPU threads (None = all cores); ``act_block``: channels per activation block of
+    ``act_quant="block"`` (0 = the weight's block). Extra keyword arguments go to the engine (e.g. ``input_qparams``,
     ``output_qparams`` of the CPU engine's static int8 path).
 
     ``layer(x)`` takes float32 NCHW ``(N, C, H, W)`` and returns float32 NCHW ``(N, O, OH, OW)``;
@@ -90,12 +91,13 @@ class Conv2d:
     _default_act_quant_key = "default_act_quant"
 
     def __init__(self, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1,
-                 activation=None, device="cpu", act_quant="auto", threads=None, **engine_options):
+                 activation=None, device="cpu", act_quant="auto", threads=None, act_block=0,
+                 **engine_options):
         engine_cls = _engine_class(device)
         if act_quant == "auto":
             act_quant = getattr(engine_cls, self._default_act_quant_key, engine_cls.default_act_quant)
         V.check_choice(act_quant, "act_quant", engine_cls.supported_act_quant)
-        self.spec = ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant)
+        self.spec = ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant, act_block)
         self.device = device
         if threads is not None:
             threads = V.check_int(threads, "threads", minimum=1)
@@ -177,10 +179,11 @@ class Linear(Conv2d):
     _default_act_quant_key = "default_linear_act_quant"
 
     def __init__(self, weight: QuantizedWeight, bias=None, activation=None, device="cpu", act_quant="auto",
-                 threads=None, **engine_options):
+                 threads=None, act_block=0, **engine_options):
         if isinstance(weight, QuantizedWeight) and weight.kernel_size != (1, 1):
             raise ValueError(f"Linear needs a weight of shape (O, K, 1, 1), got {weight.q.shape}")
-        super().__init__(weight, bias, 1, 0, 1, activation, device, act_quant, threads, **engine_options)
+        super().__init__(weight, bias, 1, 0, 1, activation, device, act_quant, threads, act_block,
+                         **engine_options)
 
     def __call__(self, x):
         if _is_cl_array(x):
@@ -194,8 +197,8 @@ class Linear(Conv2d):
 
 
 def conv2d(x, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1, activation=None,
-           device="cpu", act_quant="auto", threads=None, layout: str = "nchw", **engine_options):
+           device="cpu", act_quant="auto", threads=None, layout: str = "nchw", act_block=0, **engine_options):
     """Functional form of :class:`Conv2d` (prepares the weights on every call: use the layer when repeating)."""
-    layer = Conv2d(weight, bias, stride, padding, dilation, activation, device, act_quant, threads,
+    layer = Conv2d(weight, bias, stride, padding, dilation, activation, device, act_quant, threads, act_block,
                    **engine_options)
     return layer(x, layout=layout)

@@ -80,8 +80,8 @@ def quantize_activation(x, mode: str = "tensor") -> ActQuant:
     return ActQuant(xq, dx, np.zeros(n, np.int32), "row")
 
 
-def _spec(weight, bias, stride, padding, dilation, activation, act_quant) -> ConvSpec:
-    return ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant)
+def _spec(weight, bias, stride, padding, dilation, activation, act_quant, act_block=0) -> ConvSpec:
+    return ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant, act_block)
 
 
 def _check_input(x, spec: ConvSpec) -> np.ndarray:
@@ -159,20 +159,87 @@ def apply_activation(y: np.ndarray, activation) -> np.ndarray:
     return y
 
 
+def quantize_columns(cols: np.ndarray, block_len: int):
+    """``act_quant="block"``: symmetric int8 per (column, block) of an im2col matrix.
+
+    ``cols``: float ``(P, G, L)`` (L in OIHW row order, ``block_len`` consecutive values a block).
+    Returns ``(vq int8 (P, G, L), dx float32 (P, G, L // block_len))`` with, per block, ``a = max|v|``,
+    ``qs = 127/a``, ``dx = a/127`` (``a == 0``: ``qs = dx = 1``) and ``vq = round(float32(v*qs))``.
+    """
+    p, g, length = cols.shape
+    v = cols.astype(np.float32).reshape(p, g, length // block_len, block_len)
+    amax = np.abs(v).max(axis=3)
+    pos = amax > 0
+    qs = np.where(pos, np.float32(127.0) / np.where(pos, amax, 1), 1).astype(np.float32)
+    dx = np.where(pos, amax / np.float32(127.0), 1).astype(np.float32)
+    vq = np.clip(round_half_away(v * qs[..., None]), -127, 127).astype(np.int8)
+    return vq.reshape(p, g, length), dx
+
+
+def block_integer_parts(x, weight: QuantizedWeight, stride=1, padding=0, dilation=1, act_block: int = 0):
+    """Integer parts of ``act_quant="block"``.
+
+    Returns ``(A, S, dx)``: ``A`` int64 ``(N, O, OH, OW, n_fine)``, ``S`` int64 ``(N, G, OH, OW, n_fine)`` over
+    the fine blocks (``ConvSpec.fine_block_channels`` channels x all taps) and ``dx`` float32
+    ``(N, G, OH, OW, n_act_blocks)``.
+    """
+    spec = _spec(weight, None, stride, padding, dilation, None, "block", act_block)
+    x = _check_input(x, spec)
+    return _block_parts(x, spec)
+
+
+def _block_parts(x, spec: ConvSpec):
+    weight = spec.weight
+    n = x.shape[0]
+    oh, ow = spec.out_hw(x.shape[2], x.shape[3])
+    g, o, taps = weight.groups, weight.out_channels, weight.taps
+    cols = _columns(x.astype(np.float64), spec)  # (P, G, L)
+    vq, dx = quantize_columns(cols, spec.act_block * taps)
+    fine = spec.fine_block_channels * taps
+    nf = cols.shape[2] // fine
+    vf = vq.astype(np.float64).reshape(-1, g, nf, fine).transpose(1, 2, 0, 3)  # (G, nf, P, fine)
+    wf = weight.q.reshape(g, o // g, nf, fine).transpose(0, 2, 3, 1).astype(np.float64)  # (G, nf, fine, O/G)
+    a = np.rint(np.matmul(vf, wf)).astype(np.int64).transpose(2, 0, 3, 1)  # (P, G, O/G, nf)
+    a = a.reshape(n, oh, ow, o, nf).transpose(0, 3, 1, 2, 4)
+    s = np.rint(vf.sum(axis=3)).astype(np.int64).transpose(2, 0, 1).reshape(n, oh, ow, g, nf)
+    dx = dx.reshape(n, oh, ow, g, -1).transpose(0, 3, 1, 2, 4)
+    return np.ascontiguousarray(a), np.ascontiguousarray(s.transpose(0, 3, 1, 2, 4)), np.ascontiguousarray(dx)
+
+
+def _block_epilogue(a, s, dx, spec: ConvSpec) -> np.ndarray:
+    """float64 ``(N, O, OH, OW)``: ``sum_f dx[b(f)] * (scale[o, w(f)] * A_f + offset[o, w(f)] * S_f)``."""
+    weight = spec.weight
+    o, g = weight.out_channels, weight.groups
+    nf = a.shape[-1]
+    fine = spec.fine_block_channels
+    w_of_f = np.arange(nf) * fine // weight.block_channels
+    a_of_f = np.arange(nf) * fine // spec.act_block
+    dxo = np.repeat(dx, o // g, axis=1)[..., a_of_f].astype(np.float64)
+    y = (a * weight.scales.astype(np.float64)[:, w_of_f][None, :, None, None, :] * dxo).sum(axis=-1)
+    if weight.offsets is not None:
+        so = np.repeat(s, o // g, axis=1)
+        y = y + (so * weight.offsets.astype(np.float64)[:, w_of_f][None, :, None, None, :] * dxo).sum(axis=-1)
+    return y
+
+
 def conv2d(x, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1, activation=None,
-           act_quant: str | None = "tensor") -> np.ndarray:
+           act_quant: str | None = "tensor", act_block: int = 0) -> np.ndarray:
     """Reference weight-quantized conv: float32 NCHW ``x`` -> float32 NCHW ``(N, O, OH, OW)``.
 
     ``act_quant``: ``"tensor"`` / ``"row"`` quantize ``x`` dynamically (see :func:`quantize_activation`) and
-    use exact integer sums; ``None`` convolves the float input with ``weight.dequantize()`` in float64.
+    use exact integer sums; ``"block"`` quantizes each im2col column per block of ``act_block`` input
+    channels x all taps, symmetric (see :func:`quantize_columns`); ``None`` convolves the float input with
+    ``weight.dequantize()`` in float64.
     Epilogue (float64): ``y = sum_k dx * (scale[o,k]*A_k + offset[o,k]*S_k) + bias``, then ``activation``.
     """
-    spec = _spec(weight, bias, stride, padding, dilation, activation, act_quant)
+    spec = _spec(weight, bias, stride, padding, dilation, activation, act_quant, act_block)
     x = _check_input(x, spec)
     n = x.shape[0]
     oh, ow = spec.out_hw(x.shape[2], x.shape[3])
     o, g = weight.out_channels, weight.groups
-    if act_quant is None:
+    if act_quant == "block":
+        y = _block_epilogue(*_block_parts(x, spec), spec)
+    elif act_quant is None:
         cols = _columns(x.astype(np.float64), spec).transpose(1, 0, 2)  # (G, P, L)
         w = weight.dequantize(np.float64).reshape(g, o // g, -1).transpose(0, 2, 1)  # (G, L, O/G)
         y = np.matmul(cols, w).transpose(1, 0, 2).reshape(n, oh, ow, o).transpose(0, 3, 1, 2)

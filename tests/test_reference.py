@@ -138,3 +138,50 @@ def test_bad_input_names_the_argument():
         reference.conv2d(bad, qw)
     with pytest.raises(TypeError, match="QuantizedWeight"):
         reference.conv2d(x, np.ones((2, 3, 3, 3), np.float32))
+
+
+@given(problems(max_channels=16), st.data())
+def test_block_mode_equals_float64_of_dequantized_columns(p, data):
+    g, qw, x, bias = p
+    ipg = g.in_per_group
+    wb = qw.block_channels
+    choices = [d for d in range(1, ipg + 1) if ipg % d == 0 and (wb % d == 0 or d % wb == 0)]
+    ab = data.draw(st.sampled_from(choices))
+    y = reference.conv2d(x, qw, bias, act_quant="block", act_block=ab, **g.conv_kwargs())
+    # explicit: quantize each im2col column per block, dequantize, float64 matmul
+    spec = reference._spec(qw, bias, g.stride, g.padding, g.dilation, None, "block", ab)
+    cols = reference._columns(x.astype(np.float64), spec)
+    vq, dx = reference.quantize_columns(cols, ab * qw.taps)
+    deq = (vq.astype(np.float64).reshape(*dx.shape, -1) * dx[..., None]).reshape(cols.shape)
+    w = qw.dequantize(np.float64).reshape(g.groups, g.o // g.groups, -1)
+    want = np.einsum("pgl,gol->pgo", deq, w).reshape(g.n, *g.out_hw, g.o).transpose(0, 3, 1, 2)
+    if bias is not None:
+        want = want + bias.reshape(1, -1, 1, 1)
+    assert _rel(y, want) <= 1e-6
+
+
+def test_block_mode_beats_tensor_mode_on_outliers():
+    """A few input channels x1000 (with weights /1000, so they do not dominate the output, as in LLMs)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 256, 1, 1)).astype(np.float32)
+    w = rng.standard_normal((32, 256)).astype(np.float32)
+    ch = rng.choice(256, 3, replace=False)
+    x[:, ch] *= 1000
+    w[:, ch] /= 1000
+    qw = quantize_weight(w, 8, 16, False)
+    ref = reference.conv2d(x, qw, act_quant=None)
+    from qconv.testing import sqnr_db
+    tensor = sqnr_db(reference.conv2d(x, qw, act_quant="tensor"), ref)
+    block = sqnr_db(reference.conv2d(x, qw, act_quant="block", act_block=8), ref)
+    assert block - tensor > 10, (tensor, block)
+
+
+def test_act_block_must_fit_the_weight_blocks():
+    qw = quantize_weight(np.ones((2, 12, 1, 1), np.float32), 8, 4)
+    x = np.ones((1, 12, 2, 2), np.float32)
+    with pytest.raises(ValueError, match="act_block=5"):
+        reference.conv2d(x, qw, act_quant="block", act_block=5)
+    with pytest.raises(ValueError, match="act_block=6"):
+        reference.conv2d(x, qw, act_quant="block", act_block=6)  # neither divides nor is a multiple of 4
+    reference.conv2d(x, qw, act_quant="block", act_block=2)
+    reference.conv2d(x, qw, act_quant="block", act_block=12)
