@@ -59,6 +59,8 @@ class Int4Packing:
     def _encode(self, v: np.ndarray) -> np.ndarray:
         lo, hi = self.value_range
         v = np.asarray(v)
+        if v.ndim == 0:
+            raise ValueError("int4 packing needs an array with at least one dimension, got a scalar")
         if v.dtype.kind not in "iu":
             raise TypeError(f"int4 values must be integers, got dtype {v.dtype}")
         if v.size and (int(v.min()) < lo or int(v.max()) > hi):
@@ -100,10 +102,9 @@ class Int4Packing:
         ``shape``: the logical shape ``(..., n)`` or just ``n``.
         """
         b = np.asarray(packed)
-        n = shape if isinstance(shape, (int, np.integer)) else tuple(shape)[-1]
+        n = _last_dim(shape)
         if b.dtype != np.uint8:
             raise TypeError(f"packed int4 data must be uint8, got dtype {b.dtype}")
-        n = int(n)
         if b.ndim == 0 or b.shape[-1] != self.packed_length(n):
             raise ValueError(f"packed int4 data must end in {self.packed_length(n)} bytes for {n} values, "
                              f"got shape {b.shape}")
@@ -133,6 +134,23 @@ class Int4Packing:
             return spec, vals.astype(np.uint8 if spec.encoding == "unsigned" else np.int8)
 
         return case()
+
+
+def _last_dim(shape) -> int:
+    """``n`` or the last entry of a shape tuple, as a non-negative int."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
+        n = int(shape)
+    else:
+        try:
+            last = tuple(shape)[-1]
+        except (TypeError, IndexError):
+            last = None
+        if not isinstance(last, (int, np.integer)):
+            raise ValueError(f"shape must be an int or a non-empty tuple of ints, got {shape!r}")
+        n = int(last)
+    if n < 0:
+        raise ValueError(f"the number of int4 values must be >= 0, got {n}")
+    return n
 
 
 MNN_INT4 = Int4Packing("high_first", "offset8")

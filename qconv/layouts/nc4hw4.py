@@ -22,6 +22,18 @@ import numpy as np
 PACKS = (4, 8, 16)
 
 
+def _channels(shape) -> int:
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
+        return int(shape)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = ()
+    if len(dims) != 4 or not all(isinstance(d, (int, np.integer)) for d in dims):
+        raise ValueError(f"shape must be (N, C, H, W) or the channel count, got {shape!r}")
+    return int(dims[1])
+
+
 @dataclass(frozen=True)
 class NC4HW4:
     """Spec of the ``[ceil(C/P)][N][H][W][P]`` activation layout."""
@@ -50,7 +62,7 @@ class NC4HW4:
     def unpack_array(self, a: np.ndarray, shape) -> np.ndarray:
         """``(ceil(C/P), N, H, W, P)`` -> NCHW ``(N, C, H, W)``; ``shape`` is ``(N, C, H, W)`` or just ``C``."""
         a = np.asarray(a)
-        channels = int(shape) if isinstance(shape, (int, np.integer)) else int(tuple(shape)[1])
+        channels = _channels(shape)
         if a.ndim != 5 or a.shape[4] != self.pack:
             raise ValueError(f"NC4HW4 (pack {self.pack}) data must have shape (ceil(C/{self.pack}), N, H, W, "
                              f"{self.pack}), got {a.shape}")
