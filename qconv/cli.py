@@ -137,6 +137,75 @@ def _demo(args) -> int:
     return 0
 
 
+def _act_quant_arg(text):
+    return None if text in ("none", "None", "float") else text
+
+
+def _inspect(args) -> int:
+    import csv
+
+    import qconv
+    from . import model_report as mr
+
+    if args.scheme:
+        schemes = [mr.Scheme.parse(s) for s in args.scheme]
+    elif args.bits:
+        schemes = [mr.Scheme(args.bits, args.block_size, not args.asymmetric, args.method)]
+    else:
+        schemes = [mr.Scheme.parse("int8-ch-sym"), mr.Scheme.parse("int4-b32-asym")]
+    candidates = [mr.Scheme.parse(c) for c in args.candidates.split(",")] if args.target_sqnr is not None else []
+    measure = list(dict.fromkeys(schemes + [c for c in candidates if c.bits is not None]))
+    if args.engines:
+        engines = args.engines.split(",")
+    else:
+        engines = [d for d in qconv.available_devices() if d != "reference"]
+    shape = tuple(int(v) for v in args.input_shape.split(",")) if args.input_shape else None
+    rows = mr.inspect(args.model, measure, _act_quant_arg(args.act_quant), args.act_block, engines, args.input,
+                      shape, args.repeat, progress=not args.no_progress)
+    shown = [r for r in rows if mr.Scheme.parse(r["scheme"]) in schemes]
+    print(mr.format_rows(shown, engines))
+    for line in mr.summary_lines(shown):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            flat = [{k: v for k, v in r.items() if k != "engines"} |
+                    {f"{d}_ms": e.get("ms") for d, e in r["engines"].items()} for r in rows]
+            writer = csv.DictWriter(fh, fieldnames=list(dict.fromkeys(k for r in flat for k in r)))
+            writer.writeheader()
+            writer.writerows(flat)
+    if args.plot:
+        mr.plot(shown, args.plot)
+    if args.save:
+        mr.save_weights(args.save, args.model, shown)
+    if args.target_sqnr is not None:
+        plan = mr.choose_plan(rows, candidates, args.target_sqnr, args.model, _act_quant_arg(args.act_quant))
+        print(format_plan(plan, rows))
+        if args.save_plan:
+            plan.save(args.save_plan)
+            print(f"plan saved to {args.save_plan}")
+    return 0
+
+
+def format_plan(plan, rows) -> str:
+    int8 = {r["layer"]: r["bytes_packed"] for r in rows if r["scheme"] == "int8-ch-sym"}
+    flt = {r["layer"]: r["bytes_float"] for r in rows}
+    lines = [f"plan for target SQNR {plan.target_sqnr_db:g} dB:", "| layer | scheme | bytes | SQNR dB |",
+             "|---|---|---|---|"]
+    for name, entry in plan.layers.items():
+        lines.append(f"| {name[:28]} | {entry['scheme']} | {entry['bytes']:,} | {entry['sqnr_db']:.1f} |")
+    total = sum(e["bytes"] for e in plan.layers.values())
+    worst = min(e["sqnr_db"] for e in plan.layers.values())
+    f = sum(flt.values())
+    line = f"total {total:,} bytes = {total / f:.1%} of float ({f:,})"
+    if len(int8) == len(plan.layers):
+        line += f", {total / sum(int8.values()):.1%} of all-int8 per-channel ({sum(int8.values()):,})"
+    lines.append(line + f"; worst layer {worst:.1f} dB")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="qconv", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -147,6 +216,34 @@ def main(argv=None) -> int:
     demo.add_argument("--json", help="also write the rows as JSON to this file")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.set_defaults(func=_demo)
+
+    ins = sub.add_parser("inspect", help="quantize every layer of an ONNX model and measure it")
+    ins.add_argument("model", help="path of an .onnx model")
+    ins.add_argument("--scheme", action="append", help="weight scheme, e.g. int4-b32-asym, int8-ch-sym, "
+                     "int4-b64-asym-mse (repeatable; default int8-ch-sym and int4-b32-asym)")
+    ins.add_argument("--bits", type=int, choices=(4, 8), help="one scheme from parts: bits ...")
+    ins.add_argument("--block-size", type=int, default=0, help="... input channels per block (0 = per channel)")
+    sym = ins.add_mutually_exclusive_group()
+    sym.add_argument("--symmetric", action="store_true", help="symmetric weights (default)")
+    sym.add_argument("--asymmetric", action="store_true", help="asymmetric weights")
+    ins.add_argument("--method", choices=("minmax", "mse"), default="minmax", help="weight quantizer")
+    ins.add_argument("--act-quant", default="tensor", choices=("tensor", "row", "block", "none"),
+                     help="activation quantization of the CPU engine and the oracle")
+    ins.add_argument("--act-block", type=int, default=0, help="channels per block for --act-quant block")
+    ins.add_argument("--input", help="input tensor (.npy) or image (needs Pillow); default: seeded random")
+    ins.add_argument("--input-shape", help="N,C,H,W for the random input (dynamic dims default to 1 and 256)")
+    ins.add_argument("--engines", help="comma-separated engines to time (default: all fast engines)")
+    ins.add_argument("--repeat", type=int, default=3, help="timed runs per layer (median)")
+    ins.add_argument("--json", help="write all rows as JSON")
+    ins.add_argument("--csv", help="write all rows as CSV")
+    ins.add_argument("--plot", help="draw SQNR per layer to this PNG (needs matplotlib)")
+    ins.add_argument("--save", help="write the quantized weights to this .npz")
+    ins.add_argument("--target-sqnr", type=float, help="choose per layer the cheapest candidate meeting this SQNR")
+    ins.add_argument("--candidates", default="int4-b32-asym,int4-b64-asym,int8-ch-sym,float",
+                     help="candidate schemes for --target-sqnr")
+    ins.add_argument("--save-plan", help="write the plan of --target-sqnr as JSON")
+    ins.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ins.set_defaults(func=_inspect)
     args = parser.parse_args(argv)
     return args.func(args)
 

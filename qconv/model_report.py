@@ -1,0 +1,254 @@
+"""``python -m qconv inspect MODEL.onnx``: quantize every layer of a real model and measure it.
+
+For each Conv (and MatMul/Gemm with a constant weight) the layer's real input is captured by running the
+float model through onnxruntime; then, per weight scheme, the layer is quantized, run through the oracle
+and each engine, and compared with the float layer output: relative error, SQNR (dB), time per engine
+against onnxruntime's float time for the same layer. ``--target-sqnr`` turns the measurements into a
+mixed-precision plan: per layer, the cheapest candidate scheme that meets the target.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import reference
+from .testing.asserts import RTOL_FLOAT, RTOL_QUANTIZED, magnitude, sqnr_db
+from .weights import QuantizedWeight, quantize_weight
+
+_SCHEME_RE = re.compile(r"^int(4|8)-(ch|b\d+)(?:-(sym|asym))?(?:-(minmax|mse))?$")
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A weight scheme: ``int4-b32-asym``, ``int8-ch-sym``, ``int4-b64-asym-mse`` or ``float``."""
+
+    bits: int | None
+    block_size: int = 0
+    symmetric: bool = True
+    method: str = "minmax"
+
+    @classmethod
+    def parse(cls, text: str) -> "Scheme":
+        text = text.strip().lower()
+        if text == "float":
+            return cls(None)
+        m = _SCHEME_RE.match(text)
+        if not m:
+            raise ValueError(f"scheme {text!r} not understood; examples: int4-b32-asym, int8-ch-sym, "
+                             "int4-b64-asym-mse, float")
+        bits, blk, sym, method = m.groups()
+        return cls(int(bits), 0 if blk == "ch" else int(blk[1:]), sym != "asym", method or "minmax")
+
+    @property
+    def label(self) -> str:
+        if self.bits is None:
+            return "float"
+        blk = f"b{self.block_size}" if self.block_size else "ch"
+        meth = "-mse" if self.method == "mse" else ""
+        return f"int{self.bits}-{blk}-{'sym' if self.symmetric else 'asym'}{meth}"
+
+    def block_for(self, in_per_group: int) -> int:
+        """The block size used for a layer: the requested one when it divides the channels, else per channel."""
+        return self.block_size if self.block_size and in_per_group % self.block_size == 0 else 0
+
+    def quantize(self, w: np.ndarray, groups: int) -> QuantizedWeight | None:
+        if self.bits is None:
+            return None
+        return quantize_weight(w, self.bits, self.block_for(w.shape[1]), self.symmetric, groups, self.method)
+
+
+def _median_ms(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
+
+
+def measure_layer(layer, x_captured, scheme: Scheme, act_quant="tensor", act_block=0, engines=(),
+                  repeat: int = 3) -> dict:
+    """Quantize ``layer`` with ``scheme`` and measure it on its captured input (see the module docstring)."""
+    import qconv
+
+    x = layer.conv_input(x_captured)
+    kw = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
+    y_float = reference.float_conv2d(x, layer.weight, layer.bias, groups=layer.groups, **kw)
+    qw = scheme.quantize(layer.weight, layer.groups)
+    row = dict(layer=layer.name, op=layer.op, shape=layer.describe_shape(), groups=layer.groups,
+               scheme=scheme.label, bytes_float=4 * layer.weight.size,
+               bytes_packed=4 * layer.weight.size if qw is None else qw.nbytes,
+               block=None if qw is None else qw.block_size, engines={})
+    if qw is None:
+        row.update(rel_err=0.0, sqnr_db=float("inf"))
+        return row
+    y = reference.conv2d(x, qw, layer.bias, activation=None, act_quant=act_quant, act_block=act_block, **kw)
+    row["rel_err"] = float(np.linalg.norm(y - y_float) / max(np.linalg.norm(y_float), 1e-30))
+    row["sqnr_db"] = sqnr_db(y, y_float)
+    for dev in engines:
+        try:
+            conv = qconv.Conv2d(qw, layer.bias, device=dev, act_block=act_block,
+                                act_quant=act_quant if dev in ("cpu", "reference") else "auto", **kw)
+            ye = conv(x)
+            aq = conv.spec.act_quant
+            ref = y if aq == act_quant else reference.conv2d(x, qw, layer.bias, act_quant=aq, act_block=act_block, **kw)
+            tol = (RTOL_QUANTIZED if aq else RTOL_FLOAT) * magnitude(x, qw, layer.bias, act_quant=aq, **kw)
+            row["engines"][dev] = dict(ms=_median_ms(lambda: conv(x), repeat),
+                                       agrees=bool(np.abs(ye.astype(np.float64) - ref).max() <= tol),
+                                       sqnr_db=sqnr_db(ye, y_float))
+        except Exception as exc:  # report, do not hide the other engines
+            row["engines"][dev] = dict(error=f"{type(exc).__name__}: {exc}")
+    return row
+
+
+@dataclass
+class Plan:
+    """A mixed-precision plan: per layer the chosen scheme label (``float`` keeps the float weight)."""
+
+    model: str
+    target_sqnr_db: float
+    act_quant: str | None
+    layers: dict  # name -> {"scheme": label, "bytes": int, "sqnr_db": float}
+
+    def save(self, path) -> None:
+        with open(path, "w") as fh:
+            json.dump(asdict(self), fh, indent=1)
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        with open(path) as fh:
+            data = json.load(fh)
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"{path}: not a qconv plan ({exc})") from None
+
+    def apply(self, model_path=None) -> dict:
+        """``{layer name: QuantizedWeight or None}`` for the model's layers under this plan."""
+        from .onnx_model import load_layers
+
+        _, layers = load_layers(model_path or self.model)
+        out = {}
+        for layer in layers:
+            if layer.name in self.layers:
+                out[layer.name] = Scheme.parse(self.layers[layer.name]["scheme"]).quantize(layer.weight,
+                                                                                          layer.groups)
+        return out
+
+
+def choose_plan(rows, candidates, target_db: float, model: str, act_quant) -> Plan:
+    """Per layer, the candidate with the fewest bytes whose measured SQNR is >= ``target_db``."""
+    by_layer: dict = {}
+    for r in rows:
+        by_layer.setdefault(r["layer"], {})[r["scheme"]] = r
+    layers = {}
+    for name, schemes in by_layer.items():
+        ok = [schemes[c.label] for c in candidates if c.label in schemes and schemes[c.label]["sqnr_db"] >= target_db]
+        if not ok:
+            ok = [dict(scheme="float", bytes_packed=next(iter(schemes.values()))["bytes_float"],
+                       sqnr_db=float("inf"))]
+        best = min(ok, key=lambda r: r["bytes_packed"])
+        layers[name] = dict(scheme=best["scheme"], bytes=int(best["bytes_packed"]), sqnr_db=float(best["sqnr_db"]))
+    return Plan(str(model), float(target_db), act_quant, layers)
+
+
+def format_rows(rows, engines) -> str:
+    head = ["layer", "op", "shape", "groups", "scheme", "bytes float -> packed", "rel err", "SQNR dB", "ort float ms"]
+    head += [f"{d} ms" for d in engines]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["layer"][:28], r["op"], r["shape"], str(r["groups"]), r["scheme"] + ("" if r.get("block") != 0
+                 or "-b" not in r["scheme"] else " (ch)"), f"{r['bytes_float']:,} -> {r['bytes_packed']:,}",
+                 f"{r['rel_err']:.2e}", f"{r['sqnr_db']:.1f}", f"{r.get('ort_ms', float('nan')):.3f}"]
+        for d in engines:
+            e = r["engines"].get(d, {})
+            if "error" in e:
+                cells.append("error")
+            else:
+                cells.append(f"{e['ms']:.3f}" + ("" if e.get("agrees", True) else " MISMATCH") if e else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_lines(rows) -> list[str]:
+    out = []
+    for scheme in dict.fromkeys(r["scheme"] for r in rows):
+        rs = [r for r in rows if r["scheme"] == scheme]
+        db = np.array([r["sqnr_db"] for r in rs])
+        out.append(f"{scheme}: {len(rs)} layers, weights {sum(r['bytes_float'] for r in rs):,} -> "
+                   f"{sum(r['bytes_packed'] for r in rs):,} bytes, SQNR median {np.median(db):.1f} dB, "
+                   f"worst {db.min():.1f} dB")
+    return out
+
+
+def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), input_path=None,
+            input_shape=None, repeat: int = 3, progress: bool = True, time_ort: bool = True, seed: int = 0):
+    """Measure every layer of ``model_path`` under each scheme; returns the list of row dicts."""
+    from .onnx_model import capture, default_input, load_input, load_layers, time_float_layer
+
+    model, layers = load_layers(model_path)
+    if not layers:
+        raise ValueError(f"{model_path}: no Conv or constant-weight MatMul/Gemm layers found")
+    feed = load_input(model, input_path, input_shape) if input_path else default_input(model, input_shape, seed)
+    tensors = capture(model, layers, feed)
+    jobs = [(layer, s) for layer in layers for s in schemes]
+    try:
+        from tqdm import tqdm
+        jobs = tqdm(jobs, desc="inspect", unit="layer", disable=not progress)
+    except ImportError:
+        pass
+    rows, ort_ms = [], {}
+    for layer, scheme in jobs:
+        x = tensors[layer.input_name]
+        row = measure_layer(layer, x, scheme, act_quant, act_block, engines, repeat)
+        if time_ort and not layer.is_linear and layer.name not in ort_ms:
+            ort_ms[layer.name] = time_float_layer(layer, x, repeat)
+        row["ort_ms"] = ort_ms.get(layer.name, float("nan"))
+        rows.append(row)
+    return rows
+
+
+def save_weights(path, model_path, rows) -> None:
+    """``--save``: the quantized weights of every (layer, scheme) row as one ``.npz`` (keys ``layer|scheme|field``)."""
+    from .onnx_model import load_layers
+
+    _, layers = load_layers(model_path)
+    by_name = {layer.name: layer for layer in layers}
+    arrays = {}
+    for r in rows:
+        qw = Scheme.parse(r["scheme"]).quantize(by_name[r["layer"]].weight, by_name[r["layer"]].groups)
+        if qw is None:
+            continue
+        key = f"{r['layer']}|{r['scheme']}|"
+        arrays.update({key + "q": qw.q, key + "scales": qw.scales,
+                       key + "meta": np.array([qw.bits, qw.block_size, qw.groups], np.int64)})
+        if qw.offsets is not None:
+            arrays[key + "offsets"] = qw.offsets
+    np.savez(path, **arrays)
+
+
+def plot(rows, path) -> None:
+    """``--plot``: SQNR per layer for each scheme (matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install matplotlib") from None
+    names = list(dict.fromkeys(r["layer"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, len(names) * 0.18), 4))
+    for scheme in dict.fromkeys(r["scheme"] for r in rows):
+        vals = {r["layer"]: r["sqnr_db"] for r in rows if r["scheme"] == scheme}
+        ax.plot(range(len(names)), [vals.get(n, np.nan) for n in names], marker=".", label=scheme)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("SQNR vs float (dB)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

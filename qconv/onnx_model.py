@@ -1,0 +1,239 @@
+"""Read the conv and constant-weight matmul layers of an ONNX model, and capture their real inputs.
+
+Needs the optional packages ``onnx`` and ``onnxruntime`` (``pip install qconv[onnx]``).
+
+A :class:`ModelLayer` holds what qconv needs to run one layer on its own: the float weight as a conv
+weight ``(O, I/groups, kh, kw)`` (a ``MatMul``/``Gemm`` weight ``(K, N)`` becomes ``(N, K, 1, 1)``),
+bias, stride, padding, dilation and groups, and the names of its input and output tensors.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _need(module: str):
+    try:
+        return __import__(module)
+    except ImportError:
+        raise ImportError(f"this needs the optional package {module!r}: pip install {module}") from None
+
+
+@dataclass
+class ModelLayer:
+    """One layer of a model, in qconv's terms (see the module docstring)."""
+
+    name: str
+    op: str
+    weight: np.ndarray
+    bias: np.ndarray | None
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    extra_pad: tuple[int, int, int, int]  # (top, bottom, left, right) beyond the symmetric padding
+    dilation: tuple[int, int]
+    groups: int
+    input_name: str
+    output_name: str
+
+    @property
+    def is_linear(self) -> bool:
+        return self.op in ("MatMul", "Gemm")
+
+    def describe_shape(self) -> str:
+        o, i, kh, kw = self.weight.shape
+        if self.is_linear:
+            return f"{i}->{o}"
+        extra = f" s{self.stride[0]}" if self.stride != (1, 1) else ""
+        return f"{kh}x{kw} {i * self.groups}->{o}{extra}"
+
+    def conv_input(self, x: np.ndarray) -> np.ndarray:
+        """The captured tensor ``x`` as the NCHW input of the conv (linear: ``(rows, K, 1, 1)``; asymmetric
+        padding applied explicitly with zeros, which equals the conv's own zero padding)."""
+        if self.is_linear:
+            return np.ascontiguousarray(x.reshape(-1, x.shape[-1])[:, :, None, None], np.float32)
+        t, b, l, r = self.extra_pad
+        if any(self.extra_pad):
+            x = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
+        return np.ascontiguousarray(x, np.float32)
+
+
+def _constants(model) -> dict:
+    from onnx import numpy_helper
+
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    consts[node.output[0]] = numpy_helper.to_array(attr.t)
+    return consts
+
+
+def _attrs(node) -> dict:
+    import onnx
+
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _conv_layer(node, consts) -> ModelLayer | None:
+    if node.input[1] not in consts:
+        return None
+    w = np.asarray(consts[node.input[1]], np.float32)
+    if w.ndim != 4:
+        return None  # 1-D/3-D convs are out of scope
+    a = _attrs(node)
+    if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"", ""):
+        raise ValueError(f"{node.name}: auto_pad={a['auto_pad']!r} is not supported; export with explicit pads")
+    pads = list(a.get("pads", [0, 0, 0, 0]))
+    top, left, bottom, right = pads
+    ph, pw = min(top, bottom), min(left, right)
+    bias = np.asarray(consts[node.input[2]], np.float32) if len(node.input) > 2 and node.input[2] else None
+    return ModelLayer(node.name or node.output[0], "Conv", w, bias, tuple(a.get("strides", [1, 1])), (ph, pw),
+                      (top - ph, bottom - ph, left - pw, right - pw), tuple(a.get("dilations", [1, 1])),
+                      int(a.get("group", 1)), node.input[0], node.output[0])
+
+
+def _linear_layer(node, consts) -> ModelLayer | None:
+    a = _attrs(node)
+    if node.op_type == "MatMul":
+        if node.input[1] not in consts or node.input[0] in consts:
+            return None
+        b = np.asarray(consts[node.input[1]], np.float32)
+        if b.ndim != 2:
+            return None
+        w, bias = b.T, None
+    else:  # Gemm: y = alpha * A' B' + beta * C
+        if node.input[1] not in consts or a.get("transA", 0):
+            return None
+        b = np.asarray(consts[node.input[1]], np.float32)
+        w = b if a.get("transB", 0) else b.T
+        w = w * np.float32(a.get("alpha", 1.0))
+        bias = None
+        if len(node.input) > 2 and node.input[2]:
+            if node.input[2] not in consts:
+                return None
+            c = np.asarray(consts[node.input[2]], np.float32) * np.float32(a.get("beta", 1.0))
+            if c.size not in (1, w.shape[0]):
+                return None
+            bias = np.broadcast_to(c.reshape(-1), (w.shape[0],)).astype(np.float32)
+    return ModelLayer(node.name or node.output[0], node.op_type, np.ascontiguousarray(w)[:, :, None, None], bias,
+                      (1, 1), (0, 0), (0, 0, 0, 0), (1, 1), 1, node.input[0], node.output[0])
+
+
+def load_layers(path) -> tuple[object, list[ModelLayer]]:
+    """``(onnx model, [ModelLayer])`` for every Conv and constant-weight MatMul/Gemm of the model."""
+    onnx = _need("onnx")
+    try:
+        model = onnx.load(str(path))
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # onnx raises DecodeError and friends on corrupt files
+        raise ValueError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+    consts = _constants(model)
+    layers = []
+    for node in model.graph.node:
+        if node.op_type == "Conv":
+            layer = _conv_layer(node, consts)
+        elif node.op_type in ("MatMul", "Gemm"):
+            layer = _linear_layer(node, consts)
+        else:
+            continue
+        if layer is not None:
+            layers.append(layer)
+    return model, layers
+
+
+def default_input(model, shape=None, seed: int = 0) -> dict:
+    """A seeded random feed for the model's first input; dynamic dims become 1 (batch) and 256."""
+    inp = model.graph.input[0]
+    if shape is None:
+        dims = [d.dim_value if d.dim_value > 0 else (1 if i == 0 else 256)
+                for i, d in enumerate(inp.type.tensor_type.shape.dim)]
+    else:
+        dims = list(shape)
+    rng = np.random.default_rng(seed)
+    return {inp.name: rng.standard_normal(dims).astype(np.float32)}
+
+
+def load_input(model, path, shape=None) -> dict:
+    """Feed from a ``.npy`` tensor or an image (PNG/JPEG through Pillow: RGB in [0, 1], NCHW, resized to the
+    model's spatial size or ``shape``)."""
+    inp = model.graph.input[0]
+    if str(path).endswith(".npy"):
+        x = np.load(path, allow_pickle=False)
+        return {inp.name: np.asarray(x, np.float32)}
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError("reading an image needs Pillow: pip install pillow (or pass a .npy tensor)") from None
+    dims = list(shape) if shape else [d.dim_value or 0 for d in inp.type.tensor_type.shape.dim]
+    h, w = (dims[2] or 256, dims[3] or 256) if len(dims) == 4 else (256, 256)
+    img = Image.open(path).convert("RGB").resize((w, h))
+    x = np.asarray(img, np.float32).transpose(2, 0, 1)[None] / 255.0
+    return {inp.name: np.ascontiguousarray(x)}
+
+
+def capture(model, layers, feed: dict, threads: int = 2) -> dict:
+    """Run the float model through onnxruntime and return ``{tensor name: array}`` for every layer's
+    input and output."""
+    onnx = _need("onnx")
+    ort = _need("onnxruntime")
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    for name in dict.fromkeys(n for layer in layers for n in (layer.input_name, layer.output_name)):
+        if name not in have:
+            m.graph.output.append(onnx.ValueInfoProto(name=name))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feed)))
+
+
+def time_float_layer(layer: ModelLayer, x: np.ndarray, repeat: int = 5, threads: int = 2) -> float:
+    """Median ms of the layer alone in float32 through onnxruntime (a one-node model)."""
+    onnx = _need("onnx")
+    ort = _need("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    xin = layer.conv_input(x)
+    inits = [numpy_helper.from_array(layer.weight, "W")]
+    inputs = ["X", "W"]
+    if layer.bias is not None:
+        inits.append(numpy_helper.from_array(layer.bias, "B"))
+        inputs.append("B")
+    node = helper.make_node("Conv", inputs, ["Y"], strides=list(layer.stride),
+                            pads=[layer.padding[0], layer.padding[1]] * 2, dilations=list(layer.dilation),
+                            group=layer.groups)
+    graph = helper.make_graph([node], "layer", [helper.make_tensor_value_info("X", TensorProto.FLOAT, xin.shape)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    import time
+
+    sess.run(None, {"X": xin})
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        sess.run(None, {"X": xin})
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
+
+
+def rapidocr_model(name: str = "ch_PP-OCRv4_det_infer.onnx") -> str:
+    """Path of a model shipped in the ``rapidocr-onnxruntime`` wheel (install it with ``--no-deps``)."""
+    try:
+        dist = importlib.metadata.distribution("rapidocr-onnxruntime")
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError("pip install --no-deps rapidocr-onnxruntime (it ships the PP-OCR models)") from None
+    for f in dist.files or ():
+        if f.name == name:
+            return os.fspath(dist.locate_file(f))
+    raise FileNotFoundError(f"{name} is not in the rapidocr-onnxruntime wheel")
