@@ -206,6 +206,12 @@ def format_plan(plan, rows) -> str:
     return "\n".join(lines)
 
 
+def _convert(args) -> int:
+    from . import convert
+
+    return convert.main(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="qconv", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -244,6 +250,22 @@ def main(argv=None) -> int:
     ins.add_argument("--save-plan", help="write the plan of --target-sqnr as JSON")
     ins.add_argument("--no-progress", action="store_true", help="no progress bar")
     ins.set_defaults(func=_inspect)
+
+    conv = sub.add_parser("convert", help="convert one quantized weight between .npz, .onnx, .gguf and .pt files")
+    conv.add_argument("input", help="input file (.npz, .onnx, .gguf, .pt)")
+    conv.add_argument("output", nargs="?", help="output file (.npz, .onnx, .gguf, .pt)")
+    formats = ("npz", "onnx", "gguf", "pt")
+    conv.add_argument("--from", dest="src_format", choices=formats, help="input format (default: from the extension)")
+    conv.add_argument("--to", dest="dst_format", choices=formats, help="output format (default: from the extension)")
+    conv.add_argument("--tensor", help="name of the weight to read (needed when the input holds several)")
+    conv.add_argument("--list", action="store_true", help="list the weights of INPUT and exit")
+    conv.add_argument("--name", help="tensor name in the output (default: the input's name)")
+    conv.add_argument("--groups", type=int, help="set the weight's conv groups (for inputs that do not store them)")
+    conv.add_argument("--onnx-op", choices=("dequantizelinear", "matmulnbits"), default="dequantizelinear",
+                      help="ONNX output node: blocked DequantizeLinear-21 (default) or com.microsoft.MatMulNBits")
+    conv.add_argument("--gguf-type", choices=("Q4_0", "Q4_1", "Q8_0"),
+                      help="GGUF output type (default: Q8_0 for int8, Q4_0 for symmetric int4, else Q4_1)")
+    conv.set_defaults(func=_convert)
     args = parser.parse_args(argv)
     return args.func(args)
 
