@@ -154,9 +154,13 @@ pip_install() {
     mapfile -t reqs < <(build_requires)
     log "pip: build requirements: ${reqs[*]}"
     "$PY" -m pip install -q "${reqs[@]}"
-    log "pip: pip install --no-build-isolation -e '.[test]' (cythonizes and compiles qconv/_ext/*.pyx)"
+    # torch pinned first: an unpinned torch would pull a multi-GB CUDA build; 2.13.0 is a CPU wheel.
+    log "pip: optional packages of the interop/real-model tests (torch==2.13.0 CPU, onnx, onnxruntime, gguf)"
+    "$PY" -m pip install -q "torch==2.13.0" || warn "torch==2.13.0 unavailable; its tests will skip"
+    "$PY" -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4" || warn "PP-OCR model wheel unavailable; its tests will skip"
+    log "pip: pip install --no-build-isolation -e '.[test,interop]' (cythonizes and compiles qconv/_ext/*.pyx)"
     local t=$SECONDS
-    "$PY" -m pip install -q --no-build-isolation -e '.[test]'
+    "$PY" -m pip install -q --no-build-isolation -e '.[test,interop]'
     local n
     n="$(find qconv/_ext -maxdepth 1 -name '*.so' | wc -l)"
     log "pip: installed qconv (editable) + test extras in $((SECONDS - t)) s; $n extension module(s) built in place"
