@@ -1,0 +1,399 @@
+#!/usr/bin/env python
+"""Benchmark of the qconv CPU engine against baselines measured in the same process (not a test).
+
+Fixed suite: 3x3 convs 64ch@56x56, 128ch@28x28, 256ch@14x14, 128ch@56x56 stride 2; a 1x1 256->1024@14x14;
+GEMV (1x1 conv on 1x1) 4096->4096 and 4096->11008; batch-8 4096->4096. Weight schemes: int8 per-channel
+symmetric, int4 block-32 asymmetric, int4 per-channel symmetric. Baselines: numpy float32 im2col + BLAS
+matmul (always); onnxruntime float Conv/MatMul, ConvInteger/MatMulInteger (dynamic quantization) and
+MatMulNBits (int4 block 32); torch float conv2d/linear and torch.ao dynamic quantized conv/linear -- each
+when importable. Threads are fixed to 2 everywhere.
+
+Reported per engine: median ms, GOP/s (2*MACs), relative L2 error against the float64 conv with the
+original float weights, and peak RSS of the process during that engine's run (VmHWM, reset per row).
+A second table gives qconv's speed-up against each baseline of the same case.
+
+    python benchmarks/bench_cpu.py [--quick] [--json out.json] [--cases SUBSTRING]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import warnings
+
+THREADS = 2
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+    os.environ[_var] = str(THREADS)
+# every OpenMP runtime in the process (qconv's and torch's) waits passively, as qconv does by default
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+
+import qconv  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+CONVS = [  # name, O, I, k, H(=W), stride, padding
+    ("3x3 64ch@56", 64, 64, 3, 56, 1, 1),
+    ("3x3 128ch@28", 128, 128, 3, 28, 1, 1),
+    ("3x3 256ch@14", 256, 256, 3, 14, 1, 1),
+    ("3x3 128ch@56 s2", 128, 128, 3, 56, 2, 1),
+    ("1x1 256->1024@14", 1024, 256, 1, 14, 1, 0),
+]
+LINEARS = [  # name, O, K, N
+    ("GEMV 4096->4096", 4096, 4096, 1),
+    ("GEMV 4096->11008", 11008, 4096, 1),
+    ("batch-8 4096->4096", 4096, 4096, 8),
+]
+SCHEMES = [  # name, bits, block_size, symmetric
+    ("int8 per-channel sym", 8, 0, True),
+    ("int4 block-32 asym", 4, 32, False),
+    ("int4 per-channel sym", 4, 0, True),
+]
+
+
+# --- measurement helpers -----------------------------------------------------------------------------------
+def _reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _time(fn, min_time, max_reps, warmup_s=0.3):
+    # time-based warm-up: thread pools, page faults and clocks settle over the first ~0.2 s
+    start = time.perf_counter()
+    calls = 0
+    while calls < 2 or (time.perf_counter() - start < warmup_s and calls < 200):
+        fn()
+        calls += 1
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (len(times) < 3 or time.perf_counter() - start < min_time):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3
+
+
+def _rel_err(y, ref) -> float:
+    y = np.asarray(y, np.float64).reshape(ref.shape)
+    return float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+# --- float references and the numpy baseline ------------------------------------------------------------------
+def _im2col(x, k, stride, pad):
+    n, c, h, w = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))) if pad else x
+    win = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))[:, :, ::stride, ::stride]
+    oh, ow = win.shape[2], win.shape[3]
+    return win.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * k * k), oh, ow
+
+
+def numpy_conv(x, w, b, stride, pad):
+    n = x.shape[0]
+    o, k = w.shape[0], w.shape[2]
+    cols, oh, ow = _im2col(x, k, stride, pad)
+    y = cols @ w.reshape(o, -1).T
+    y += b
+    return np.ascontiguousarray(y.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
+
+
+def float64_conv(x, w, b, stride, pad):
+    return numpy_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), stride, pad)
+
+
+# --- optional baselines -----------------------------------------------------------------------------------------
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(THREADS)
+    return torch
+
+
+def _ort():
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return None
+    import onnxruntime
+    return onnxruntime
+
+
+def _ort_session(model, ort):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = THREADS
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    # no spinning thread pool: it would steal the 2 cores from the engines measured after it
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _onnx_model(kind, w, b, stride=1, pad=0, xshape=None, yshape=None):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    if kind == "conv":
+        o, _, k, _ = w.shape
+        node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[k, k], strides=[stride, stride],
+                                pads=[pad] * 4)
+        inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+        xin = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xshape))
+        yout = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(yshape))
+        graph = helper.make_graph([node], "conv", [xin], [yout], inits)
+    else:
+        nodes = [helper.make_node("MatMul", ["x", "wt"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+        inits = [numpy_helper.from_array(np.ascontiguousarray(w.T), "wt"), numpy_helper.from_array(b, "b")]
+        xin = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xshape))
+        yout = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(yshape))
+        graph = helper.make_graph(nodes, "linear", [xin], [yout], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _ort_dynamic(model, ort):
+    """onnxruntime's dynamic int8 quantization (ConvInteger / MatMulInteger)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "f.onnx"), os.path.join(tmp, "q.onnx")
+        onnx.save(model, src)
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+        return _ort_session(onnx.load(dst), ort)
+
+
+def _ort_nbits(w, b, xshape, yshape, ort, block=32):
+    """onnxruntime MatMulNBits (com.microsoft): int4, block 32, asymmetric RTN with uint8 zero points,
+    ``accuracy_level=4`` (int8 activations, its fastest CPU path)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    n_out, k = w.shape
+    kb = -(-k // block)
+    wp = np.zeros((n_out, kb * block), np.float32)
+    wp[:, :k] = w
+    blocks = wp.reshape(n_out, kb, block)
+    lo = np.minimum(blocks.min(-1), 0)
+    hi = np.maximum(blocks.max(-1), 0)
+    scale = ((hi - lo) / 15).astype(np.float32)
+    safe = np.where(scale > 0, scale, 1)
+    zp = np.clip(np.round(-lo / safe), 0, 15).astype(np.uint8)
+    u = np.clip(np.round(blocks / safe[..., None]) + zp[..., None], 0, 15).astype(np.uint8)
+    packed = (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)          # low nibble first
+    zpp = np.zeros((n_out, -(-kb // 2) * 2), np.uint8)
+    zpp[:, :kb] = zp
+    zpp = (zpp[:, 0::2] | (zpp[:, 1::2] << 4)).astype(np.uint8)
+    node = helper.make_node("MatMulNBits", ["x", "B", "scales", "zp"], ["m"], domain="com.microsoft",
+                            K=k, N=n_out, bits=4, block_size=block, accuracy_level=4)
+    add = helper.make_node("Add", ["m", "b"], ["y"])
+    inits = [numpy_helper.from_array(packed.reshape(n_out, kb, block // 2), "B"),
+             numpy_helper.from_array(scale.reshape(-1), "scales"),
+             numpy_helper.from_array(zpp.reshape(-1), "zp"), numpy_helper.from_array(b, "b")]
+    graph = helper.make_graph([node, add], "nbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xshape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(yshape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return _ort_session(model, ort)
+
+
+# --- the suite ----------------------------------------------------------------------------------------------------
+def run(args):
+    torch, ort = _torch(), _ort()
+    rng = np.random.default_rng(0)
+    rows = []
+    min_time, max_reps = (0.2, 15) if args.quick else (1.0, 100)
+    cases = [("conv",) + c for c in CONVS] + [("linear",) + c for c in LINEARS]
+    if args.cases:
+        cases = [c for c in cases if args.cases.lower() in c[1].lower()]
+
+    def record(case, scheme, engine, fn, ref, ops, build=None):
+        gc.collect()
+        _reset_peak_rss()
+        try:
+            if build is not None:
+                fn = build()
+            y = fn()
+            ms = _time(fn, min_time, max_reps)
+        except Exception as exc:  # a baseline that cannot run here is reported, not fatal
+            rows.append(dict(case=case, scheme=scheme, engine=engine, error=f"{type(exc).__name__}: {exc}"[:120]))
+            return
+        rows.append(dict(case=case, scheme=scheme, engine=engine, ms=ms, gops=ops / ms / 1e6,
+                         rel_err=_rel_err(y, ref), peak_rss_mb=_peak_rss_mb()))
+        print(f"  {case:20s} {scheme:22s} {engine:28s} {ms:9.3f} ms", file=sys.stderr, flush=True)
+
+    for kind, name, o, i, k, h, stride, pad in [(c[0], c[1], c[2], c[3], c[4] if c[0] == "conv" else 1,
+                                                  c[5] if c[0] == "conv" else 1, c[6] if c[0] == "conv" else 1,
+                                                  c[7] if c[0] == "conv" else 0) for c in cases]:
+        if kind == "conv":
+            n = 1
+            wf = (rng.standard_normal((o, i, k, k)) / np.sqrt(i * k * k)).astype(np.float32)
+            x = rng.standard_normal((n, i, h, h)).astype(np.float32)
+            bf = (rng.standard_normal(o) * 0.1).astype(np.float32)
+            ref = float64_conv(x, wf, bf, stride, pad)
+            oh = ref.shape[2]
+            ops = 2.0 * n * o * i * k * k * oh * oh
+        else:
+            n = [c for c in LINEARS if c[0] == name][0][3]
+            wf = (rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32)
+            x = rng.standard_normal((n, i)).astype(np.float32)
+            bf = (rng.standard_normal(o) * 0.1).astype(np.float32)
+            ref = x.astype(np.float64) @ wf.T.astype(np.float64) + bf
+            ops = 2.0 * n * o * i
+
+        # float baselines (once per case)
+        if kind == "conv":
+            record(name, "float32", "numpy im2col+BLAS", lambda: numpy_conv(x, wf, bf, stride, pad), ref, ops)
+        else:
+            wt = np.ascontiguousarray(wf.T)
+            record(name, "float32", "numpy BLAS", lambda: x @ wt + bf, ref, ops)
+        if torch is not None:
+            tx, tw, tb = torch.from_numpy(x), torch.from_numpy(wf), torch.from_numpy(bf)
+            with torch.inference_mode():
+                if kind == "conv":
+                    record(name, "float32", "torch conv2d",
+                           lambda: torch.nn.functional.conv2d(tx, tw, tb, stride, pad).numpy(), ref, ops)
+                else:
+                    record(name, "float32", "torch linear", lambda: torch.nn.functional.linear(tx, tw, tb).numpy(),
+                           ref, ops)
+        if ort is not None:
+            model = _onnx_model(kind, wf, bf, stride, pad, x.shape, ref.shape)
+            sess = {}
+
+            def ort_run(key, make):
+                def build():
+                    s = make()
+                    sess[key] = s
+                    return lambda: s.run(None, {"x": x})[0]
+                return build
+
+            record(name, "float32", "onnxruntime " + ("Conv" if kind == "conv" else "MatMul"), None, ref, ops,
+                   build=ort_run("f", lambda: _ort_session(model, ort)))
+            record(name, "int8 dyn (per-tensor)", "onnxruntime " + ("ConvInteger" if kind == "conv" else "MatMulInteger"),
+                   None, ref, ops, build=ort_run("q", lambda: _ort_dynamic(model, ort)))
+            if kind == "linear":
+                record(name, "int4 block-32 asym", "onnxruntime MatMulNBits", None, ref, ops,
+                       build=ort_run("n", lambda: _ort_nbits(wf, bf, x.shape, ref.shape, ort)))
+        if torch is not None:
+            def torch_dyn():
+                import torch.ao.nn.quantized.dynamic as nnqd
+                from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
+                if kind == "conv":
+                    m = torch.nn.Conv2d(i, o, k, stride, pad)
+                    spec, mapping = {torch.nn.Conv2d: default_dynamic_qconfig}, {torch.nn.Conv2d: nnqd.Conv2d}
+                else:
+                    m = torch.nn.Linear(i, o)
+                    spec, mapping = {torch.nn.Linear: default_dynamic_qconfig}, {torch.nn.Linear: nnqd.Linear}
+                with torch.no_grad():
+                    m.weight.copy_(torch.from_numpy(wf.reshape(m.weight.shape)))
+                    m.bias.copy_(torch.from_numpy(bf))
+                qm = quantize_dynamic(torch.nn.Sequential(m), qconfig_spec=spec, mapping=mapping)
+                tx = torch.from_numpy(x)
+
+                def f():
+                    with torch.inference_mode():
+                        return qm(tx).numpy()
+                return f
+            record(name, "int8 dyn (torch.ao)", "torch.ao dynamic " + ("conv" if kind == "conv" else "linear"),
+                   None, ref, ops, build=torch_dyn)
+
+        # qconv, every scheme
+        for sname, bits, bs, sym in SCHEMES:
+            def build(bits=bits, bs=bs, sym=sym):
+                w = qconv.quantize_weight(wf, bits=bits, block_size=bs, symmetric=sym)
+                if kind == "conv":
+                    layer = qconv.Conv2d(w, bf, stride, pad, device="cpu", threads=THREADS)
+                else:
+                    layer = qconv.Linear(w, bf, device="cpu", threads=THREADS)
+                build.layer = layer
+                return lambda: layer(x)
+            record(name, sname, "qconv cpu", None, ref, ops, build=build)
+            if rows[-1].get("engine") == "qconv cpu" and "ms" in rows[-1]:
+                rows[-1]["describe"] = build.layer.engine.describe()
+    return rows
+
+
+# --- report -------------------------------------------------------------------------------------------------------
+def report(rows, args):
+    out = []
+    eng = qconv.cpu.CpuEngine
+    out.append(f"qconv CPU benchmark: {platform.processor() or platform.machine()}, {THREADS} threads, "
+               f"kernel {qconv.cpu.select_kernel()}, numpy {np.__version__}"
+               + (" (quick)" if args.quick else ""))
+    del eng
+    out.append("")
+    out.append("| case | scheme | engine | median ms | GOP/s | rel. err vs float | peak RSS MB |")
+    out.append("|---|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['case']} | {r['scheme']} | {r['engine']} | n/a | | | ({r['error']}) |")
+        else:
+            out.append(f"| {r['case']} | {r['scheme']} | {r['engine']} | {r['ms']:.3f} | {r['gops']:.1f} | "
+                       f"{r['rel_err']:.2e} | {r['peak_rss_mb']:.0f} |")
+    out.append("")
+    # speed-ups of qconv against each baseline of the same case
+    baselines = []
+    for r in rows:
+        if r["engine"] != "qconv cpu" and r["engine"] not in baselines:
+            baselines.append(r["engine"])
+    out.append("qconv speed-up (baseline ms / qconv ms; > 1 means qconv is faster):")
+    out.append("")
+    cols = ["numpy", "torch float", "torch.ao dyn", "ORT float", "ORT int8", "ORT NBits"]
+    match = {"numpy": ("numpy",), "torch float": ("torch conv2d", "torch linear"),
+             "torch.ao dyn": ("torch.ao",), "ORT float": ("onnxruntime Conv", "onnxruntime MatMul"),
+             "ORT int8": ("onnxruntime ConvInteger", "onnxruntime MatMulInteger"),
+             "ORT NBits": ("onnxruntime MatMulNBits",)}
+    out.append("| case | scheme | qconv ms | " + " | ".join(f"x {c}" for c in cols) + " |")
+    out.append("|---|---|---:|" + "---:|" * len(cols))
+    for r in rows:
+        if r["engine"] != "qconv cpu" or "ms" not in r:
+            continue
+        cells = []
+        for c in cols:
+            base = [b for b in rows if b["case"] == r["case"] and "ms" in b and b["engine"] != "qconv cpu"
+                    and any(b["engine"] == m or (m.endswith("numpy") or m in ("torch.ao",)) and b["engine"].startswith(m)
+                            for m in match[c])]
+            base = [b for b in base if not (c == "ORT float" and ("Integer" in b["engine"] or "NBits" in b["engine"]))]
+            cells.append(f"{base[0]['ms'] / r['ms']:.2f}" if base else "-")
+        out.append(f"| {r['case']} | {r['scheme']} | {r['ms']:.3f} | " + " | ".join(cells) + " |")
+    text = "\n".join(out)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(threads=THREADS, quick=args.quick, rows=rows), fh, indent=1)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains this")
+    args = p.parse_args(argv)
+    import qconv.cpu  # noqa: F401  (fail early when the extension is not built)
+    rows = run(args)
+    report(rows, args)
+
+
+if __name__ == "__main__":
+    main()

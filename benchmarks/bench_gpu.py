@@ -1,0 +1,237 @@
+"""Benchmark of qconv's OpenCL engine: the CPU benchmark's suite on one OpenCL device.
+
+Every time is the median of profiled kernel launches (OpenCL events; CUDA events for torch), after the
+engine has tuned itself (``--tune``, default ``fast``; results persist in the tuning cache, so a second
+run skips tuning: the "setup" column shows it). Weight-streaming cases (1x1 on 1x1 spatial) also report
+GB/s = bytes the kernel must read and write (packed weights + scales/offsets as stored + activations +
+outputs) / time, next to the float4 copy bandwidth measured in the same run (read + write).
+
+    python benchmarks/bench_gpu.py [--device opencl:0:0] [--quick] [--baselines] [--json out.json]
+
+``--baselines`` adds torch on CUDA when importable: ``F.conv2d`` in float32 with TF32 off (cuDNN), a bf16
+``x @ w.T`` (cuBLAS) and ``torch.ops.aten._weight_int4pack_mm`` (int4, group 128).
+Scales are rounded to fp16 first (``--fp32-scales`` keeps them), so the engine stores them as fp16
+(``scale_dtype="auto"``), as issue 5 allows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import qconv  # noqa: E402
+from qconv import gpu  # noqa: E402
+from qconv.geometry import ConvSpec  # noqa: E402
+
+SCHEMES = {  # name -> (bits, block_size, symmetric)
+    "int8": (8, 0, True),
+    "int4": (4, 0, True),
+    "int4-b32-asym": (4, 32, False),
+    "int4-b128": (4, 128, True),
+}
+
+
+def suite(quick: bool):
+    """(name, kind, N, C, O, H, W, k, stride, pad, schemes)."""
+    conv_s = ["int8", "int4"] if not quick else ["int8"]
+    gemv_s = ["int8", "int4", "int4-b32-asym"] if not quick else ["int4-b32-asym"]
+    cases = [
+        ("conv3x3 64@56", "conv", 1, 64, 64, 56, 56, 3, 1, 1, conv_s),
+        ("conv3x3 128@28", "conv", 1, 128, 128, 28, 28, 3, 1, 1, conv_s),
+        ("conv3x3 256@14", "conv", 1, 256, 256, 14, 14, 3, 1, 1, conv_s),
+        ("conv3x3 128@56 s2", "conv", 1, 128, 128, 56, 56, 3, 2, 1, conv_s),
+        ("conv1x1 256->1024@14", "conv", 1, 256, 1024, 14, 14, 1, 1, 0, conv_s),
+        ("gemv 4096->4096", "gemv", 1, 4096, 4096, 1, 1, 1, 1, 0, gemv_s),
+        ("gemv 4096->11008", "gemv", 1, 4096, 11008, 1, 1, 1, 1, 0, gemv_s),
+    ]
+    if not quick:
+        cases += [
+            ("gemv 8192->28672", "gemv", 1, 8192, 28672, 1, 1, 1, 1, 0, gemv_s),
+            ("gemm b8 4096->4096", "gemv", 8, 4096, 4096, 1, 1, 1, 1, 0, gemv_s),
+            ("gemm b32 4096->4096", "gemv", 32, 4096, 4096, 1, 1, 1, 1, 0, gemv_s),
+            ("gemm b8 8192->28672", "gemv", 8, 8192, 28672, 1, 1, 1, 1, 0, ["int4-b32-asym"]),
+            ("gemm b32 8192->28672", "gemv", 32, 8192, 28672, 1, 1, 1, 1, 0, ["int4-b32-asym"]),
+            ("b32 conv3x3 256@14", "conv", 32, 256, 256, 14, 14, 3, 1, 1, conv_s),
+            ("b32 conv1x1 256->1024@14", "conv", 32, 256, 1024, 14, 14, 1, 1, 0, conv_s),
+        ]
+    return cases
+
+
+def make_weight(rng, o, c, k, scheme, fp16_scales):
+    bits, block, sym = SCHEMES[scheme]
+    if block and c % block:
+        block = 0
+    w = rng.standard_normal((o, c, k, k)).astype(np.float32) * np.float32(1 / np.sqrt(c * k * k))
+    qw = qconv.quantize_weight(w, bits=bits, block_size=block, symmetric=sym)
+    if fp16_scales:
+        f16 = lambda a: None if a is None else a.astype(np.float16).astype(np.float32)  # noqa: E731
+        qw = qconv.QuantizedWeight(qw.q, f16(qw.scales), f16(qw.offsets), bits, qw.block_size, qw.groups)
+    return qw
+
+
+def profiled_median_ns(queue, launch, repeats):
+    launch().wait()
+    events = [launch() for _ in range(repeats)]
+    queue.finish()
+    return float(statistics.median(e.profile.end - e.profile.start for e in events))
+
+
+def copy_bandwidth(ctx, queue, nbytes, repeats):
+    """Read+write bytes per second of the float4 copy kernel."""
+    import pyopencl as cl
+
+    n4 = nbytes // 16
+    a = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, n4 * 16)
+    b = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, n4 * 16)
+    cl.enqueue_fill_buffer(queue, a, np.float32(1), 0, n4 * 16)
+    k = gpu.programs.get_kernel(ctx, "util", (), "copy_float4")
+    lws = 256 if n4 >= 256 else None
+    gws = ((n4 + 255) // 256 * 256,) if lws else (n4,)
+    ns = profiled_median_ns(queue, lambda: k(queue, gws, (lws,) if lws else None, a, b, np.int32(n4)), repeats)
+    return 2 * n4 * 16 / (ns * 1e-9)
+
+
+def bench_ours(case, scheme, device, args, rng):
+    import pyopencl.array as cla
+
+    name, kind, n, c, o, h, w, k, s, p, _ = case
+    qw = make_weight(rng, o, c, k, scheme, not args.fp32_scales)
+    spec = ConvSpec(qw, rng.standard_normal(o).astype(np.float32) * np.float32(0.1), s, p, 1, None, None)
+    t0 = time.perf_counter()
+    eng = gpu.OpenCLEngine(spec, device=device, tune=args.tune)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    q = eng.queue
+    xd = cla.to_device(q, x)
+    yd = eng.forward(xd, "nchw")
+    q.finish()
+    setup_s = time.perf_counter() - t0
+    plan = eng.plans[("nchw", n, h, w)]
+    ns = profiled_median_ns(q, lambda: plan.cand.launch(q, plan.lws, (xd.base_data, yd.base_data)), args.repeat)
+    row = {"case": name, "scheme": scheme, "N": n, "us": ns / 1e3, "variant": plan.variant,
+           "lws": plan.lws, "setup_s": setup_s, "scales": eng.scale_layout.dtype, "image": eng.image}
+    wbytes = eng.layout.nbytes(qw.q.shape) if hasattr(eng.layout, "nbytes") else qw.nbytes_q
+    sbytes = qw.scales.size * eng.scale_layout.itemsize * (1 if qw.offsets is None else 2)
+    moved = wbytes + sbytes + 4 * (x.size + int(np.prod(yd.shape)))
+    row["bytes"] = int(moved)
+    row["GBps"] = moved / ns
+    flops = 2.0 * n * o * c * k * k * yd.shape[2] * yd.shape[3]
+    row["GFLOPs"] = flops / ns
+    if args.check:
+        ref = qconv.reference.conv2d(x, qw, spec.bias, s, p, 1, None, act_quant=None)
+        err = float(np.abs(yd.get() - ref).max() / max(np.abs(ref).max(), 1e-30))
+        row["max_rel_err"] = err
+    return row, (x, qw, spec)
+
+
+def torch_baselines(case, scheme, data, args):
+    """Medians (us) of torch on CUDA for the same case, or {} when unavailable."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    x, qw, spec = data
+    name, kind, n, c, o, h, w, k, s, p, _ = case
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+
+    def cuda_median_us(fn):
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(args.repeat):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        return float(statistics.median(times))
+
+    out = {}
+    wf = torch.from_numpy(qw.dequantize()).to(dev)
+    xt = torch.from_numpy(x).to(dev)
+    if kind == "conv":
+        bias = torch.from_numpy(spec.bias).to(dev)
+        out["torch_conv_fp32_us"] = cuda_median_us(lambda: F.conv2d(xt, wf, bias, s, p))
+    else:
+        x2 = xt.reshape(n, c).to(torch.bfloat16)
+        w2 = wf.reshape(o, c).to(torch.bfloat16)
+        out["torch_bf16_mm_us"] = cuda_median_us(lambda: x2 @ w2.T)
+        try:
+            group = 128
+            wq = torch.randint(0, 16, (o, c), dtype=torch.int32, device=dev)
+            packed_u8 = (wq[:, ::2] << 4 | wq[:, 1::2]).to(torch.uint8)
+            packed = torch.ops.aten._convert_weight_to_int4pack(packed_u8, 8)
+            sz = torch.ones((c // group, o, 2), dtype=torch.bfloat16, device=dev)
+            out["torch_int4pack_mm_us"] = cuda_median_us(
+                lambda: torch.ops.aten._weight_int4pack_mm(x2, packed, group, sz))
+        except Exception as exc:  # API differs between torch versions
+            out["torch_int4pack_mm_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="opencl", help="opencl, opencl:P:D (default: $QCONV_OPENCL_DEVICE or first GPU)")
+    ap.add_argument("--quick", action="store_true", help="a small subset with few repeats")
+    ap.add_argument("--repeat", type=int, default=None, help="profiled launches per case (median)")
+    ap.add_argument("--tune", default=None, help="none|fast|full (default $QCONV_TUNE or fast)")
+    ap.add_argument("--baselines", action="store_true", help="add torch/CUDA baselines when importable")
+    ap.add_argument("--check", action="store_true", help="compare every output with the numpy oracle")
+    ap.add_argument("--fp32-scales", action="store_true", help="keep float32 scales (default: fp16-exact)")
+    ap.add_argument("--only", default=None, help="run cases whose name contains this text")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    args.repeat = args.repeat or (3 if args.quick else 20)
+    args.tune = gpu.tuning.tune_level(args.tune)
+
+    ctx, dev = gpu.resolve(args.device)
+    queue = gpu.context.profiling_queue(ctx, dev)
+    copy_bytes = min(256 << 20, int(dev.max_mem_alloc_size) // 4) if not args.quick else 32 << 20
+    bw = copy_bandwidth(ctx, queue, copy_bytes, args.repeat)
+    info = {"device": gpu.describe_device(args.device), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "host": platform.node(), "tune": args.tune, "copy_GBps": bw / 1e9, "command": " ".join(sys.argv)}
+    print(f"# {info['device']}  tune={args.tune}  float4 copy: {bw / 1e9:.1f} GB/s (read+write)")
+    hdr = f"{'case':26s} {'scheme':14s} {'us':>10s} {'GB/s':>8s} {'%copy':>6s} {'GFLOP/s':>8s} {'setup s':>7s}  variant"
+    print(hdr)
+    rows = []
+    rng = np.random.default_rng(0)
+    for case in suite(args.quick):
+        if args.only and args.only not in case[0]:
+            continue
+        for scheme in case[-1]:
+            row, data = bench_ours(case, scheme, args.device, args, rng)
+            if args.baselines:
+                row.update(torch_baselines(case, scheme, data, args))
+            pct = 100.0 * row["GBps"] * 1e9 / bw if case[1] == "gemv" else float("nan")
+            row["pct_copy"] = pct
+            lws = "driver" if row["lws"] is None else "x".join(map(str, row["lws"]))
+            extra = "  ".join(f"{k[:-3]}={v:.1f}us" for k, v in row.items() if k.startswith("torch") and k.endswith("_us"))
+            gbps = f"{row['GBps']:8.1f}" if case[1] == "gemv" else f"{'':8s}"
+            pcts = f"{pct:6.1f}" if case[1] == "gemv" else f"{'':6s}"
+            chk = f" err={row['max_rel_err']:.1e}" if "max_rel_err" in row else ""
+            print(f"{case[0]:26s} {scheme:14s} {row['us']:10.1f} {gbps} {pcts} {row['GFLOPs']:8.1f} "
+                  f"{row['setup_s']:7.2f}  {row['variant']} lws={lws} scales={row['scales']}{chk}  {extra}",
+                  flush=True)
+            row["lws"] = None if row["lws"] is None else list(row["lws"])
+            rows.append(row)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"info": info, "results": rows}, fh, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

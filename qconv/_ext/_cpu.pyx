@@ -1,0 +1,694 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Native parts of the qconv CPU engine: dynamic quantization, im2col blitting, the tiled GEMM driver.
+
+Data layouts (bytes unless noted; "pixel" = one (n, h, w) of the input, "column" = one (n, oy, ox) output):
+
+* ``Q``  uint8 ``(N*H*W, GNB*BCp)``: the quantized input ``U = xq + 128`` per pixel, channels grouped by
+  (group, block) and each block padded from ``BC`` to ``BCp = round_up(BC, 4)`` lanes holding ``zpu = z + 128``.
+* ``PS`` int32 ``(N*H*W, GNB)``: per pixel and block, ``sum(xq - z)`` over the block's real channels.
+* ``A``  uint8 ``(tile_cols, lda)``: packed-A tile; column ``e`` holds, per (group, block), ``K`` taps of
+  ``BCp`` bytes in the L order of :class:`qconv.layouts.gemm_tiles.TiledWeightLayout` (``l = kpos*BCp + c``).
+  Out-of-image taps hold ``zpu`` (they contribute exactly 0). For pointwise convs ``A`` is ``Q`` itself.
+* ``S``  int32 ``(tile_cols, GNB)``: per column and block, ``sum(u)`` over the block's real taps.
+* ``OUT`` float32 ``(tile_cols, G*OCp)``: kernel output, scattered to the NCHW / NC4HW4 result by ``store``.
+
+Every nogil helper below has a thin ``def`` wrapper prefixed ``_test_`` so it can be checked alone.
+"""
+import numpy as np
+
+cimport cython
+from cython.parallel cimport prange, threadid
+from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
+from libc.string cimport memcpy, memset
+from libc.math cimport roundf
+from libc.stdlib cimport malloc, free
+
+KERNELS = {"scalar": QC_KERNEL_SCALAR, "avx2": QC_KERNEL_AVX2, "avx512vnni": QC_KERNEL_AVX512VNNI}
+UNIT = QC_UNIT
+SRC_UNIT = QC_SRC_UNIT
+
+
+def kernel_supported(str name):
+    """True when this CPU runs the named micro-kernel (``scalar``, ``avx2``, ``avx512vnni``)."""
+    return bool(qc_kernel_supported(KERNELS[name]))
+
+
+def best_kernel():
+    """Name of the fastest micro-kernel this CPU supports (CPUID at run time)."""
+    cdef int v = qc_best_kernel()
+    return {QC_KERNEL_SCALAR: "scalar", QC_KERNEL_AVX2: "avx2", QC_KERNEL_AVX512VNNI: "avx512vnni"}[v]
+
+
+def openmp_enabled():
+    """True when the extension was built with OpenMP (``prange`` runs in parallel)."""
+    return bool(_openmp())
+
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    static int _qc_openmp(void) { return 1; }
+    #else
+    static int _qc_openmp(void) { return 0; }
+    #endif
+    """
+    int _openmp "_qc_openmp"() nogil
+
+
+# ----------------------------------------------------------------------------------------------------
+# reductions for the dynamic quantization parameters
+# ----------------------------------------------------------------------------------------------------
+cdef void _minmax(const float *x, int64_t n, int nthreads, float *lo, float *hi, int variant) noexcept nogil:
+    """min and max of ``x[0:n]`` (n >= 1), reduced over chunk partials computed by ``nthreads`` threads."""
+    cdef int64_t nchunk = (n + 65535) // 65536
+    cdef float *part = <float *> malloc(2 * nchunk * sizeof(float))
+    cdef int64_t c, a, b
+    cdef int nt = <int> (nchunk if nchunk < nthreads else nthreads)
+    for c in prange(nchunk, nogil=True, num_threads=nt, schedule="static"):
+        a = c * 65536
+        b = a + 65536
+        if b > n:
+            b = n
+        qc_minmax(x + a, b - a, &part[2 * c], &part[2 * c + 1], variant)
+    lo[0] = part[0]
+    hi[0] = part[1]
+    for c in range(1, nchunk):
+        if part[2 * c] < lo[0]:
+            lo[0] = part[2 * c]
+        if part[2 * c + 1] > hi[0]:
+            hi[0] = part[2 * c + 1]
+    free(part)
+
+
+cdef void _absmax_rows(const float *x, int64_t A, int64_t N, int64_t M, int nthreads, float *out,
+                       int variant) noexcept nogil:
+    """``out[n] = max |x[a, n, m]|`` over a < A, m < M for ``x`` contiguous ``(A, N, M)``."""
+    cdef int64_t nchunk = (M + 65535) // 65536
+    cdef int64_t items = A * N * nchunk
+    cdef float *part = <float *> malloc(items * sizeof(float))
+    cdef int64_t it, a, n, c, s, e
+    cdef int nt = <int> (items if items < nthreads else nthreads)
+    for it in prange(items, nogil=True, num_threads=nt, schedule="static"):
+        c = it % nchunk
+        n = (it // nchunk) % N
+        a = it // (nchunk * N)
+        s = (a * N + n) * M + c * 65536
+        e = s + 65536
+        if e > (a * N + n + 1) * M:
+            e = (a * N + n + 1) * M
+        part[it] = qc_absmax(x + s, e - s, variant)
+    for n in range(N):
+        out[n] = 0
+    for it in range(items):
+        n = (it // nchunk) % N
+        if part[it] > out[n]:
+            out[n] = part[it]
+    free(part)
+
+
+def minmax(const float[::1] x, int threads=1, str kernel="scalar"):
+    """``(min, max)`` of a non-empty contiguous float32 array (threaded)."""
+    cdef float lo = 0, hi = 0
+    cdef int variant = KERNELS[kernel]
+    if x.shape[0] == 0:
+        raise ValueError("minmax of an empty array")
+    if not qc_kernel_supported(variant):
+        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
+    with nogil:
+        _minmax(&x[0], x.shape[0], threads, &lo, &hi, variant)
+    return float(lo), float(hi)
+
+
+def absmax_rows(const float[:, :, ::1] x, int threads=1, str kernel="scalar"):
+    """float32 ``(N,)``: ``max |x[:, n, :]|`` of a contiguous ``(A, N, M)`` float32 array."""
+    out = np.zeros(x.shape[1], np.float32)
+    cdef float[::1] o = out
+    cdef int variant = KERNELS[kernel]
+    if not qc_kernel_supported(variant):
+        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
+    if x.shape[0] * x.shape[1] * x.shape[2] == 0:
+        return out
+    with nogil:
+        _absmax_rows(&x[0, 0, 0], x.shape[0], x.shape[1], x.shape[2], threads, &o[0], variant)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# quantization of the input into Q / PS
+# ----------------------------------------------------------------------------------------------------
+cdef struct QuantJob:
+    const void *x           # float32 or int8 input, NCHW or NC4HW4 (pack 4)
+    int int8_input, nc4hw4
+    int64_t N, C, H, W
+    const int32_t *chpos    # byte position of channel c inside a Q pixel row
+    const float *qs         # per sample
+    const int32_t *z        # per sample
+    int qlo, qhi
+    int64_t Ltot1, GNB, BCp
+    int contiguous          # chpos[c] == c for every channel
+    int variant
+    uint8_t *Q
+    int32_t *PS
+
+
+cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
+    """Fill ``Q``/``PS`` from the input, one (n, h) row of pixels per work item.
+
+    Float input: ``xq = clip(roundf(x*qs[n]) + z[n], qlo, qhi)`` (half away from zero on the float32 product,
+    then the zero point, as the oracle); int8 input (static path): ``xq = x``. Each row is quantized
+    channel-row by channel-row into a ``[C][W]`` buffer (vectorised), transposed into the pixel-major ``Q``
+    (padded lanes = ``z + 128``), and ``PS`` is the per-block byte sum minus the padded zero points.
+    """
+    cdef int64_t r, n, h, w, c, i, pix0, rows, rowlen, es, plane
+    cdef int32_t zn
+    cdef uint8_t *tmp
+    cdef uint8_t *qpix
+    cdef const int8_t *xi
+    cdef const float *xf
+    cdef int64_t *co
+    if q.nc4hw4:
+        rows, rowlen, es = (q.C + 3) // 4, q.W * 4, 4
+    else:
+        rows, rowlen, es = q.C, q.W, 1
+    co = <int64_t *> malloc(q.C * sizeof(int64_t))
+    for c in range(q.C):
+        co[c] = (c // 4) * rowlen + c % 4 if q.nc4hw4 else c * rowlen
+    # small inputs (GEMV rows) are quantized by one thread: no cross-thread barrier for tiny work
+    cdef int nt = nthreads if q.N * q.H * q.W * q.C >= 16384 else 1
+    if nt > q.N * q.H:
+        nt = <int> (q.N * q.H)
+    for r in prange(q.N * q.H, nogil=True, num_threads=nt, schedule="static"):
+        n = r // q.H
+        h = r % q.H
+        pix0 = r * q.W
+        zn = q.z[n]
+        tmp = <uint8_t *> malloc(rows * rowlen)
+        for c in range(rows):
+            # source row: channel c (NCHW) or channel quad c (NC4HW4) at (n, h)
+            if q.nc4hw4:
+                plane = ((c * q.N + n) * q.H + h) * rowlen
+            else:
+                plane = ((n * q.C + c) * q.H + h) * rowlen
+            if q.int8_input:
+                xi = (<const int8_t *> q.x) + plane
+                for i in range(rowlen):
+                    tmp[c * rowlen + i] = <uint8_t> (xi[i] + 128)
+            else:
+                xf = (<const float *> q.x) + plane
+                qc_quant(xf, rowlen, q.qs[n], zn, q.qlo, q.qhi, tmp + c * rowlen, q.variant)
+        if q.contiguous and not q.nc4hw4:
+            qc_transpose_u8(tmp, q.C, q.W, rowlen, q.Q + pix0 * q.Ltot1, q.Ltot1)
+        elif q.contiguous:
+            for c in range(rows):
+                for w in range(q.W):
+                    memcpy(q.Q + (pix0 + w) * q.Ltot1 + 4 * c, tmp + c * rowlen + 4 * w, 4)
+        if q.contiguous and q.Ltot1 > q.C:
+            for w in range(q.W):
+                memset(q.Q + (pix0 + w) * q.Ltot1 + q.C, <int> (zn + 128), q.Ltot1 - q.C)
+        if not q.contiguous:
+            for w in range(q.W):
+                qpix = q.Q + (pix0 + w) * q.Ltot1
+                memset(qpix, <int> (zn + 128), q.Ltot1)
+                for c in range(q.C):
+                    qpix[q.chpos[c]] = tmp[co[c] + w * es]
+        free(tmp)
+        qc_block_sums(q.Q + pix0 * q.Ltot1, q.W, q.Ltot1, q.GNB, q.BCp, zn + 128, q.PS + pix0 * q.GNB, q.variant)
+    free(co)
+
+
+# ----------------------------------------------------------------------------------------------------
+# per-tile helpers: im2col blit, GEMM over output-channel tiles, store
+# ----------------------------------------------------------------------------------------------------
+cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP, int32_t *S) noexcept nogil:
+    """Indirection table of columns ``p0 .. p0+ncols-1``: ``AP[e*K + tap]`` is the ``Q`` pixel row the tap reads
+    (stride, padding and dilation applied) or ``zrow`` for out-of-image taps; ``S[e*GNB + b]`` the column's
+    block sums (sums of ``PS`` over its in-image taps)."""
+    cdef int e, ky, kx, kpos, b
+    cdef int64_t p, n, pix, oy, ox, iy, ix, row
+    cdef const int32_t *psrc
+    cdef int32_t *s
+    for e in range(ncols):
+        p = p0 + e
+        n = p // j.OHW
+        pix = p % j.OHW
+        oy = pix // j.OW
+        ox = pix % j.OW
+        s = S + e * j.GNB
+        for b in range(j.GNB):
+            s[b] = 0
+        for ky in range(j.KH):
+            iy = oy * j.sh - j.ph + ky * j.dh
+            for kx in range(j.KW):
+                ix = ox * j.sw - j.pw + kx * j.dw
+                kpos = ky * j.KW + kx
+                if iy < 0 or iy >= j.H or ix < 0 or ix >= j.W:
+                    AP[e * j.K + kpos] = j.zrow
+                else:
+                    row = (n * j.H + iy) * j.W + ix
+                    AP[e * j.K + kpos] = j.Q + row * j.Ltot1
+                    psrc = j.PS + row * j.GNB
+                    for b in range(j.GNB):
+                        s[b] += psrc[b]
+
+
+cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const float *dxc,
+                float *OUT, int ncols, int g, int t) noexcept nogil:
+    """Output-channel tile ``t`` of group ``g`` for ``ncols`` columns (table ``AP``) into ``OUT`` (all blocks)."""
+    cdef qc_gemm_args a
+    cdef int64_t tab = (<int64_t> g * j.NB) * j.OCp + <int64_t> t * QC_UNIT
+    a.aptr = AP
+    a.ldp = j.K
+    a.a_off = <int64_t> g * j.NB * j.BCp
+    a.a_bstride = j.BCp
+    a.w = j.w + g * j.w_gstride + t * j.w_tstride
+    a.w_bstride = j.w_bstride
+    a.colsum = S + g * j.NB
+    a.lds = j.GNB
+    a.wsx = j.wsx + tab
+    a.scale = j.scale + tab
+    a.offset = (j.offset + tab) if j.offset != NULL else NULL
+    a.ldt = j.OCp
+    a.dx = dxc
+    a.bias = j.bias + <int64_t> g * j.OCp + <int64_t> t * QC_UNIT
+    a.out = OUT + <int64_t> g * j.OCp + <int64_t> t * QC_UNIT
+    a.ldo = j.ldo
+    a.nblocks = j.NB
+    a.taps = j.K
+    a.bq = j.BCp // 4
+    a.ncols = ncols
+    a.bits = j.bits
+    a.zpu = j.zpu
+    a.lo = j.lo
+    a.hi = j.hi
+    qc_gemm(&a, j.variant)
+
+
+cdef inline int8_t _requant(float v, float scale, int zp) noexcept nogil:
+    cdef int32_t q
+    cdef float r = roundf(v / scale)
+    if r > 1000.0:
+        r = 1000.0
+    if r < -1000.0:
+        r = -1000.0
+    q = <int32_t> r + zp
+    if q < -128:
+        q = -128
+    if q > 127:
+        q = 127
+    return <int8_t> q
+
+
+cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noexcept nogil:
+    """Scatter ``OUT`` rows (columns ``p0 ..``) into the NCHW or NC4HW4 output (float32, or int8 requantized)."""
+    cdef int o, e, so
+    cdef int64_t p, n, pix, idx
+    cdef float *yf = <float *> j.y
+    cdef int8_t *yi = <int8_t *> j.y
+    if not j.out_nc4hw4 and not j.out_int8 and ncols == 16:
+        n = p0 // j.OHW
+        if (p0 + 15) // j.OHW == n:
+            if qc_store16_nchw(OUT, j.ldo, j.G, j.Og, j.OCp, yf + n * j.O * j.OHW + (p0 - n * j.OHW), j.OHW,
+                               j.variant):
+                return
+    if j.out_nc4hw4 and not j.out_int8 and j.Og % 4 == 0:
+        for o in range(0, j.O, 4):
+            so = j.oidx[o]
+            for e in range(ncols):
+                memcpy(yf + ((o >> 2) * j.P + p0 + e) * 4, OUT + e * j.ldo + so, 4 * sizeof(float))
+        return
+    for o in range(j.O):
+        so = j.oidx[o]
+        for e in range(ncols):
+            p = p0 + e
+            if j.out_nc4hw4:
+                idx = ((o >> 2) * j.P + p) * 4 + (o & 3)
+            else:
+                n = p // j.OHW
+                pix = p - n * j.OHW
+                idx = (n * j.O + o) * j.OHW + pix
+            if j.out_int8:
+                yi[idx] = _requant(OUT[e * j.ldo + so], j.oscale, j.ozp)
+            else:
+                yf[idx] = OUT[e * j.ldo + so]
+
+
+cdef inline void _tile_inputs(const ConvJob *j, int64_t tile, int slot, int ncols) noexcept nogil:
+    """Per-column scales and the indirection table of one column tile, into scratch slot ``slot``."""
+    cdef int64_t p0 = tile * j.tile_cols
+    cdef int e
+    cdef float *dxc = j.DXC + <int64_t> slot * j.tile_cols
+    for e in range(ncols):
+        dxc[e] = j.dxn[(p0 + e) // j.OHW]
+    _indirect(j, p0, ncols, j.AP + <int64_t> slot * j.tile_cols * j.K, j.S + <int64_t> slot * j.tile_cols * j.GNB)
+
+
+cdef void _tile_all(const ConvJob *j, int64_t tile, int slot) noexcept nogil:
+    """One column tile, every output channel: indirection table, GEMM per (group, channel tile), store."""
+    cdef int64_t p0 = tile * j.tile_cols
+    cdef int ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
+    cdef int g, t
+    cdef float *OUT = j.OUT + <int64_t> slot * j.tile_cols * j.ldo
+    _tile_inputs(j, tile, slot, ncols)
+    for g in range(j.G):
+        for t in range(j.OCU):
+            _gemm(j, j.AP + <int64_t> slot * j.tile_cols * j.K, j.S + <int64_t> slot * j.tile_cols * j.GNB,
+                  j.DXC + <int64_t> slot * j.tile_cols, OUT, ncols, g, t)
+    _store(j, OUT, p0, ncols)
+
+
+cdef void _run(const ConvJob *j, int nthreads) noexcept nogil:
+    """The conv over all columns: split over column tiles, or over output-channel tiles when there are fewer
+    column tiles than threads. Each (column, channel tile) is computed by the same instructions either way,
+    so the result does not depend on the split or the thread count."""
+    cdef int64_t ntiles = (j.P + j.tile_cols - 1) // j.tile_cols
+    cdef int64_t tile, item, nitems
+    cdef int64_t p0
+    cdef int ncols, g, t
+    if ntiles >= nthreads or nthreads == 1:
+        for tile in prange(ntiles, nogil=True, num_threads=nthreads, schedule="dynamic"):
+            _tile_all(j, tile, threadid())
+        return
+    # channel split: slot = tile index (ntiles < nthreads slots exist); tiny serial set-up and store
+    for tile in range(ntiles):
+        p0 = tile * j.tile_cols
+        ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
+        _tile_inputs(j, tile, <int> tile, ncols)
+    nitems = ntiles * j.G * j.OCU
+    for item in prange(nitems, nogil=True, num_threads=nthreads, schedule="dynamic"):
+        tile = item // (j.G * j.OCU)
+        g = <int> ((item // j.OCU) % j.G)
+        t = <int> (item % j.OCU)
+        p0 = tile * j.tile_cols
+        ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
+        _gemm(j, j.AP + tile * j.tile_cols * j.K, j.S + tile * j.tile_cols * j.GNB, j.DXC + tile * j.tile_cols,
+              j.OUT + tile * j.tile_cols * j.ldo, ncols, g, t)
+    for tile in range(ntiles):
+        p0 = tile * j.tile_cols
+        ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
+        _store(j, j.OUT + tile * j.tile_cols * j.ldo, p0, ncols)
+
+
+cdef void _fill_quant(QuantJob *q, x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo,
+                      int qhi, const int32_t[::1] chpos, int64_t Ltot1, int64_t GNB, int64_t BCp, int variant,
+                      uint8_t *Q, int32_t *PS, int contiguous=-1) except *:
+    """Fill a :c:type:`QuantJob` for ``x`` (validated shapes) and the prepared channel map."""
+    cdef int c
+    cdef const uint8_t[::1] xb = x.reshape(-1).view(np.uint8)
+    q.x = <const void *> &xb[0]
+    q.int8_input = x.dtype == np.int8
+    q.nc4hw4 = not nchw_input
+    if nchw_input:
+        q.N, q.C, q.H, q.W = x.shape[0], C, x.shape[2], x.shape[3]
+    else:
+        q.N, q.C, q.H, q.W = x.shape[1], C, x.shape[2], x.shape[3]
+    q.chpos = &chpos[0]
+    q.qs = &qs[0]
+    q.z = &z[0]
+    q.qlo, q.qhi = qlo, qhi
+    q.Ltot1, q.GNB, q.BCp = Ltot1, GNB, BCp
+    q.contiguous = contiguous
+    if contiguous < 0:
+        q.contiguous = 1
+        for c in range(C):
+            if chpos[c] != c:
+                q.contiguous = 0
+                break
+    q.variant = variant
+    q.Q = Q
+    q.PS = PS
+
+
+# ----------------------------------------------------------------------------------------------------
+# the prepared layer
+# ----------------------------------------------------------------------------------------------------
+cdef class ConvPlan:
+    """Prepared weights + geometry of one conv; :meth:`forward` runs quantization and the tiled GEMM.
+
+    Built by :class:`qconv.cpu.CpuEngine`; the arrays are kept alive here and read by the nogil workers.
+    ``w``: packed tiles (uint8 view of :class:`TiledWeightLayout`); ``wsx`` int32, ``scale``/``offset``
+    float32 ``(G, NB, OCp)``; ``bias`` float32 ``(G, OCp)``; ``oidx`` int32 ``(O,)``; ``chpos`` int32
+    ``(C,)``; ``geo``: dict of ints (see ``ConvJob``).
+    """
+    cdef ConvJob job
+    cdef object keep, keep_scratch
+    cdef const uint8_t[::1] w
+    cdef const int32_t[::1] wsx, oidx, chpos
+    cdef const float[::1] scale, offset, bias
+    cdef uint8_t[::1] Q, zrow, APb
+    cdef int32_t[::1] PS, S
+    cdef float[::1] OUT, DXC
+    cdef int contiguous, bound_slots
+    cdef int64_t bound_pixels
+    cdef public int variant
+
+    def __init__(self, w, wsx, scale, offset, bias, oidx, chpos, dict geo, int variant):
+        cdef ConvJob *j = &self.job
+        self.keep = (w, wsx, scale, offset, bias, oidx, chpos)
+        self.w = w
+        self.wsx = wsx
+        self.scale = scale
+        self.bias = bias
+        self.oidx = oidx
+        self.chpos = chpos
+        self.variant = variant
+        memset(&self.job, 0, sizeof(ConvJob))
+        for name in ("C", "O", "G", "Og", "NB", "BC", "BCp", "K", "KH", "KW", "sh", "sw", "ph", "pw", "dh", "dw",
+                     "GNB", "blq", "OCU", "OCp", "bits", "tile_cols"):
+            if name not in geo:
+                raise KeyError(name)
+        j.C, j.O, j.G, j.Og = geo["C"], geo["O"], geo["G"], geo["Og"]
+        j.NB, j.BC, j.BCp, j.K = geo["NB"], geo["BC"], geo["BCp"], geo["K"]
+        j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo["KH"], geo["KW"], geo["sh"], geo["sw"],
+                                                          geo["ph"], geo["pw"], geo["dh"], geo["dw"])
+        j.GNB, j.blq, j.OCU, j.OCp, j.bits = geo["GNB"], geo["blq"], geo["OCU"], geo["OCp"], geo["bits"]
+        j.tile_cols = geo["tile_cols"]
+        j.pointwise = geo.get("pointwise", 0)
+        j.Ltot1 = <int64_t> j.GNB * j.BCp
+        j.ldo = <int64_t> j.G * j.OCp
+        j.w_tstride = geo["w_tstride"]
+        j.w_bstride = geo["w_bstride"]
+        j.w_gstride = geo["w_gstride"]
+        j.w = &self.w[0]
+        j.wsx = &self.wsx[0]
+        j.scale = &self.scale[0]
+        if offset is not None:
+            self.offset = offset
+            j.offset = &self.offset[0]
+        else:
+            j.offset = NULL
+        j.bias = &self.bias[0]
+        j.oidx = &self.oidx[0]
+        j.lo = geo["lo"]
+        j.hi = geo["hi"]
+        j.variant = variant
+        self.contiguous = int(all(int(chpos[c]) == c for c in range(j.C)))
+        self.bound_slots = 0
+        self.bound_pixels = -1
+
+    def bind(self, Q, PS, zrow, AP, S, OUT, DXC, int slots, int64_t pixels):
+        """Use these scratch arrays (sized by :class:`qconv.cpu.CpuEngine` for ``slots`` threads and an input of
+        ``pixels`` = N*H*W) in the following :meth:`forward` calls."""
+        cdef ConvJob *j = &self.job
+        if (AP.dtype != np.uintp or AP.shape[0] < slots * j.tile_cols * j.K or zrow.shape[0] < j.Ltot1
+                or Q.shape[0] < pixels * j.Ltot1 or PS.shape[0] < pixels * j.GNB
+                or S.shape[0] < slots * j.tile_cols * j.GNB or OUT.shape[0] < slots * j.tile_cols * j.ldo
+                or DXC.shape[0] < slots * j.tile_cols):
+            raise ValueError("scratch buffers too small")
+        self.Q, self.PS, self.zrow, self.S, self.OUT, self.DXC = Q, PS, zrow, S, OUT, DXC
+        self.APb = AP.view(np.uint8)
+        self.keep_scratch = (Q, PS, zrow, AP, S, OUT, DXC)
+        self.bound_slots = slots
+        self.bound_pixels = pixels
+
+    @property
+    def ldo(self):
+        return self.job.ldo
+
+    def forward(self, x, int nchw_input, const float[::1] qs, const int32_t[::1] z, int qlo, int qhi,
+                const float[::1] dx, y, int nc4hw4_output, oscale, int ozp, int threads):
+        """Run the conv. ``x``: float32 (or int8 for the static path) NCHW or NC4HW4 (pack 4), C-contiguous,
+        validated by the engine; ``qs``/``z``/``dx`` per sample; ``y`` the output array (float32, or int8 when
+        ``oscale`` is not None), NCHW or NC4HW4. Scratch must be bound (:meth:`bind`) for this input size."""
+        cdef ConvJob j = self.job
+        cdef QuantJob q
+        cdef int64_t N, H, W
+        cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
+        if nchw_input:
+            N, H, W = x.shape[0], x.shape[2], x.shape[3]
+        else:
+            N, H, W = x.shape[1], x.shape[2], x.shape[3]
+        if self.bound_pixels != N * H * W or threads > self.bound_slots or threads < 1:
+            raise ValueError("scratch is not bound for this input size / thread count")
+        if qs.shape[0] < N or z.shape[0] < N or dx.shape[0] < N:
+            raise ValueError("qs, z, dx need one entry per sample")
+        j.N, j.H, j.W = N, H, W
+        j.OH, j.OW = y.shape[2], y.shape[3]
+        j.OHW = j.OH * j.OW
+        j.P = N * j.OHW
+        j.Q = &self.Q[0]
+        j.PS = &self.PS[0]
+        j.dxn = &dx[0]
+        j.zpu = z[0] + 128
+        memset(&self.zrow[0], j.zpu, j.Ltot1)
+        j.zrow = &self.zrow[0]
+        j.AP = <const uint8_t **> &self.APb[0]
+        j.S = &self.S[0]
+        j.OUT = &self.OUT[0]
+        j.DXC = &self.DXC[0]
+        j.y = <void *> &yb[0]
+        j.out_nc4hw4 = nc4hw4_output
+        j.out_int8 = oscale is not None
+        j.oscale = oscale if oscale is not None else 1.0
+        j.ozp = ozp
+        _fill_quant(&q, x, nchw_input, j.C, qs, z, qlo, qhi, self.chpos, j.Ltot1, j.GNB, j.BCp, j.variant,
+                    &self.Q[0], &self.PS[0], self.contiguous)
+        with nogil:
+            _quantize(&q, threads)
+            _run(&j, threads)
+        return y
+
+
+# ----------------------------------------------------------------------------------------------------
+# test-only wrappers of the nogil helpers
+# ----------------------------------------------------------------------------------------------------
+def _test_quantize(x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo, int qhi,
+                   const int32_t[::1] chpos, int64_t Ltot1, int64_t GNB, int64_t BCp, str kernel="scalar",
+                   int threads=1):
+    """``(Q, PS)`` of ``x`` (float32 or int8; NCHW or NC4HW4) as the engine builds them."""
+    cdef QuantJob q
+    N = x.shape[0] if nchw_input else x.shape[1]
+    Qa = np.zeros((N * x.shape[2] * x.shape[3], Ltot1), np.uint8)
+    PSa = np.zeros((N * x.shape[2] * x.shape[3], GNB), np.int32)
+    cdef uint8_t[:, ::1] Qv = Qa
+    cdef int32_t[:, ::1] PSv = PSa
+    if not qc_kernel_supported(KERNELS[kernel]):
+        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
+    _fill_quant(&q, x, nchw_input, C, qs, z, qlo, qhi, chpos, Ltot1, GNB, BCp, KERNELS[kernel], &Qv[0, 0], &PSv[0, 0])
+    with nogil:
+        _quantize(&q, threads)
+    return Qa, PSa
+
+
+def _test_indirect(const uint8_t[:, ::1] Q, const int32_t[:, ::1] PS, dict geo, int64_t p0, int ncols):
+    """``(rows (ncols, K) int64, S (ncols, GNB))`` for columns ``p0 ..`` of the geometry ``geo`` (N, H, W, OH, OW,
+    KH, KW, sh, sw, ph, pw, dh, dw, GNB, BCp): ``rows`` is the ``Q`` pixel row each tap reads, -1 for padding."""
+    cdef ConvJob j
+    cdef uint8_t zrow[4]
+    memset(&j, 0, sizeof(ConvJob))
+    j.N, j.H, j.W, j.OH, j.OW = geo["N"], geo["H"], geo["W"], geo["OH"], geo["OW"]
+    j.OHW = j.OH * j.OW
+    j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo["KH"], geo["KW"], geo["sh"], geo["sw"],
+                                                      geo["ph"], geo["pw"], geo["dh"], geo["dw"])
+    j.K = j.KH * j.KW
+    j.GNB, j.BCp = geo["GNB"], geo["BCp"]
+    j.Ltot1 = <int64_t> j.GNB * j.BCp
+    if Q.shape[1] != j.Ltot1 or Q.shape[0] != j.N * j.H * j.W or PS.shape[1] != j.GNB or PS.shape[0] != Q.shape[0]:
+        raise ValueError("Q / PS do not match the geometry")
+    if p0 < 0 or ncols < 1 or p0 + ncols > j.N * j.OHW:
+        raise ValueError("columns out of range")
+    j.Q = &Q[0, 0]
+    j.PS = &PS[0, 0]
+    j.zrow = zrow
+    ptrs = np.zeros((ncols, j.K), np.uintp)
+    Sa = np.empty((ncols, j.GNB), np.int32)
+    cdef uint8_t[::1] pv = ptrs.reshape(-1).view(np.uint8)
+    cdef int32_t[:, ::1] Sv = Sa
+    with nogil:
+        _indirect(&j, p0, ncols, <const uint8_t **> &pv[0], &Sv[0, 0])
+    base = <size_t> &Q[0, 0]
+    rows = (ptrs.astype(np.int64) - <int64_t> base) // j.Ltot1
+    rows[ptrs == <size_t> zrow] = -1
+    return rows, Sa
+
+
+def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride, const int32_t[:, ::1] S,
+               const int32_t[:, ::1] wsx, const float[:, ::1] scale, offset, const float[::1] dx,
+               const float[::1] bias, int nblocks, int taps, int bq, int bits, int zpu, float lo, float hi, str kernel):
+    """One micro-kernel call on a materialised A: ``A`` uint8 ``(ncols, nblocks*taps*bq*4)`` (block-major, each
+    block ``taps`` runs of ``4*bq`` bytes, read through an indirection table like the engine's), ``w`` the
+    tiles of one 32-channel tile (block ``k`` at ``k*w_bstride``), ``S`` int32 ``(ncols, nblocks)``,
+    ``wsx``/``scale``/``offset`` ``(nblocks, 32)``, ``dx`` ``(ncols,)``, ``bias`` ``(32,)``.
+    Returns float32 ``(ncols, 32)``."""
+    cdef qc_gemm_args a
+    cdef int ncols = A.shape[0]
+    cdef const float[:, ::1] off
+    cdef int variant = KERNELS[kernel]
+    cdef int64_t blq = <int64_t> taps * bq
+    if not qc_kernel_supported(variant):
+        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
+    if taps < 1 or bq < 1 or nblocks < 1 or bits not in (4, 8):
+        raise ValueError("taps, bq, nblocks must be >= 1 and bits 4 or 8")
+    if A.shape[1] < <int64_t> nblocks * blq * 4 or S.shape[0] != ncols or S.shape[1] != nblocks:
+        raise ValueError("A / S shapes do not match")
+    if wsx.shape[0] != nblocks or wsx.shape[1] != QC_UNIT or scale.shape[0] != nblocks or scale.shape[1] != QC_UNIT:
+        raise ValueError("tables must be (nblocks, 32)")
+    if dx.shape[0] != ncols or bias.shape[0] != QC_UNIT:
+        raise ValueError("dx must be (ncols,), bias (32,)")
+    tile = QC_UNIT * QC_SRC_UNIT if bits == 8 else QC_UNIT * QC_SRC_UNIT // 2
+    if w.shape[0] < (nblocks - 1) * w_bstride + blq * tile:
+        raise ValueError("w too short")
+    out = np.zeros((ncols, QC_UNIT), np.float32)
+    ptrs = np.zeros((ncols, taps), np.uintp)
+    base = <size_t> &A[0, 0]
+    ptrs[:] = base + np.arange(ncols, dtype=np.uintp)[:, None] * A.shape[1] + np.arange(taps, dtype=np.uintp) * (4 * bq)
+    cdef uint8_t[::1] pv = ptrs.reshape(-1).view(np.uint8)
+    cdef float[:, ::1] o = out
+    a.aptr = <const uint8_t *const *> &pv[0]
+    a.ldp = taps
+    a.a_off = 0
+    a.a_bstride = blq * 4
+    a.w = &w[0]
+    a.w_bstride = w_bstride
+    a.colsum = &S[0, 0]
+    a.lds = nblocks
+    a.wsx = &wsx[0, 0]
+    a.scale = &scale[0, 0]
+    if offset is None:
+        a.offset = NULL
+    else:
+        off = offset
+        if off.shape[0] != nblocks or off.shape[1] != QC_UNIT:
+            raise ValueError("offset must be (nblocks, 32)")
+        a.offset = &off[0, 0]
+    a.ldt = QC_UNIT
+    a.dx = &dx[0]
+    a.bias = &bias[0]
+    a.out = &o[0, 0]
+    a.ldo = QC_UNIT
+    a.nblocks, a.taps, a.bq, a.ncols, a.bits, a.zpu = nblocks, taps, bq, ncols, bits, zpu
+    a.lo, a.hi = lo, hi
+    with nogil:
+        qc_gemm(&a, variant)
+    return out
+
+
+def _test_store(const float[:, ::1] OUT, const int32_t[::1] oidx, int64_t p0, int N, int O, int OH, int OW,
+                int nc4hw4, int G, int OCp, oscale=None, int ozp=0, str kernel="scalar"):
+    """Scatter ``OUT (ncols, G*OCp)`` (columns ``p0 ..``) into a zeroed NCHW / NC4HW4 output and return it."""
+    cdef ConvJob j
+    memset(&j, 0, sizeof(ConvJob))
+    j.O, j.OH, j.OW, j.G, j.OCp = O, OH, OW, G, OCp
+    j.Og = O // G
+    j.OHW = OH * OW
+    j.P = N * j.OHW
+    j.ldo = OUT.shape[1]
+    j.oidx = &oidx[0]
+    j.out_nc4hw4 = nc4hw4
+    j.out_int8 = oscale is not None
+    j.oscale = oscale if oscale is not None else 1.0
+    j.ozp = ozp
+    j.variant = KERNELS[kernel]
+    if not qc_kernel_supported(j.variant):
+        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
+    if oidx.shape[0] != O or p0 < 0 or p0 + OUT.shape[0] > j.P or O % G or OUT.shape[1] != G * OCp or OCp % 32:
+        raise ValueError("bad store arguments")
+    if nc4hw4:
+        shape = ((O + 3) // 4, N, OH, OW, 4)
+    else:
+        shape = (N, O, OH, OW)
+    y = np.zeros(shape, np.int8 if oscale is not None else np.float32)
+    cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
+    j.y = <void *> &yb[0]
+    with nogil:
+        _store(&j, &OUT[0, 0], p0, OUT.shape[0])
+    return y

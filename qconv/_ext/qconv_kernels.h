@@ -1,0 +1,625 @@
+/* SIMD micro-kernels of the qconv CPU engine (tiled int8 x int8 -> int32 GEMM with a fused float epilogue).
+ *
+ * One call computes QC_UNIT = 32 output channels (one weight tile column of TiledWeightLayout with
+ * UNIT=32, SRC_UNIT=4) for `ncols` activation columns, over `nblocks` blocks; a block is `taps` runs of
+ * `bq` tile rows (4 reduction values each), i.e. blq = taps*bq rows, in the layout's L order
+ * l = tap*BCp + channel (BCp = 4*bq).
+ *
+ *   A   indirect: column e, tap t, block k reads the 4*bq bytes at aptr[e*ldp + t] + k*a_bstride. The bytes
+ *       are U = xq + 128 (the "+128 trick": vpdpbusd multiplies u8 by s8). For a conv the pointers go into
+ *       the pixel-major quantized input, out-of-image taps point to a row of zero points, so nothing is
+ *       copied (an "indirect GEMM"); a materialised A works too (aptr[e*ldp + t] = A + e*lda + t*BCp).
+ *   W   int8 tiles [blq][32][4] (q), or int4 tiles [blq][64] of half-split nibbles (q + 8): byte j holds
+ *       value j in its high nibble and value j + 64 in its low nibble (values = 32 channels x 4 in order).
+ *
+ * With u = xq - z the true centred input (0 on every padding tap / padded lane, which hold U = zpu) and
+ * S the per-(column, block) sum of u, the raw accumulator acc = sum U * Wstored gives exactly
+ *   int8:  sum u*q = acc - zpu*WS                       (WS = sum of q over the block)
+ *   int4:  sum u*q = acc - zpu*(WS + 8*Lb) - 8*S        (Lb = blq*4 positions, padding included)
+ * the caller passes wsx = WS (int8) or WS + 8*Lb (int4). The float epilogue is
+ *   F = sum_k scale[k]*I_k + offset[k]*S_k;   y = clamp(dx[e]*F + bias, lo, hi)
+ * and for nblocks > 1 the partial F lives in `out` between blocks.
+ *
+ * Kernels are picked at run time: qc_best_kernel() reads CPUID; every variant is compiled on x86-64 through
+ * target attributes, so the package needs no -march flag. Other architectures get the scalar kernel.
+ */
+#ifndef QCONV_KERNELS_H
+#define QCONV_KERNELS_H
+
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+#define QC_UNIT 32
+#define QC_SRC_UNIT 4
+
+enum { QC_KERNEL_SCALAR = 0, QC_KERNEL_AVX2 = 1, QC_KERNEL_AVX512VNNI = 2 };
+
+typedef struct {
+    const uint8_t *const *aptr;  /* A pointers, aptr[e*ldp + t] */
+    int64_t ldp;             /* pointers between columns */
+    int64_t a_off;           /* bytes added to every pointer (the group's first block) */
+    int64_t a_bstride;       /* bytes between blocks (added to every pointer) */
+    const uint8_t *w;        /* weight tiles of this output-channel tile, block 0 */
+    int64_t w_bstride;       /* bytes between blocks */
+    const int32_t *colsum;   /* S[e*lds + k] */
+    int64_t lds;
+    const int32_t *wsx;      /* wsx[k*ldt + j] */
+    const float *scale;      /* scale[k*ldt + j] */
+    const float *offset;     /* offset[k*ldt + j], or NULL (symmetric) */
+    int64_t ldt;
+    const float *dx;         /* dx[e] */
+    const float *bias;       /* bias[j], j < 32 */
+    float *out;              /* out[e*ldo + j] */
+    int64_t ldo;
+    int32_t nblocks, taps, bq, ncols, bits;
+    int32_t zpu;             /* zero point of U: z + 128 */
+    float lo, hi;            /* activation clamp */
+} qc_gemm_args;
+
+static inline int32_t qc_load_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* scalar (portable) kernel                                                                           */
+/* ------------------------------------------------------------------------------------------------ */
+static void qc_gemm_scalar(const qc_gemm_args *g)
+{
+    int32_t acc[QC_UNIT];
+    int8_t wt[QC_UNIT * QC_SRC_UNIT];
+    const int64_t tb = g->bits == 8 ? QC_UNIT * QC_SRC_UNIT : QC_UNIT * QC_SRC_UNIT / 2;  /* bytes per tile row */
+    for (int e = 0; e < g->ncols; ++e) {
+        float *out = g->out + (int64_t)e * g->ldo;
+        for (int k = 0; k < g->nblocks; ++k) {
+            const uint8_t *wk = g->w + (int64_t)k * g->w_bstride;
+            for (int j = 0; j < QC_UNIT; ++j) acc[j] = 0;
+            for (int t = 0; t < g->taps; ++t) {
+                const uint8_t *ak = g->aptr[(int64_t)e * g->ldp + t] + g->a_off + (int64_t)k * g->a_bstride;
+                for (int l = 0; l < g->bq; ++l) {
+                    const uint8_t *b = wk + ((int64_t)t * g->bq + l) * tb;
+                    const int8_t *wl;
+                    if (g->bits == 8) {
+                        wl = (const int8_t *)b;
+                    } else {
+                        for (int i = 0; i < QC_UNIT * QC_SRC_UNIT / 2; ++i) {
+                            wt[i] = (int8_t)(b[i] >> 4);
+                            wt[i + QC_UNIT * QC_SRC_UNIT / 2] = (int8_t)(b[i] & 15);
+                        }
+                        wl = wt;
+                    }
+                    const int32_t a0 = ak[4 * l], a1 = ak[4 * l + 1], a2 = ak[4 * l + 2], a3 = ak[4 * l + 3];
+                    for (int j = 0; j < QC_UNIT; ++j)
+                        acc[j] += a0 * wl[4 * j] + a1 * wl[4 * j + 1] + a2 * wl[4 * j + 2] + a3 * wl[4 * j + 3];
+                }
+            }
+            const int32_t s = g->colsum[(int64_t)e * g->lds + k];
+            const float sf = (float)s;
+            const int32_t c8 = g->bits == 4 ? 8 * s : 0;
+            const int32_t *wsx = g->wsx + (int64_t)k * g->ldt;
+            const float *sc = g->scale + (int64_t)k * g->ldt;
+            const float *of = g->offset ? g->offset + (int64_t)k * g->ldt : NULL;
+            for (int j = 0; j < QC_UNIT; ++j) {
+                const int32_t iv = (int32_t)((uint32_t)acc[j] - (uint32_t)g->zpu * (uint32_t)wsx[j] - (uint32_t)c8);
+                float f = sc[j] * (float)iv;
+                if (of) f += of[j] * sf;
+                if (k > 0) f += out[j];
+                if (k == g->nblocks - 1) {
+                    float y = g->dx[e] * f + g->bias[j];
+                    y = y < g->lo ? g->lo : y;
+                    y = y > g->hi ? g->hi : y;
+                    out[j] = y;
+                } else {
+                    out[j] = f;
+                }
+            }
+        }
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define QC_HAVE_X86 1
+
+/* ------------------------------------------------------------------------------------------------ */
+/* AVX-512 VNNI kernel: vpdpbusd u8 x s8, 32 channels = 2 zmm per column, up to 8 columns           */
+/* ------------------------------------------------------------------------------------------------ */
+#define QC_TGT_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma")))
+#define QC_VNNI_NC 12
+
+/* Epilogue of one column for block k: int32 correction, scale/offset, accumulation over blocks,
+ * and for the last block dx, bias and the activation clamp. */
+QC_TGT_VNNI static inline __attribute__((always_inline))
+void qc_vnni_epi(const qc_gemm_args *g, int k, int e, __m512i c0, __m512i c1, __m512i z0, __m512i z1,
+                 __m512 s0, __m512 s1, __m512 o0, __m512 o1, const int32_t *cs, float *out0)
+{
+    const int32_t s = cs[(int64_t)e * g->lds + k];
+    const __m512i c8 = _mm512_set1_epi32(g->bits == 4 ? 8 * s : 0);
+    const __m512 sf = _mm512_set1_ps((float)s);
+    const __m512i i0 = _mm512_sub_epi32(_mm512_sub_epi32(c0, z0), c8);
+    const __m512i i1 = _mm512_sub_epi32(_mm512_sub_epi32(c1, z1), c8);
+    __m512 f0 = _mm512_fmadd_ps(s0, _mm512_cvtepi32_ps(i0), _mm512_mul_ps(o0, sf));
+    __m512 f1 = _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(i1), _mm512_mul_ps(o1, sf));
+    float *out = out0 + (int64_t)e * g->ldo;
+    if (k > 0) {
+        f0 = _mm512_add_ps(f0, _mm512_loadu_ps(out));
+        f1 = _mm512_add_ps(f1, _mm512_loadu_ps(out + 16));
+    }
+    if (k == g->nblocks - 1) {
+        const __m512 d = _mm512_set1_ps(g->dx[e]);
+        const __m512 lo = _mm512_set1_ps(g->lo), hi = _mm512_set1_ps(g->hi);
+        f0 = _mm512_fmadd_ps(d, f0, _mm512_loadu_ps(g->bias));
+        f1 = _mm512_fmadd_ps(d, f1, _mm512_loadu_ps(g->bias + 16));
+        f0 = _mm512_min_ps(_mm512_max_ps(f0, lo), hi);
+        f1 = _mm512_min_ps(_mm512_max_ps(f1, lo), hi);
+    }
+    _mm512_storeu_ps(out, f0);
+    _mm512_storeu_ps(out + 16, f1);
+}
+
+/* Named accumulators (c<e>0, c<e>1 for column e): gcc keeps them in registers, an array it does not. */
+#define QC_V_DECL(e) __m512i c##e##0 = _mm512_setzero_si512(), c##e##1 = _mm512_setzero_si512();
+#define QC_V_PTR(e) const uint8_t *p##e = g->aptr[(int64_t)(e0 + (NC > e ? e : 0)) * ldp + t] + koff;
+#define QC_V_STEP(e) if (NC > e) { \
+        const __m512i av = _mm512_set1_epi32(qc_load_i32(p##e + 4 * l)); \
+        QC_DPBUSD(c##e##0, av, w0); \
+        QC_DPBUSD(c##e##1, av, w1); }
+#define QC_V_EPI(e) if (NC > e) qc_vnni_epi(g, k, e0 + e, c##e##0, c##e##1, z0, z1, s0, s1, o0, o1, g->colsum, g->out);
+#define QC_V_ALL(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11)
+
+/* vpdpbusd through inline asm: with the intrinsic, gcc 12 copies and spills the accumulators every step. */
+#define QC_DPBUSD(acc, a, w) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(w))
+
+QC_TGT_VNNI static inline __attribute__((always_inline))
+void qc_vnni_cols(const qc_gemm_args *g, const int e0, const int NC, const int BITS)
+{
+    const int64_t ldp = g->ldp;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i zpu = _mm512_set1_epi32(g->zpu);
+    const int bq = g->bq;
+    for (int k = 0; k < g->nblocks; ++k) {
+        const int64_t koff = g->a_off + (int64_t)k * g->a_bstride;
+        QC_V_ALL(QC_V_DECL)
+        for (int t = 0; t < g->taps; ++t) {
+            QC_V_ALL(QC_V_PTR)
+            const uint8_t *wk = g->w + (int64_t)k * g->w_bstride + (int64_t)t * bq * (BITS == 8 ? 128 : 64);
+            for (int l = 0; l < bq; ++l) {
+                __m512i w0, w1;
+                if (BITS == 8) {
+                    w0 = _mm512_loadu_si512((const void *)(wk + 128 * (int64_t)l));
+                    w1 = _mm512_loadu_si512((const void *)(wk + 128 * (int64_t)l + 64));
+                } else {
+                    const __m512i b = _mm512_loadu_si512((const void *)(wk + 64 * (int64_t)l));
+                    w0 = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+                    w1 = _mm512_and_si512(b, m4);
+                }
+                QC_V_ALL(QC_V_STEP)
+            }
+        }
+        const int64_t tt = (int64_t)k * g->ldt;
+        const __m512i z0 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt)));
+        const __m512i z1 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt + 16)));
+        const __m512 s0 = _mm512_loadu_ps(g->scale + tt), s1 = _mm512_loadu_ps(g->scale + tt + 16);
+        const __m512 o0 = g->offset ? _mm512_loadu_ps(g->offset + tt) : _mm512_setzero_ps();
+        const __m512 o1 = g->offset ? _mm512_loadu_ps(g->offset + tt + 16) : _mm512_setzero_ps();
+        QC_V_ALL(QC_V_EPI)
+    }
+}
+
+#define QC_VNNI_BITS(BITS) do { \
+    int e = 0; \
+    for (; e + QC_VNNI_NC <= g->ncols; e += QC_VNNI_NC) qc_vnni_cols(g, e, QC_VNNI_NC, BITS); \
+    switch (g->ncols - e) { \
+    case 11: qc_vnni_cols(g, e, 11, BITS); break; \
+    case 10: qc_vnni_cols(g, e, 10, BITS); break; \
+    case 9: qc_vnni_cols(g, e, 9, BITS); break; \
+    case 8: qc_vnni_cols(g, e, 8, BITS); break; \
+    case 7: qc_vnni_cols(g, e, 7, BITS); break; \
+    case 6: qc_vnni_cols(g, e, 6, BITS); break; \
+    case 5: qc_vnni_cols(g, e, 5, BITS); break; \
+    case 4: qc_vnni_cols(g, e, 4, BITS); break; \
+    case 3: qc_vnni_cols(g, e, 3, BITS); break; \
+    case 2: qc_vnni_cols(g, e, 2, BITS); break; \
+    case 1: qc_vnni_cols(g, e, 1, BITS); break; \
+    default: break; \
+    } } while (0)
+
+QC_TGT_VNNI static void qc_gemm_vnni8(const qc_gemm_args *g) { QC_VNNI_BITS(8); }
+QC_TGT_VNNI static void qc_gemm_vnni4(const qc_gemm_args *g) { QC_VNNI_BITS(4); }
+static void qc_gemm_vnni(const qc_gemm_args *g) { if (g->bits == 8) qc_gemm_vnni8(g); else qc_gemm_vnni4(g); }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* AVX2 kernel. vpmaddubsw would saturate (255*127*2 > 32767), so weights and inputs are widened to    */
+/* int16 and multiplied with vpmaddwd: each int32 lane holds a partial sum of 2 of a channel's 4        */
+/* values; the two partials are added in the epilogue. 8 channels x up to 4 columns per pass.          */
+/* ------------------------------------------------------------------------------------------------ */
+#define QC_TGT_AVX2 __attribute__((target("avx2,fma")))
+#define QC_AVX2_NC 4
+
+/* 32 values (8 channels x 4) of tile row l, channels [8*p, 8*p+8), widened to two int16 vectors. */
+/* 32 values (8 channels x 4) of tile row `row` at wk, channels [8*p, 8*p+8), widened to two int16 vectors. */
+QC_TGT_AVX2 static inline __attribute__((always_inline))
+void qc_avx2_wrow(const uint8_t *wk, int64_t row, int p, int bits, __m256i *lo16, __m256i *hi16)
+{
+    __m256i v;
+    if (bits == 8) {
+        v = _mm256_loadu_si256((const __m256i *)(wk + 128 * row + 32 * p));
+        *lo16 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+        *hi16 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+    } else {
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(wk + 64 * row + 32 * (p & 1)));
+        v = p < 2 ? _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15))
+                  : _mm256_and_si256(b, _mm256_set1_epi8(15));
+        *lo16 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
+        *hi16 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
+    }
+}
+
+QC_TGT_AVX2 static inline __attribute__((always_inline))
+void qc_avx2_cols(const qc_gemm_args *g, const int e0, const int NC)
+{
+    const int32_t *cs = g->colsum + (int64_t)e0 * g->lds;
+    float *out0 = g->out + (int64_t)e0 * g->ldo;
+    const int bq = g->bq;
+    for (int k = 0; k < g->nblocks; ++k) {
+        const uint8_t *wk = g->w + (int64_t)k * g->w_bstride;
+        const int64_t koff = g->a_off + (int64_t)k * g->a_bstride;
+        const int64_t tt = (int64_t)k * g->ldt;
+        const int last = k == g->nblocks - 1;
+        for (int p = 0; p < 4; ++p) {              /* channels 8p .. 8p+7 */
+            __m256i acc[QC_AVX2_NC][2];
+#pragma GCC unroll 4
+            for (int e = 0; e < NC; ++e) { acc[e][0] = _mm256_setzero_si256(); acc[e][1] = _mm256_setzero_si256(); }
+            for (int t = 0; t < g->taps; ++t) {
+                const uint8_t *ap[QC_AVX2_NC];
+#pragma GCC unroll 4
+                for (int e = 0; e < NC; ++e) ap[e] = g->aptr[(int64_t)(e0 + e) * g->ldp + t] + koff;
+                for (int l = 0; l < bq; ++l) {
+                    __m256i wl, wh;
+                    qc_avx2_wrow(wk, (int64_t)t * bq + l, p, g->bits, &wl, &wh);
+#pragma GCC unroll 4
+                    for (int e = 0; e < NC; ++e) {
+                        const __m256i av = _mm256_cvtepu8_epi16(_mm_set1_epi32(qc_load_i32(ap[e] + 4 * l)));
+                        acc[e][0] = _mm256_add_epi32(acc[e][0], _mm256_madd_epi16(av, wl));
+                        acc[e][1] = _mm256_add_epi32(acc[e][1], _mm256_madd_epi16(av, wh));
+                    }
+                }
+            }
+            const __m256i zpu = _mm256_set1_epi32(g->zpu);
+            const __m256i zc = _mm256_mullo_epi32(zpu, _mm256_loadu_si256((const __m256i *)(g->wsx + tt + 8 * p)));
+            const __m256 sc = _mm256_loadu_ps(g->scale + tt + 8 * p);
+            const __m256 of = g->offset ? _mm256_loadu_ps(g->offset + tt + 8 * p) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+            for (int e = 0; e < NC; ++e) {
+                /* lanes (c0a c0b c1a c1b | c2a c2b c3a c3b) and (c4.. c7): pairwise add -> c0..c7 */
+                __m256i h = _mm256_hadd_epi32(acc[e][0], acc[e][1]);   /* c0 c1 c4 c5 | c2 c3 c6 c7 */
+                h = _mm256_permute4x64_epi64(h, 0xD8);                  /* c0 c1 c2 c3 | c4 c5 c6 c7 */
+                const int32_t s = cs[(int64_t)e * g->lds + k];
+                const __m256i c8 = _mm256_set1_epi32(g->bits == 4 ? 8 * s : 0);
+                const __m256i iv = _mm256_sub_epi32(_mm256_sub_epi32(h, zc), c8);
+                __m256 f = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(iv), _mm256_mul_ps(of, _mm256_set1_ps((float)s)));
+                float *out = out0 + (int64_t)e * g->ldo + 8 * p;
+                if (k > 0) f = _mm256_add_ps(f, _mm256_loadu_ps(out));
+                if (last) {
+                    f = _mm256_fmadd_ps(_mm256_set1_ps(g->dx[e0 + e]), f, _mm256_loadu_ps(g->bias + 8 * p));
+                    f = _mm256_min_ps(_mm256_max_ps(f, _mm256_set1_ps(g->lo)), _mm256_set1_ps(g->hi));
+                }
+                _mm256_storeu_ps(out, f);
+            }
+        }
+    }
+}
+
+QC_TGT_AVX2 static void qc_gemm_avx2(const qc_gemm_args *g)
+{
+    int e = 0;
+    for (; e + QC_AVX2_NC <= g->ncols; e += QC_AVX2_NC) qc_avx2_cols(g, e, QC_AVX2_NC);
+    switch (g->ncols - e) {
+    case 3: qc_avx2_cols(g, e, 3); break;
+    case 2: qc_avx2_cols(g, e, 2); break;
+    case 1: qc_avx2_cols(g, e, 1); break;
+    default: break;
+    }
+}
+#endif /* x86 */
+
+/* ------------------------------------------------------------------------------------------------ */
+/* activation helpers: quantization, block sums, transposing store                                     */
+/* ------------------------------------------------------------------------------------------------ */
+
+/* dst[i] = clip(roundf(x[i]*qs) + z, qlo, qhi) + 128 (round half away from zero on the float32 product). */
+static void qc_quant_scalar(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, uint8_t *dst)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        int32_t v = (int32_t)roundf(x[i] * qs) + z;
+        v = v < qlo ? qlo : v;
+        v = v > qhi ? qhi : v;
+        dst[i] = (uint8_t)(v + 128);
+    }
+}
+
+/* per pixel and block: PS = sum of the BCp bytes of U - BCp*zpu = sum of u over the real channels */
+static void qc_block_sums_scalar(const uint8_t *Q, int64_t npix, int64_t ltot, int64_t gnb, int64_t bcp,
+                                 int32_t zpu, int32_t *ps)
+{
+    for (int64_t p = 0; p < npix; ++p)
+        for (int64_t b = 0; b < gnb; ++b) {
+            const uint8_t *q = Q + p * ltot + b * bcp;
+            int32_t s = 0;
+            for (int64_t i = 0; i < bcp; ++i) s += q[i];
+            ps[p * gnb + b] = s - (int32_t)bcp * zpu;
+        }
+}
+
+#ifdef QC_HAVE_X86
+#define QC_TGT_512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+QC_TGT_512 static void qc_quant_avx512(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi,
+                                       uint8_t *dst)
+{
+    const __m512 q = _mm512_set1_ps(qs), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __m512i zv = _mm512_set1_epi32(z + 128), lo = _mm512_set1_epi32(qlo + 128), hi = _mm512_set1_epi32(qhi + 128);
+    int64_t i = 0;
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), q);
+        const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        /* |v - t| is exact; >= 0.5 rounds away from zero */
+        const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+        const __m512 r = _mm512_mask_add_ps(t, up, t, _mm512_or_ps(one, _mm512_and_ps(v, sign)));
+        __m512i iv = _mm512_add_epi32(_mm512_cvttps_epi32(r), zv);
+        iv = _mm512_min_epi32(_mm512_max_epi32(iv, lo), hi);
+        _mm512_mask_cvtepi32_storeu_epi8(dst + i, m, iv);
+    }
+}
+
+QC_TGT_512 static void qc_block_sums_avx512(const uint8_t *Q, int64_t npix, int64_t ltot, int64_t gnb, int64_t bcp,
+                                            int32_t zpu, int32_t *ps)
+{
+    if (bcp % 16) { qc_block_sums_scalar(Q, npix, ltot, gnb, bcp, zpu, ps); return; }
+    const __m128i zero = _mm_setzero_si128();
+    for (int64_t p = 0; p < npix; ++p)
+        for (int64_t b = 0; b < gnb; ++b) {
+            const uint8_t *q = Q + p * ltot + b * bcp;
+            __m128i acc = _mm_setzero_si128();
+            for (int64_t i = 0; i < bcp; i += 16)
+                acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_loadu_si128((const __m128i *)(q + i)), zero));
+            const int64_t s = _mm_cvtsi128_si64(acc) + _mm_extract_epi64(acc, 1);
+            ps[p * gnb + b] = (int32_t)s - (int32_t)bcp * zpu;
+        }
+}
+
+/* 16x16 float transpose: r[i][j] -> r[j][i] */
+QC_TGT_512 static inline void qc_tr16(__m512 r[16])
+{
+    __m512 a[16], b[16];
+    for (int i = 0; i < 8; ++i) {
+        a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int R = 0; R < 4; ++R) {   /* rows 4R..4R+3: b[4R+c] lane j = column 4j+c */
+        const __m512d l0 = _mm512_castps_pd(a[4 * R]), l1 = _mm512_castps_pd(a[4 * R + 2]);
+        const __m512d h0 = _mm512_castps_pd(a[4 * R + 1]), h1 = _mm512_castps_pd(a[4 * R + 3]);
+        b[4 * R + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(l0, l1));
+        b[4 * R + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(l0, l1));
+        b[4 * R + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(h0, h1));
+        b[4 * R + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(h0, h1));
+    }
+    for (int c = 0; c < 4; ++c) {
+        const __m512 u0 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x44), u1 = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xEE);
+        const __m512 u2 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x44), u3 = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+        r[4 + c] = _mm512_shuffle_f32x4(u0, u2, 0xDD);
+        r[8 + c] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(u1, u3, 0xDD);
+    }
+}
+
+/* 16 columns of one image (pixels pix0..pix0+15), float NCHW: y[(n*O + o)*ohw + pix] */
+QC_TGT_512 static void qc_store16_nchw_avx512(const float *OUT, int64_t ldo, int G, int Og, int OCp,
+                                              float *yimg, int64_t ohw)
+{
+    __m512 r[16];
+    for (int g = 0; g < G; ++g)
+        for (int cc = 0; cc < Og; cc += 16) {
+            for (int e = 0; e < 16; ++e) r[e] = _mm512_loadu_ps(OUT + e * ldo + (int64_t)g * OCp + cc);
+            qc_tr16(r);
+            const int m = Og - cc < 16 ? Og - cc : 16;
+            for (int i = 0; i < m; ++i) _mm512_storeu_ps(yimg + ((int64_t)g * Og + cc + i) * ohw, r[i]);
+        }
+}
+#endif
+
+/* ---- reductions ---- */
+static void qc_minmax_scalar(const float *x, int64_t n, float *lo, float *hi)
+{
+    float mn = x[0], mx = x[0];
+    for (int64_t i = 1; i < n; ++i) { mn = x[i] < mn ? x[i] : mn; mx = x[i] > mx ? x[i] : mx; }
+    *lo = mn; *hi = mx;
+}
+
+static float qc_absmax_scalar(const float *x, int64_t n)
+{
+    float mx = 0;
+    for (int64_t i = 0; i < n; ++i) { const float v = fabsf(x[i]); mx = v > mx ? v : mx; }
+    return mx;
+}
+
+#ifdef QC_HAVE_X86
+QC_TGT_512 static void qc_minmax_avx512(const float *x, int64_t n, float *lo, float *hi)
+{
+    __m512 mn = _mm512_set1_ps(x[0]), mx = mn;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        mn = _mm512_min_ps(mn, v);
+        mx = _mm512_max_ps(mx, v);
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mask_loadu_ps(mn, m, x + i);
+        mn = _mm512_min_ps(mn, v);
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, m, x + i));
+    }
+    *lo = _mm512_reduce_min_ps(mn);
+    *hi = _mm512_reduce_max_ps(mx);
+}
+
+QC_TGT_512 static float qc_absmax_avx512(const float *x, int64_t n)
+{
+    __m512 mx = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    if (i < n) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps((__mmask16)((1u << (n - i)) - 1), x + i)));
+    return _mm512_reduce_max_ps(mx);
+}
+#endif
+
+static inline void qc_minmax(const float *x, int64_t n, float *lo, float *hi, int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant == QC_KERNEL_AVX512VNNI) { qc_minmax_avx512(x, n, lo, hi); return; }
+#endif
+    (void)variant;
+    qc_minmax_scalar(x, n, lo, hi);
+}
+
+static inline float qc_absmax(const float *x, int64_t n, int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant == QC_KERNEL_AVX512VNNI) return qc_absmax_avx512(x, n);
+#endif
+    (void)variant;
+    return qc_absmax_scalar(x, n);
+}
+
+/* ---- byte moves ---- */
+/* n bytes, n a multiple of 4 */
+static inline void qc_copy4(uint8_t *dst, const uint8_t *src, int64_t n)
+{
+    int64_t i = 0;
+#ifdef QC_HAVE_X86
+    for (; i + 16 <= n; i += 16) _mm_storeu_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
+#endif
+    for (; i < n; i += 4) memcpy(dst + i, src + i, 4);
+}
+
+static inline void qc_fill4(uint8_t *dst, uint8_t v, int64_t n)
+{
+    int64_t i = 0;
+#ifdef QC_HAVE_X86
+    const __m128i f = _mm_set1_epi8((char)v);
+    for (; i + 16 <= n; i += 16) _mm_storeu_si128((__m128i *)(dst + i), f);
+#endif
+    for (; i < n; ++i) dst[i] = v;
+}
+
+/* dst[c*dst_stride + r] = src[r*src_stride + c] for r < rows, c < cols (bytes) */
+static void qc_transpose_u8(const uint8_t *src, int64_t rows, int64_t cols, int64_t src_stride,
+                            uint8_t *dst, int64_t dst_stride)
+{
+    int64_t r0 = 0, c0;
+#ifdef QC_HAVE_X86
+    for (; r0 + 16 <= rows; r0 += 16) {
+        for (c0 = 0; c0 + 16 <= cols; c0 += 16) {
+            __m128i a[16], b[16];
+            for (int i = 0; i < 16; ++i) a[i] = _mm_loadu_si128((const __m128i *)(src + (r0 + i) * src_stride + c0));
+            for (int i = 0; i < 8; ++i) {
+                b[i] = _mm_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
+                b[i + 8] = _mm_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
+            }
+            for (int i = 0; i < 4; ++i) {
+                a[i] = _mm_unpacklo_epi16(b[2 * i], b[2 * i + 1]);
+                a[i + 4] = _mm_unpackhi_epi16(b[2 * i], b[2 * i + 1]);
+                a[i + 8] = _mm_unpacklo_epi16(b[8 + 2 * i], b[8 + 2 * i + 1]);
+                a[i + 12] = _mm_unpackhi_epi16(b[8 + 2 * i], b[8 + 2 * i + 1]);
+            }
+            for (int i = 0; i < 2; ++i)
+                for (int q = 0; q < 4; ++q) {
+                    b[q * 4 + 2 * i] = _mm_unpacklo_epi32(a[q * 4 + 2 * i], a[q * 4 + 2 * i + 1]);
+                    b[q * 4 + 2 * i + 1] = _mm_unpackhi_epi32(a[q * 4 + 2 * i], a[q * 4 + 2 * i + 1]);
+                }
+            for (int q = 0; q < 4; ++q) {
+                a[q * 4 + 0] = _mm_unpacklo_epi64(b[q * 4 + 0], b[q * 4 + 2]);
+                a[q * 4 + 1] = _mm_unpackhi_epi64(b[q * 4 + 0], b[q * 4 + 2]);
+                a[q * 4 + 2] = _mm_unpacklo_epi64(b[q * 4 + 1], b[q * 4 + 3]);
+                a[q * 4 + 3] = _mm_unpackhi_epi64(b[q * 4 + 1], b[q * 4 + 3]);
+            }
+            /* a[k] now holds column c0 + k, rows r0 .. r0+15 */
+            for (int k = 0; k < 16; ++k)
+                _mm_storeu_si128((__m128i *)(dst + (c0 + k) * dst_stride + r0), a[k]);
+        }
+        for (; c0 < cols; ++c0)
+            for (int i = 0; i < 16; ++i) dst[c0 * dst_stride + r0 + i] = src[(r0 + i) * src_stride + c0];
+    }
+#endif
+    for (; r0 < rows; ++r0)
+        for (c0 = 0; c0 < cols; ++c0) dst[c0 * dst_stride + r0] = src[r0 * src_stride + c0];
+}
+
+static inline void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, uint8_t *dst,
+                            int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant == QC_KERNEL_AVX512VNNI) { qc_quant_avx512(x, n, qs, z, qlo, qhi, dst); return; }
+#endif
+    (void)variant;
+    qc_quant_scalar(x, n, qs, z, qlo, qhi, dst);
+}
+
+static inline void qc_block_sums(const uint8_t *Q, int64_t npix, int64_t ltot, int64_t gnb, int64_t bcp,
+                                 int32_t zpu, int32_t *ps, int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant == QC_KERNEL_AVX512VNNI) { qc_block_sums_avx512(Q, npix, ltot, gnb, bcp, zpu, ps); return; }
+#endif
+    (void)variant;
+    qc_block_sums_scalar(Q, npix, ltot, gnb, bcp, zpu, ps);
+}
+
+/* returns 1 when it stored the tile (16 columns of one image, float NCHW output, AVX-512), else 0 */
+static inline int qc_store16_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg, int64_t ohw,
+                                  int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant == QC_KERNEL_AVX512VNNI) { qc_store16_nchw_avx512(OUT, ldo, G, Og, OCp, yimg, ohw); return 1; }
+#endif
+    (void)OUT; (void)ldo; (void)G; (void)Og; (void)OCp; (void)yimg; (void)ohw; (void)variant;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* dispatch                                                                                            */
+/* ------------------------------------------------------------------------------------------------ */
+static inline int qc_kernel_supported(int variant)
+{
+    if (variant == QC_KERNEL_SCALAR) return 1;
+#ifdef QC_HAVE_X86
+    __builtin_cpu_init();
+    if (variant == QC_KERNEL_AVX2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (variant == QC_KERNEL_AVX512VNNI)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+            && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
+            && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+#endif
+    return 0;
+}
+
+static inline int qc_best_kernel(void)
+{
+    if (qc_kernel_supported(QC_KERNEL_AVX512VNNI)) return QC_KERNEL_AVX512VNNI;
+    if (qc_kernel_supported(QC_KERNEL_AVX2)) return QC_KERNEL_AVX2;
+    return QC_KERNEL_SCALAR;
+}
+
+static inline void qc_gemm(const qc_gemm_args *g, int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant == QC_KERNEL_AVX512VNNI) { qc_gemm_vnni(g); return; }
+    if (variant == QC_KERNEL_AVX2) { qc_gemm_avx2(g); return; }
+#endif
+    (void)variant;
+    qc_gemm_scalar(g);
+}
+
+#endif /* QCONV_KERNELS_H */

@@ -1,0 +1,324 @@
+"""``CpuEngine``: the weight-quantized conv on the CPU (Cython + SIMD micro-kernels, OpenMP threads).
+
+Per layer (constructor): the weights go into :class:`~qconv.layouts.gemm_tiles.TiledWeightLayout` tiles
+(UNIT=32 output channels x SRC_UNIT=4; int4 stays packed as half-split nibbles), and the fused tables are
+built: weight sums (``wsx``), scales, offsets and bias, all ``(groups, n_blocks, OCp)``.
+
+Per call: the input is quantized dynamically (``act_quant="tensor"``: per-tensor asymmetric, ``"row"``:
+per-sample symmetric; bit-exact with :func:`qconv.reference.quantize_activation`) into an int8
+pixel-major buffer, columns of the output are blitted into packed-A tiles (im2col with the zero point on
+out-of-image taps), and the tiled int8 GEMM with its fused float epilogue writes the result. Scratch
+buffers are allocated once per input shape and reused.
+
+Static int8 path: ``input_qparams=(scale, zero_point)`` makes the layer take an **int8** input
+``x ~= (x_int8 - zero_point) * scale`` (no dynamic quantization); ``output_qparams=(scale, zero_point)``
+makes it return int8 ``clip(round_half_away(y / scale) + zero_point, -128, 127)``, with ``y`` the float
+result after the activation (so relu/relu6 act through the clamp).
+
+Threads: OpenMP (``prange``), ``threads`` per engine. Importing this module sets ``OMP_WAIT_POLICY=PASSIVE``
+unless it is already set (see the comment below).
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from .. import _validate as V
+from ..geometry import ConvSpec
+from ..layouts.gemm_tiles import TiledWeightLayout
+from ..weights import round_half_away
+
+# OpenMP threads sleep at the end of a parallel region instead of spinning: on a shared or oversubscribed
+# machine a spinning thread holds its core while the thread it waits for cannot run (measured: 8-16 ms stalls
+# per call on 2 busy cores; passive costs a few microseconds of wake-up per region on an idle machine). Takes
+# effect only if libgomp is not loaded yet; set OMP_WAIT_POLICY=ACTIVE before importing qconv to spin.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+try:
+    from .._ext import _cpu
+except ImportError as exc:  # pragma: no cover - the package is built in CI
+    raise ImportError(f"qconv CPU extension qconv._ext._cpu is not built: {exc}") from exc
+
+KERNEL_NAMES = ("scalar", "avx2", "avx512vnni")
+ENV_KERNEL = "QCONV_CPU_KERNEL"
+UNIT = int(_cpu.UNIT)
+SRC_UNIT = int(_cpu.SRC_UNIT)
+# Longest block (reduction positions, padding included) whose int32 accumulators stay exact:
+# |sum U*q| <= L*255*128 (int8) and L*255*16 (int4, nibbles and the 8*L term) must stay below 2**31.
+MAX_BLOCK_VALUES = {8: 65536, 4: 524288}
+_SCRATCH_SHAPES = 4
+
+
+def default_threads() -> int:
+    """Cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def select_kernel(kernel=None) -> str:
+    """The micro-kernel to use: ``kernel`` if given, else ``$QCONV_CPU_KERNEL``, else the best for this CPU."""
+    if kernel is None:
+        kernel = os.environ.get(ENV_KERNEL) or None
+        source = f"${ENV_KERNEL}"
+    else:
+        source = "kernel"
+    if kernel is None:
+        return _cpu.best_kernel()
+    if kernel not in KERNEL_NAMES:
+        raise ValueError(f"{source} must be one of {KERNEL_NAMES}, got {kernel!r}")
+    if not _cpu.kernel_supported(kernel):
+        raise ValueError(f"{source}={kernel!r}: this CPU does not support that kernel "
+                         f"(best here: {_cpu.best_kernel()!r})")
+    return kernel
+
+
+def tensor_qparams(lo: float, hi: float):
+    """``(qs, dx, z)`` of the per-tensor mode from the input's min and max (exactly the oracle's arithmetic:
+    float32 range, quotients and product; ``z`` rounded half away from zero)."""
+    f32 = np.float32
+    lo32 = f32(min(float(lo), 0.0))
+    rng = f32(f32(max(float(hi), 0.0)) - lo32)
+    with np.errstate(over="ignore", divide="ignore"):
+        qs = f32(255.0) / rng if rng > 0 else f32(np.inf)
+    if not np.isfinite(qs):
+        # range 0, or so small that 255/range overflows float32 (the oracle raises there): every value
+        # quantizes to the zero point, as for an all-zero input
+        return f32(1), f32(1), 0
+    dx = rng / f32(255.0)
+    v = float(-lo32 * qs)          # float32 product, exact in float64
+    z = int(math.floor(v + 0.5) if v >= 0 else math.ceil(v - 0.5)) - 128
+    return qs, dx, z
+
+
+def row_qparams(amax: np.ndarray):
+    """``(qs, dx)`` float32 ``(N,)`` of the per-sample symmetric mode from ``max|x[n]|``."""
+    amax = np.asarray(amax, np.float32)
+    with np.errstate(over="ignore"):
+        pos = (amax > 0) & np.isfinite(np.float32(127.0) / np.where(amax > 0, amax, 1))
+    qs = np.where(pos, np.float32(127.0) / np.where(pos, amax, 1), 1).astype(np.float32)
+    dx = np.where(pos, amax / np.float32(127.0), 1).astype(np.float32)
+    return qs, dx
+
+
+def _qparams_arg(value, name):
+    try:
+        scale, zp = value
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a (scale, zero_point) pair, got {value!r}") from None
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} scale must be a number, got {scale!r}")
+    scale = float(np.float32(scale))
+    if not np.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{name} scale must be finite and > 0, got {scale!r}")
+    if isinstance(zp, (bool, np.bool_)) or not isinstance(zp, (int, np.integer)) or not -128 <= int(zp) <= 127:
+        raise ValueError(f"{name} zero_point must be an int in [-128, 127], got {zp!r}")
+    return np.float32(scale), int(zp)
+
+
+class CpuEngine:
+    """CPU engine of :class:`qconv.Conv2d` (see the module docstring).
+
+    ``spec``: :class:`~qconv.geometry.ConvSpec` with ``act_quant`` ``"tensor"`` or ``"row"``.
+    ``threads``: OpenMP threads (None = every core of this process); settable later via ``engine.threads``.
+    ``kernel``: ``"scalar"``, ``"avx2"`` or ``"avx512vnni"`` to force a micro-kernel (default: ``$QCONV_CPU_KERNEL``,
+    else the best one CPUID reports). ``tile_cols``: output columns per packed-A tile.
+    ``input_qparams`` / ``output_qparams``: the static int8 path (module docstring).
+
+    ``forward(x, layout)``: ``x`` float32 (int8 with ``input_qparams``) C-contiguous NCHW ``(N, C, H, W)`` or
+    NC4HW4 ``(ceil(C/4), N, H, W, 4)``; returns float32 (int8 with ``output_qparams``) in the same layout
+    (NC4HW4 padding lanes are zero). Calls on one engine are serialised by a lock (they share scratch).
+    """
+
+    name = "cpu"
+    supported_act_quant = ("tensor", "row")
+    default_act_quant = "tensor"
+    default_linear_act_quant = "row"
+    native_layouts = ("nchw", "nc4hw4")
+
+    def __init__(self, spec: ConvSpec, threads=None, kernel=None, tile_cols: int = 16,
+                 input_qparams=None, output_qparams=None):
+        if not isinstance(spec, ConvSpec):
+            raise TypeError(f"spec must be a qconv.ConvSpec, got {type(spec).__name__}")
+        self.input_qparams = None if input_qparams is None else _qparams_arg(input_qparams, "input_qparams")
+        self.output_qparams = None if output_qparams is None else _qparams_arg(output_qparams, "output_qparams")
+        if self.input_qparams is None and spec.act_quant not in self.supported_act_quant:
+            raise ValueError(f"the CPU engine quantizes activations: act_quant must be one of "
+                             f"{self.supported_act_quant}, got {spec.act_quant!r}")
+        self.spec = spec
+        self.threads = threads
+        self.kernel = select_kernel(kernel)
+        self.tile_cols = V.check_int(tile_cols, "tile_cols", minimum=1)
+        if self.tile_cols > 4096:
+            raise ValueError(f"tile_cols must be <= 4096, got {tile_cols}")
+        self._lock = threading.Lock()
+        self._scratch: OrderedDict = OrderedDict()
+        self._bound = None
+        self._prepare()
+
+    # --- configuration ------------------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    @threads.setter
+    def threads(self, value):
+        self._threads = default_threads() if value is None else V.check_int(value, "threads", minimum=1)
+
+    @property
+    def int8_input(self) -> bool:
+        """True when ``forward`` takes int8 input (static path)."""
+        return self.input_qparams is not None
+
+    def describe(self) -> str:
+        lay = self.layout
+        mode = "static int8 input" if self.int8_input else f"act_quant={self.spec.act_quant}"
+        out = ", int8 output" if self.output_qparams is not None else ""
+        path = "pointwise" if self._pointwise else "indirect im2col"
+        return (f"cpu ({self.kernel}, {path}, UNIT={lay.unit} SRC_UNIT={lay.src_unit} "
+                f"tile_cols={self.tile_cols}, threads={self.threads}, {mode}{out})")
+
+    # --- preparation (once per layer) --------------------------------------------------------------------
+    def _prepare(self):
+        spec, w = self.spec, self.spec.weight
+        lay = TiledWeightLayout.for_weight(w, unit=UNIT, src_unit=SRC_UNIT, pack=SRC_UNIT)
+        self.layout = lay
+        if lay.block_values > MAX_BLOCK_VALUES[w.bits]:
+            raise ValueError(f"a block of {lay.block_values} reduction values is too long for exact int32 "
+                             f"accumulation of int{w.bits} weights (max {MAX_BLOCK_VALUES[w.bits]}); "
+                             "quantize with a smaller block_size")
+        g, nb, og, ocp = lay.groups, lay.n_blocks, lay.group_out_channels, lay.oc_padded
+        self._w = lay.pack_array(w.q).reshape(-1).view(np.uint8)
+
+        def table(values, dtype):
+            t = np.zeros((g, nb, ocp), dtype)
+            t[:, :, :og] = np.asarray(values).reshape(g, og, nb).transpose(0, 2, 1)
+            return t.reshape(-1)
+
+        ws = w.weight_sums().astype(np.int64)
+        if w.bits == 4:
+            ws = ws + 8 * lay.block_values
+        self._wsx = table(ws.astype(np.int32), np.int32)
+        self._scale = table(w.scales, np.float32)
+        self._offset = None if w.offsets is None else table(w.offsets, np.float32)
+        bias = np.zeros((g, ocp), np.float32)
+        bias[:, :og] = spec.bias_or_zeros().reshape(g, og)
+        self._bias = bias.reshape(-1)
+        o = np.arange(w.out_channels)
+        self._oidx = ((o // og) * ocp + o % og).astype(np.int32)
+        c = np.arange(w.in_channels)
+        icg = lay.in_channels
+        blk = (c // icg) * nb + (c % icg) // lay.block_channels
+        self._chpos = (blk * lay.block_icl + (c % icg) % lay.block_channels).astype(np.int32)
+        kh, kw = w.kernel_size
+        (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
+        self._pointwise = bool(spec.is_pointwise)
+        act = spec.activation
+        lo, hi = (0.0, 6.0) if act == "relu6" else (0.0, np.inf) if act == "relu" else (-np.inf, np.inf)
+        geo = dict(C=w.in_channels, O=w.out_channels, G=g, Og=og, NB=nb, BC=lay.block_channels,
+                   BCp=lay.block_icl, K=lay.taps, KH=kh, KW=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw,
+                   GNB=g * nb, blq=lay.block_l, OCU=lay.oc_tiles, OCp=ocp, bits=w.bits,
+                   tile_cols=self.tile_cols, pointwise=int(self._pointwise),
+                   w_tstride=lay.oc_tile_stride, w_bstride=lay.block_stride, w_gstride=lay.group_stride,
+                   lo=lo, hi=hi)
+        self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
+                                   self._chpos, geo, _cpu.KERNELS[self.kernel])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the prepared weights and tables."""
+        arrays = [self._w, self._wsx, self._scale, self._bias, self._oidx]
+        if self._offset is not None:
+            arrays.append(self._offset)
+        return int(sum(a.nbytes for a in arrays))
+
+    # --- per-shape scratch -------------------------------------------------------------------------------
+    def _get_scratch(self, n, h, w):
+        """Scratch of this input size, allocated once and bound to the native plan."""
+        key = (n, h, w, self.threads)
+        s = self._scratch.get(key)
+        if s is None:
+            lay, plan, tc = self.layout, self._plan, self.tile_cols
+            pix = n * h * w
+            gnb = lay.groups * lay.n_blocks
+            ltot1 = gnb * lay.block_icl
+            slots = self.threads
+            V.check_alloc(pix * (ltot1 + 4 * gnb) + slots * tc * (8 * lay.taps + 4 * gnb + 4 * plan.ldo),
+                          "the CPU engine's scratch buffers")
+            s = dict(Q=np.empty(pix * ltot1, np.uint8), PS=np.empty(pix * gnb, np.int32),
+                     zrow=np.empty(ltot1, np.uint8), AP=np.zeros(slots * tc * lay.taps, np.uintp),
+                     S=np.empty(slots * tc * gnb, np.int32), OUT=np.empty(slots * tc * plan.ldo, np.float32),
+                     DXC=np.empty(slots * tc, np.float32), qs=np.empty(n, np.float32), z=np.zeros(n, np.int32),
+                     dx=np.empty(n, np.float32))
+            self._scratch[key] = s
+            while len(self._scratch) > _SCRATCH_SHAPES:
+                self._scratch.popitem(last=False)
+        else:
+            self._scratch.move_to_end(key)
+        if self._bound is not s:
+            self._plan.bind(s["Q"], s["PS"], s["zrow"], s["AP"], s["S"], s["OUT"], s["DXC"], self.threads,
+                            n * h * w)
+            self._bound = s
+        return s
+
+    # --- the call -------------------------------------------------------------------------------------------
+    def _act_params(self, x, nchw: bool, n: int, s):
+        """Fill the scratch's per-sample ``qs``, ``z``, ``dx``; returns the clamp range ``(qlo, qhi)``."""
+        if self.input_qparams is not None:
+            scale, zp = self.input_qparams
+            s["qs"].fill(1)
+            s["z"].fill(zp)
+            s["dx"].fill(scale)
+            return -128, 127
+        if self.spec.act_quant == "tensor":
+            qs, dx, z = tensor_qparams(*_cpu.minmax(x.reshape(-1), self.threads, self.kernel))
+            s["qs"].fill(qs)
+            s["z"].fill(z)
+            s["dx"].fill(dx)
+            return -128, 127
+        view = x.reshape(1, n, -1) if nchw else x.reshape(x.shape[0], n, -1)
+        s["qs"][:], s["dx"][:] = row_qparams(_cpu.absmax_rows(view, self.threads, self.kernel))
+        s["z"].fill(0)
+        return -127, 127
+
+    def forward(self, x: np.ndarray, layout: str = "nchw") -> np.ndarray:
+        if layout not in self.native_layouts:
+            raise ValueError(f"layout must be one of {self.native_layouts}, got {layout!r}")
+        want = np.int8 if self.int8_input else np.float32
+        x = np.asarray(x)
+        if x.dtype != want:
+            raise TypeError(f"the CPU engine needs {np.dtype(want).name} input here, got {x.dtype}")
+        x = np.ascontiguousarray(x)
+        c, o = self.spec.in_channels, self.spec.out_channels
+        nchw = layout == "nchw"
+        if nchw:
+            if x.ndim != 4 or x.shape[1] != c:
+                raise ValueError(f"x must be NCHW (N, {c}, H, W), got shape {x.shape}")
+            n, h, w = x.shape[0], x.shape[2], x.shape[3]
+        else:
+            if x.ndim != 5 or x.shape[0] != -(-c // 4) or x.shape[4] != 4:
+                raise ValueError(f"x must be NC4HW4 ({-(-c // 4)}, N, H, W, 4), got shape {x.shape}")
+            n, h, w = x.shape[1], x.shape[2], x.shape[3]
+        if x.size == 0:
+            raise ValueError(f"x must not be empty, got shape {x.shape}")
+        oh, ow = self.spec.out_hw(h, w)
+        out_dtype = np.int8 if self.output_qparams is not None else np.float32
+        if nchw:
+            y = np.empty((n, o, oh, ow), out_dtype)
+        else:
+            shape = (-(-o // 4), n, oh, ow, 4)
+            y = np.zeros(shape, out_dtype) if o % 4 else np.empty(shape, out_dtype)
+        oscale, ozp = self.output_qparams if self.output_qparams is not None else (None, 0)
+        with self._lock:
+            s = self._get_scratch(n, h, w)
+            qlo, qhi = self._act_params(x, nchw, n, s)
+            self._plan.forward(x, int(nchw), s["qs"], s["z"], qlo, qhi, s["dx"], y, int(not nchw),
+                               None if oscale is None else float(oscale), ozp, self.threads)
+        return y
+
+    __call__ = forward

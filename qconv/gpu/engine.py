@@ -1,0 +1,585 @@
+"""``OpenCLEngine``: weight-quantized conv on an OpenCL device (the engine protocol of ``docs/DESIGN.md``).
+
+Two kernel families (``kernels/*.cl``):
+
+* ``conv_general``: any kernel size, stride, padding, dilation and groups, with the seven output blockings
+  ``c4h1w1 c4h1w2 c4h4w1 c8h2w1 c8h4w1 c4h1w4 c8h1w4``; weights in :class:`OpenCLConvWeightLayout`.
+* ``conv_1x1``: 1x1, stride 1, unpadded, ungrouped convs as a GEMM over rows ``(n, h, w)`` (GEMV for a
+  linear layer with N = 1), 1, 2 or 4 output channels per work-item from a buffer
+  (:class:`OpenCL1x1BufferLayout`) or 1 or 2 from an Image2D (:class:`OpenCL1x1ImageLayout`), 1, 2 or 4
+  rows per work-item, split-K over the work-group.
+
+Activations and accumulation are float32 (``act_quant=None``); weights stay int8/int4 in device memory
+and are dequantised in registers (``w = q*scale + offset``). Inputs and outputs are float32 NCHW
+``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)`` (padding lanes written as zeros), numpy arrays
+(copied in and out) or ``pyopencl.array.Array`` (kept on the device: the result is an Array on the
+input's queue). The kernels read and write both layouts directly: no conversion launches.
+
+The (variant, local size) of each input shape is auto-tuned at its first call (:mod:`.tuning`).
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from ..layouts.opencl import (OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLConvWeightLayout,
+                              OpenCLScaleLayout)
+from . import tuning
+from .context import describe_device, import_pyopencl, profiling_queue, resolve
+from .errors import OpenCLError, OpenCLUnavailableError, wrap_cl_error
+from .programs import get_kernel
+
+GENERAL_VARIANTS = {  # name -> (CB blocks of 4 output channels, HB rows, WB columns)
+    "c4h1w1": (1, 1, 1), "c4h1w2": (1, 1, 2), "c4h4w1": (1, 4, 1), "c8h2w1": (2, 2, 1),
+    "c8h4w1": (2, 4, 1), "c4h1w4": (1, 1, 4), "c8h1w4": (2, 1, 4),
+}
+_INT32_MAX = 2**31 - 1
+_launch_lock = threading.Lock()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2ceil(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+def _pow2floor(n: int) -> int:
+    return 1 << max(0, int(n).bit_length() - 1)
+
+
+def _roundup(n: int, m: int) -> int:
+    return _cdiv(n, m) * m
+
+
+def onex1_variants(image: bool) -> dict:
+    """name -> (NC output channels per item, NB rows per item) of the 1x1 kernels."""
+    ncs = (1, 2) if image else (4, 2, 1)
+    store = "img" if image else "buf"
+    return {f"{store}_c{nc}_r{nb}": (nc, nb) for nc in ncs for nb in (1, 2, 4)}
+
+
+class _Plan:
+    """The kernel chosen for one input shape: variant, options, local size and how to launch it."""
+
+    def __init__(self, cand, lws, ns, out_shape, in_elems, out_elems):
+        self.cand, self.lws, self.ns = cand, lws, ns
+        self.out_shape, self.in_elems, self.out_elems = out_shape, in_elems, out_elems
+
+    @property
+    def variant(self) -> str:
+        return self.cand.variant
+
+    def describe(self) -> str:
+        lws = "driver" if self.lws is None else "x".join(map(str, self.lws))
+        t = "" if self.ns is None else f", {self.ns / 1e3:.1f} us"
+        return f"{self.cand.program}:{self.variant} lws={lws}{t}"
+
+
+class OpenCLEngine:
+    """Weight-quantized conv on an OpenCL device.
+
+    ``spec``: :class:`~qconv.geometry.ConvSpec` with ``act_quant=None``. ``device``: see
+    :func:`qconv.gpu.context.resolve`. Options:
+
+    * ``tune``: ``"none" | "fast" | "full"`` (default ``$QCONV_TUNE``, else ``"fast"``);
+    * ``variant``: force a kernel variant (``"c8h4w1"``..., or ``"buf_c4_r2"``, ``"img_c2_r1"``... for 1x1);
+    * ``local_size``: force the local size (a tuple; with ``variant`` or the heuristic variant);
+    * ``image``: 1x1 weights in an Image2D: ``None`` (auto: integrated GPUs, when it fits), ``True`` (when
+      it fits the device's image limits, else the buffer), ``False``;
+    * ``image_limits``: ``(max_width, max_height)`` instead of the device's (tests the fallback);
+    * ``scale_dtype``: ``"auto"`` (fp16 when every scale/offset is exactly representable), ``"float32"``,
+      ``"float16"`` (forced: rounds the scales);
+    * ``specialize``: compile geometry constants into the kernels (default: on GPUs);
+    * ``ic_pack``: input-channel pack of the general layout (4, or 1 = MNN's ``[ICp][O/4][K][4]``);
+    * ``threads``: accepted and ignored (CPU option).
+    """
+
+    name = "opencl"
+    supported_act_quant = (None,)
+    default_act_quant = None
+    native_layouts = ("nchw", "nc4hw4")
+
+    def __init__(self, spec, device="opencl", *, tune=None, variant=None, local_size=None, image=None,
+                 image_limits=None, scale_dtype="auto", specialize=None, ic_pack=4, threads=None):
+        cl = import_pyopencl()
+        if spec.act_quant is not None:
+            raise ValueError(f"the OpenCL engine computes with float activations: act_quant must be None, "
+                             f"got {spec.act_quant!r}")
+        self.spec = spec
+        self.ctx, self.device = resolve(device)
+        if not self.device.endian_little:
+            raise OpenCLUnavailableError(f"{self.device.name}: big-endian OpenCL devices are not supported")
+        self.queue = profiling_queue(self.ctx, self.device)
+        self.tune = tuning.tune_level(tune)
+        self.is_gpu = bool(self.device.type & cl.device_type.GPU)
+        self.specialize = self.is_gpu if specialize is None else bool(specialize)
+        w = spec.weight
+        self.path = "1x1" if (spec.is_pointwise and w.groups == 1) else "general"
+        self._plans: dict = {}
+        self._last_plan = None
+        self._lock = threading.Lock()
+
+        if variant is not None:
+            names = GENERAL_VARIANTS if self.path == "general" else {**onex1_variants(False), **onex1_variants(True)}
+            if variant not in names:
+                raise ValueError(f"variant {variant!r} does not exist for the {self.path} path; choose from "
+                                 f"{sorted(names)}")
+        self.forced_variant = variant
+        if local_size is not None:
+            local_size = tuple(int(v) for v in local_size)
+            want = 2 if self.path == "general" else 3
+            if len(local_size) != want or min(local_size) < 1:
+                raise ValueError(f"local_size must be {want} positive ints for the {self.path} kernels, got "
+                                 f"{local_size!r}")
+            if self.path == "1x1" and local_size[2] != 1:
+                raise ValueError(f"the 1x1 kernels need local_size[2] == 1, got {local_size!r}")
+        self.forced_lws = local_size
+
+        # scales / offsets / bias
+        if scale_dtype == "auto":
+            ok = OpenCLScaleLayout.lossless(w.scales) and (w.offsets is None or OpenCLScaleLayout.lossless(w.offsets))
+            scale_dtype = "float16" if ok else "float32"
+        self.scale_layout = OpenCLScaleLayout(scale_dtype)
+        self._ws = self._upload(self.scale_layout.pack_array(w.scales))
+        self._wo = self._ws if w.offsets is None else self._upload(self.scale_layout.pack_array(w.offsets))
+        ocp = _cdiv(w.out_channels, 4) * 4
+        bias = np.zeros(ocp, np.float32)
+        if spec.bias is not None:
+            bias[:w.out_channels] = spec.bias
+        self._bias = self._upload(bias)
+
+        # weights
+        self.image = False
+        if self.path == "general":
+            self.layout = OpenCLConvWeightLayout(w.bits, ic_pack)
+            self._wq = self._upload(self.layout.pack_array(w.q))
+        else:
+            self.layout = OpenCL1x1BufferLayout(w.bits)
+            use_image = self._want_image(image, image_limits)
+            if use_image:
+                self.layout = use_image
+                self.image = True
+                self._wq = self._upload_image(self.layout.pack_array(w.q))
+            else:
+                self._wq = self._upload(self.layout.pack_array(w.q))
+            if variant is not None and variant.startswith("img") != self.image:
+                raise ValueError(f"variant {variant!r} needs the {'image' if variant.startswith('img') else 'buffer'} "
+                                 f"weights but this engine uses the {'image' if self.image else 'buffer'} (image={image!r})")
+        self._base_options = self._make_base_options()
+
+    # {{{ preparation
+
+    def _upload(self, arr: np.ndarray):
+        cl = import_pyopencl()
+        arr = np.ascontiguousarray(arr)
+        try:
+            return cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=arr)
+        except cl.Error as exc:
+            raise wrap_cl_error(exc, f"allocating {arr.nbytes} bytes on {self.device.name}") from exc
+
+    def _upload_image(self, texels: np.ndarray):
+        cl = import_pyopencl()
+        h, w, _ = texels.shape
+        fmt = cl.ImageFormat(cl.channel_order.RGBA, cl.channel_type.SIGNED_INT32)
+        try:
+            make = getattr(cl, "create_image", cl.Image)
+            return make(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, fmt, shape=(w, h),
+                            hostbuf=np.ascontiguousarray(texels, dtype=np.int32))
+        except cl.Error as exc:
+            raise wrap_cl_error(exc, f"creating a {w}x{h} RGBA/SIGNED_INT32 image on {self.device.name}") from exc
+
+    def _image_supported(self) -> bool:
+        cl = import_pyopencl()
+        if not self.device.image_support:
+            return False
+        try:
+            fmts = cl.get_supported_image_formats(self.ctx, cl.mem_flags.READ_ONLY, cl.mem_object_type.IMAGE2D)
+        except cl.Error:
+            return False
+        return any(f.channel_order == cl.channel_order.RGBA and f.channel_data_type == cl.channel_type.SIGNED_INT32
+                   for f in fmts)
+
+    def _want_image(self, image, limits):
+        """The image layout to use, or None (buffer): too large for the limits falls back to the buffer."""
+        if image is False:
+            return None
+        if image is None and not (self.is_gpu and self.device.host_unified_memory):
+            return None
+        if not self._image_supported():
+            return None
+        bits = self.spec.weight.bits
+        if limits is not None:
+            mw, mh = (int(v) for v in limits)
+            mw, mh = min(mw, self.device.image2d_max_width), min(mh, self.device.image2d_max_height)
+            lay = OpenCL1x1ImageLayout(bits, mw, mh)
+        else:
+            lay = OpenCL1x1ImageLayout.for_device(bits, self.device)
+        return lay if lay.fits(self.spec.weight.q.shape) else None
+
+    def _make_base_options(self) -> tuple:
+        s, w = self.spec, self.spec.weight
+        opts = list(self.layout.build_options) + list(self.scale_layout.build_options)
+        if w.offsets is not None:
+            opts.append("-DASYM")
+        if w.n_blocks == 1:
+            opts.append("-DNBLK1")
+        else:
+            bc = w.block_channels
+            opts.append(f"-DBLOCK_CH={bc}")
+            if self.path == "general":
+                if bc % 4 == 0:
+                    opts.append("-DBLOCK_ALIGN4")
+            else:
+                kc = self.layout.ic_pack
+                sg = next((g for g in (kc, 16, 8, 4) if kc % g == 0 and bc % g == 0), None)
+                opts.append(f"-DSG={sg}" if sg else "-DLANE_SCALE")
+        if s.bias is not None:
+            opts.append("-DHAS_BIAS")
+        if s.activation:
+            opts.append(f"-DACT={1 if s.activation == 'relu' else 2}")
+        ipg = w.q.shape[1]
+        o = w.out_channels
+        if o % 4:
+            opts.append("-DOC_LANE_LEAVE")
+        if self.path == "general":
+            if ipg % 4:
+                opts.append("-DIC_LEAVE")
+            if w.groups > 1:
+                opts.append("-DGROUPED")
+                if ipg == 1 and o == w.groups:
+                    opts.append("-DDEPTHWISE")
+            if self.specialize:
+                (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
+                for name, val in (("IC", ipg), ("OC", o), ("GROUPS", w.groups), ("KH", kh), ("KW", kw),
+                                  ("SH", sh), ("SW", sw), ("PH", ph), ("PW", pw), ("DH", dh), ("DW", dw)):
+                    opts.append(f"-DG_{name}={val}")
+        else:
+            if ipg % self.layout.ic_pack:
+                opts.append("-DIC_LEAVE")
+            if self.specialize:
+                opts += [f"-DG_IC={ipg}", f"-DG_OC={o}"]
+        return tuple(opts)
+
+    # }}}
+
+    # {{{ candidates
+
+    def _layout_options(self, layout: str, hw1: bool) -> list:
+        opts = [] if layout == "nc4hw4" else ["-DIN_NCHW", "-DOUT_NCHW"]
+        if hw1 and self.path == "1x1":
+            opts.append("-DHW1")
+        return opts
+
+    def _general_candidates(self, layout, n, h, w, oh, ow):
+        s, wt = self.spec, self.spec.weight
+        o4 = _cdiv(wt.out_channels, 4)
+        ipg = wt.q.shape[1]
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
+        names = self._general_order(oh, ow, o4)
+        if self.forced_variant:
+            names = [self.forced_variant]
+        elif self.tune == "fast":
+            names = names[:3]
+        scalars = [n, h, w, oh, ow, ipg, wt.out_channels, wt.groups, kh, kw, sh, sw, ph, pw, dh, dw]
+        cands = []
+        for name in names:
+            cb, hb, wb = GENERAL_VARIANTS[name]
+            g0, g1 = _cdiv(o4, cb) * _cdiv(ow, wb), n * _cdiv(oh, hb)
+            opts = list(self._base_options) + [f"-DCB={cb}", f"-DHB={hb}", f"-DWB={wb}"]
+            opts += self._layout_options(layout, False)
+            if o4 % cb:
+                opts.append("-DC_LEAVE")
+            if oh % hb:
+                opts.append("-DH_LEAVE")
+            if ow % wb:
+                opts.append("-DW_LEAVE")
+            cands.append(self._candidate("conv_general", name, tuple(opts), (g0, g1), scalars,
+                                         self._local_sizes_2d(g0, g1)))
+        return cands
+
+    def _general_order(self, oh, ow, o4):
+        """Variants, the heuristic's favourite first."""
+        order = []
+        if ow >= 4:
+            order += ["c8h1w4", "c4h1w4"] if o4 >= 2 else ["c4h1w4"]
+        if oh >= 4:
+            order += ["c8h4w1", "c4h4w1"] if o4 >= 2 else ["c4h4w1"]
+        if ow >= 2:
+            order.append("c4h1w2")
+        if oh >= 2 and o4 >= 2:
+            order.append("c8h2w1")
+        order.append("c4h1w1")
+        rest = [v for v in GENERAL_VARIANTS if v not in order]
+        return order + rest
+
+    def _local_sizes_2d(self, g0, g1):
+        if self.forced_lws is not None:
+            return [self.forced_lws]
+        maxwg = int(self.device.max_work_group_size)
+        mi = self.device.max_work_item_sizes
+        p0, p1 = _pow2ceil(g0), _pow2ceil(g1)
+        if self.tune == "full":
+            sizes = [(a, b) for a in (1, 2, 4, 8, 16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64)
+                     if a <= p0 and b <= p1 and 8 <= a * b <= min(maxwg, 1024)]
+        else:
+            l0 = min(64, p0)
+            l1 = min(max(1, 64 // l0), p1)
+            sizes = [(l0, l1), (16, 4), (32, 2), (8, 8), (64, 1), (32, 4), (4, 16)]
+            sizes = [(min(a, p0), min(b, p1)) for a, b in sizes]
+        sizes = [sz for sz in dict.fromkeys(sizes) if sz[0] * sz[1] <= maxwg and sz[0] <= mi[0] and sz[1] <= mi[1]]
+        if not self.is_gpu:
+            sizes = [None] + sizes  # PoCL: its own choice is good and avoids a per-size compile
+        return sizes or [None]
+
+    def _onex1_candidates(self, layout, n, h, w):
+        wt = self.spec.weight
+        hw, m = h * w, n * h * w
+        ocp = _cdiv(wt.out_channels, 4) * 4
+        kch = _cdiv(wt.q.shape[1], self.layout.ic_pack)
+        variants = onex1_variants(self.image)
+        names = self._onex1_order(m, variants)
+        if self.forced_variant:
+            names = [self.forced_variant]
+        elif self.tune == "fast":
+            names = names[:3]
+        cands = []
+        for name in names:
+            nc, nb = variants[name]
+            g0, g2 = ocp // nc, _cdiv(m, nb)
+            opts = list(self._base_options) + [f"-DNC={nc}", f"-DNB={nb}"] + self._layout_options(layout, hw == 1)
+            scalars = [m, hw, wt.q.shape[1], wt.out_channels]
+            cands.append(self._candidate("conv_1x1", name, tuple(opts), (g0, g2), scalars,
+                                         self._local_sizes_1x1(g0, g2, kch, nb * nc), nb * nc))
+        return cands
+
+    def _onex1_order(self, m, variants):
+        nb = 1 if m == 1 else 2 if m < 8 else 4
+        first = [f"{'img_c2' if self.image else 'buf_c4'}_r{nb}", f"{'img_c1' if self.image else 'buf_c2'}_r{nb}"]
+        if nb > 1:
+            first.append(f"{'img_c2' if self.image else 'buf_c4'}_r{nb // 2}")
+        else:
+            first.append(f"{'img_c1' if self.image else 'buf_c1'}_r1")
+        rest = [v for v in variants if v not in first and (variants[v][1] <= max(1, m))]
+        return first + rest
+
+    def _local_sizes_1x1(self, g0, g2, kch, per_item):
+        if self.forced_lws is not None:
+            return [self.forced_lws[:2]]
+        maxwg = int(self.device.max_work_group_size)
+        mi = self.device.max_work_item_sizes
+        local_floats = int(self.device.local_mem_size) // 4 - 256
+        p0, pk = _pow2ceil(g0), _pow2floor(kch)
+        few_rows = g0 * g2 < 16384
+        if self.tune == "full":
+            sizes = [(a, b) for a in (1, 2, 4, 8, 16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64, 128)
+                     if a <= p0 and b <= pk and 8 <= a * b <= min(maxwg, 1024)]
+        else:
+            if few_rows:
+                split = min(32, pk)
+                guess = (max(1, min(256 // split, p0)), split)
+                sizes = [guess, (16, min(16, pk)), (8, min(32, pk)), (32, min(8, pk)), (64, min(4, pk)),
+                         (4, min(64, pk))]
+            else:
+                sizes = [(min(64, p0), 1), (min(32, p0), 1), (min(128, p0), 1), (min(16, p0), min(4, pk))]
+        ok = []
+        for a, b in dict.fromkeys(sizes):
+            a, b = min(a, p0), min(b, pk)
+            if a * b <= maxwg and a <= mi[0] and b <= mi[1] and a * b * per_item <= local_floats:
+                ok.append((a, b))
+        ok = list(dict.fromkeys(ok))
+        if not self.is_gpu:
+            ok = [None] + ok
+        return ok or [None]
+
+    def _candidate(self, program, name, opts, gsize, scalars, local_sizes, per_item=0):
+        """A tuning candidate; ``launch(queue, lws, bufs=None, wait_for=None)`` enqueues the kernel."""
+        engine = self
+        state = {"bufs": None}
+        scal = [np.int32(v) for v in scalars]
+
+        def launch(queue, lws, bufs=None, wait_for=None):
+            cl = import_pyopencl()
+            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
+            kopts = opts if program == "conv_general" else opts + (f"-DSPLIT={1 if lws is None else lws[1]}",)
+            kernel = get_kernel(engine.ctx, program, kopts, program)
+            if program == "conv_general":
+                g0, g1 = gsize
+                gws = (g0, g1) if lws is None else (_roundup(g0, lws[0]), _roundup(g1, lws[1]))
+                args = [np.int32(g0), np.int32(g1), xbuf, engine._wq, engine._ws, engine._wo, engine._bias,
+                        ybuf, *scal]
+                local = lws
+            else:
+                g0, g2 = gsize
+                if lws is None:
+                    gws, local, nloc = (g0, 1, g2), None, 1
+                else:
+                    gws, local = (_roundup(g0, lws[0]), lws[1], g2), (lws[0], lws[1], 1)
+                    nloc = lws[0] * lws[1] * per_item
+                args = [np.int32(g0), np.int32(g2), xbuf, engine._wq, engine._ws, engine._wo, engine._bias,
+                        ybuf, cl.LocalMemory(4 * max(1, nloc)), *scal]
+            with _launch_lock:
+                kernel.set_args(*args)
+                return cl.enqueue_nd_range_kernel(queue, kernel, gws, local, wait_for=wait_for)
+
+        c = tuning.Candidate(name, program, opts, tuple(gsize) + tuple(scalars), local_sizes, launch)
+        c.info["state"] = state
+        return c
+
+    # }}}
+
+    # {{{ forward
+
+    def _shape_of(self, shape, layout):
+        c = self.spec.in_channels
+        if layout == "nchw":
+            if len(shape) != 4 or shape[1] != c:
+                raise ValueError(f"x must be NCHW (N, {c}, H, W), got shape {tuple(shape)}")
+            n, h, w = shape[0], shape[2], shape[3]
+        elif layout == "nc4hw4":
+            if len(shape) != 5 or shape[0] != _cdiv(c, 4) or shape[4] != 4:
+                raise ValueError(f"x must be NC4HW4 ({_cdiv(c, 4)}, N, H, W, 4) for {c} channels, got shape "
+                                 f"{tuple(shape)}")
+            n, h, w = shape[1], shape[2], shape[3]
+        else:
+            raise ValueError(f"layout must be 'nchw' or 'nc4hw4', got {layout!r}")
+        if min(n, h, w) < 1:
+            raise ValueError(f"x must not be empty, got shape {tuple(shape)}")
+        return int(n), int(h), int(w)
+
+    def _plan_for(self, layout, n, h, w):
+        key = (layout, n, h, w)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan, False
+        oh, ow = self.spec.out_hw(h, w)
+        o = self.spec.out_channels
+        if layout == "nchw":
+            out_shape = (n, o, oh, ow)
+            in_elems = n * self.spec.in_channels * h * w
+        else:
+            out_shape = (_cdiv(o, 4), n, oh, ow, 4)
+            in_elems = _cdiv(self.spec.in_channels, 4) * 4 * n * h * w
+        out_elems = int(np.prod(out_shape))
+        if max(in_elems, out_elems) > _INT32_MAX // 4 or n * max(h * w, oh * ow) * 4 > _INT32_MAX:
+            raise ValueError(f"input {n}x{h}x{w} / output {out_shape} are too large for the kernels' 32-bit "
+                             f"indexing; split the batch")
+        if self.path == "general":
+            cands = self._general_candidates(layout, n, h, w, oh, ow)
+        else:
+            cands = self._onex1_candidates(layout, n, h, w)
+        plan = _Plan(cands, None, None, out_shape, in_elems, out_elems)
+        plan.key = key
+        return plan, True
+
+    def _check_buffers(self, plan, xbuf_bytes, ybuf_bytes):
+        if xbuf_bytes < 4 * plan.in_elems:
+            raise ValueError(f"input buffer holds {xbuf_bytes} bytes, the kernel reads {4 * plan.in_elems}")
+        if ybuf_bytes < 4 * plan.out_elems:
+            raise ValueError(f"output buffer holds {ybuf_bytes} bytes, the kernel writes {4 * plan.out_elems}")
+
+    def _run(self, plan, is_new, xbuf, ybuf, queue, wait_for):
+        cl = import_pyopencl()
+        if is_new:
+            cands = plan.cand
+            for c in cands:
+                c.info["state"]["bufs"] = (xbuf, ybuf)
+            if self.tune != "none" and not (self.forced_lws is not None and len(cands) == 1):
+                if queue is not self.queue:
+                    queue.finish()
+                elif wait_for:
+                    cl.wait_for_events(wait_for)
+                try:
+                    cand, lws, ns = tuning.select(self.device, self.queue, cands, self.tune)
+                finally:
+                    self.queue.finish()
+            else:
+                cand, lws, ns = cands[0], cands[0].local_sizes[0], None
+            for c in cands:
+                c.info["state"]["bufs"] = None
+            plan.cand, plan.lws, plan.ns = cand, lws, ns
+            self._plans[plan.key] = plan
+        self._last_plan = plan
+        try:
+            return plan.cand.launch(queue, plan.lws, (xbuf, ybuf), wait_for)
+        except cl.Error as exc:
+            raise wrap_cl_error(exc, f"running {plan.describe()} on {self.device.name}") from exc
+
+    def forward(self, x, layout: str = "nchw"):
+        """float32 NCHW ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)`` -> the output in the same
+        layout: a numpy array for numpy input, a ``pyopencl.array.Array`` (on ``x.queue``) for Array input."""
+        cl = import_pyopencl()
+        import pyopencl.array as cla
+
+        if isinstance(x, cla.Array):
+            return self._forward_array(x, layout)
+        x = np.asarray(x)
+        if x.dtype != np.float32:
+            raise TypeError(f"x must be float32, got dtype {x.dtype}")
+        x = np.ascontiguousarray(x)
+        n, h, w = self._shape_of(x.shape, layout)
+        with self._lock:
+            plan, is_new = self._plan_for(layout, n, h, w)
+            q = self.queue
+            try:
+                xd = cla.to_device(q, x)
+                yd = cla.empty(q, plan.out_shape, np.float32)
+            except cl.Error as exc:
+                raise wrap_cl_error(exc, f"allocating {x.nbytes} + {4 * plan.out_elems} bytes on "
+                                         f"{self.device.name}") from exc
+            self._check_buffers(plan, xd.nbytes, yd.nbytes)
+            evt = self._run(plan, is_new, xd.data, yd.data, q, None)
+            out = np.empty(plan.out_shape, np.float32)
+            if out.nbytes != yd.nbytes:
+                raise AssertionError("host/device size mismatch")
+            try:
+                cl.enqueue_copy(q, out, yd.data, wait_for=[evt], is_blocking=True)
+            except cl.Error as exc:
+                raise wrap_cl_error(exc, "reading the output back") from exc
+        return out
+
+    def _forward_array(self, x, layout):
+        import pyopencl.array as cla
+
+        if x.dtype != np.float32:
+            raise TypeError(f"x must be a float32 pyopencl Array, got dtype {x.dtype}")
+        if x.context != self.ctx:
+            raise ValueError("x lives in another OpenCL context than this layer's device")
+        if not x.flags.c_contiguous:
+            raise ValueError(f"x must be C-contiguous, got strides {x.strides}")
+        n, h, w = self._shape_of(x.shape, layout)
+        queue = x.queue if x.queue is not None else self.queue
+        if x.offset or x.base_data is None:
+            x = x.copy(queue=queue)  # kernels take whole buffers; a device copy, no host round trip
+        if x.base_data.size < x.nbytes:
+            raise ValueError(f"x's buffer holds {x.base_data.size} bytes, its shape needs {x.nbytes}")
+        with self._lock:
+            plan, is_new = self._plan_for(layout, n, h, w)
+            y = cla.empty(queue, plan.out_shape, np.float32)
+            self._check_buffers(plan, x.base_data.size, y.base_data.size)
+            evt = self._run(plan, is_new, x.base_data, y.base_data, queue, list(x.events) or None)
+        y.add_event(evt)
+        x.add_event(evt)
+        return y
+
+    # }}}
+
+    @property
+    def plans(self) -> dict:
+        """``(layout, N, H, W) -> plan`` chosen so far (``plan.variant``, ``plan.lws``, ``plan.ns``)."""
+        return dict(self._plans)
+
+    def describe(self) -> str:
+        w = self.spec.weight
+        store = "image" if self.image else "buffer"
+        lay = f"{self.path} int{w.bits} {store}, scales {self.scale_layout.dtype}"
+        plan = self._last_plan.describe() if self._last_plan is not None else "kernel tuned at the first call"
+        try:
+            dev = describe_device(self.device)
+        except Exception:  # pragma: no cover - descriptive only
+            dev = str(self.device)
+        return f"opencl [{dev}] {lay}; {plan} (tune={self.tune})"
+

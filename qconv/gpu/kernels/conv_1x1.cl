@@ -1,0 +1,317 @@
+/* 1x1, stride 1, unpadded conv (GEMV / GEMM): y[m, o] = sum_c x[m, c] * w[o, c] over rows m = (n, p),
+ * M = N*H*W rows. H = W = 1 is the linear layer (GEMV for N = 1).
+ *
+ * NDRange (3-D):
+ *   dim 0: ceil(OCp / NC) channel groups, NC = 1, 2 or 4 output channels per work-item;
+ *   dim 1: split-K lanes, exactly the local size L = SPLIT (build option) in dim 1: the items of a work-group take the K chunks
+ *          k = lk, lk + L, ... and add their partial sums in local memory in a fixed order (lane 0 first),
+ *          so a weight-streaming GEMV has enough items in flight;
+ *   dim 2: ceil(M / NB) row groups, NB = 1, 2 or 4 rows per item (batch blocking when H = W = 1, pixel
+ *          blocking otherwise): each weight chunk read serves NB rows.
+ * The launch size in dim 0 is rounded up to the local size; items past gws0 / gws2 take part in the
+ * barrier and store nothing.
+ *
+ * Weights: OpenCL1x1BufferLayout (16-byte chunks, KC = 16 int8 or 32 int4 channels) as uint4, or
+ * OpenCL1x1ImageLayout (USE_IMAGE: the same 16 bytes as an RGBA signed-int32 texel (o, k), read_imagei).
+ * Scales/offsets: OpenCLScaleLayout [n_blocks][OCp].
+ *
+ * Build options (besides common.cl): NC, NB, KC; USE_IMAGE; IC_LEAVE (I % KC != 0: input lanes >= I read
+ * as 0, never out of bounds); OC_LANE_LEAVE (O % 4 != 0: padding lanes written as 0 in NC4HW4, skipped in
+ * NCHW); HW1 (H = W = 1: NCHW rows are contiguous); SG = input lanes per scale group (a multiple of 4
+ * dividing KC and BLOCK_CH: one scale per group), or LANE_SCALE (blocks not aligned to 4 lanes).
+ * Per-channel (NBLK1) scales are applied once at the end; blockwise ones once per scale group:
+ * sum_l (q_l*s + a)*x_l = s*sum_l q_l*x_l + a*sum_l x_l, the same dequantised weights in fewer operations.
+ */
+
+#ifndef QBITS
+#error "QBITS must be defined (4 or 8)"
+#endif
+
+#ifdef G_IC
+#define IC G_IC
+#else
+#define IC a_ic
+#endif
+#ifdef G_OC
+#define OC G_OC
+#else
+#define OC a_oc
+#endif
+
+#ifndef NC
+#define NC 4
+#endif
+#ifndef NB
+#define NB 1
+#endif
+#ifndef SPLIT
+#define SPLIT 1 /* the local size in dim 1 (a build option: PoCL mishandles a barrier under a run-time branch) */
+#endif
+#ifndef KC
+#error "KC must be defined (OpenCL1x1BufferLayout.ic_pack)"
+#endif
+#define NG (KC / 4) /* float4 groups per chunk */
+#if defined(NBLK1) || !defined(SG)
+#define GPS NG
+#else
+#define GPS (SG / 4) /* float4 groups per scale group */
+#endif
+
+#ifdef USE_IMAGE
+__constant sampler_t SMP = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_NONE | CLK_FILTER_NEAREST;
+#define WEIGHT_ARG __read_only image2d_t wimg
+#define LOAD_W(k, o) as_uint4(read_imagei(wimg, SMP, (int2)((o), (k))))
+#else
+#define WEIGHT_ARG __global const uint4 *wq
+#define LOAD_W(k, o) wq[(k) * OCP + (o)]
+#endif
+
+/* float4 group v (input lanes 4v .. 4v+3 of the chunk) of a 16-byte weight chunk, as q values */
+inline float4 qgroup(uint4 wv, int v) {
+#if QBITS == 8
+    const uint word = v == 0 ? wv.x : v == 1 ? wv.y : v == 2 ? wv.z : wv.w;
+    return convert_float4(as_char4(word));
+#else
+    const int wi = v >> 1;
+    const uint word = wi == 0 ? wv.x : wi == 1 ? wv.y : wi == 2 ? wv.z : wv.w;
+    return nibbles4(word, (uint)(v & 1) * 16u);
+#endif
+}
+
+/* input channels 4*c4 .. 4*c4+3 of row m (= n*HW + p) */
+inline float4 load_row4(__global const float *x, int c4, int m, int M, int HW, int CIN) {
+#ifdef IN_NCHW
+#ifdef HW1
+    const int base = m * CIN + 4 * c4;
+    const int left = CIN - 4 * c4;
+    if (left >= 4)
+        return vload4(0, x + base);
+    if (left <= 0)
+        return (float4)(0.0f);
+    return (float4)(x[base], left > 1 ? x[base + 1] : 0.0f, left > 2 ? x[base + 2] : 0.0f, 0.0f);
+#else
+    const int n = m / HW;
+    const int base = (n * CIN + 4 * c4) * HW + (m - n * HW);
+    const int left = CIN - 4 * c4;
+    if (left >= 4)
+        return (float4)(x[base], x[base + HW], x[base + 2 * HW], x[base + 3 * HW]);
+    if (left <= 0)
+        return (float4)(0.0f);
+    return (float4)(x[base], left > 1 ? x[base + HW] : 0.0f, left > 2 ? x[base + 2 * HW] : 0.0f, 0.0f);
+#endif
+#else
+#ifdef IC_LEAVE
+    if (4 * c4 >= CIN)
+        return (float4)(0.0f);
+    return mask_lanes(vload4(0, x + ((c4 * M + m) << 2)), 4 * c4, CIN);
+#else
+    return vload4(0, x + ((c4 * M + m) << 2));
+#endif
+#endif
+}
+
+__kernel void conv_1x1(const int gws0, const int gws2,
+                       __global const float *x,
+                       WEIGHT_ARG,
+                       __global const SCALE_T *ws,
+                       __global const SCALE_T *wo,
+                       __global const float *bias,
+                       __global float *y,
+                       __local float *red,
+                       const int M, const int HW, const int a_ic, const int a_oc) {
+    const int og = get_global_id(0);
+    const int mg = get_global_id(2);
+    const int lid0 = get_local_id(0);
+    const int l0 = get_local_size(0);
+    const int lk = get_local_id(1);
+    const int L = SPLIT;
+    const bool valid = og < gws0 && mg < gws2;
+
+    const int O4 = CDIV(OC, 4);
+    const int OCP = O4 * 4;
+    const int KCH = CDIV(IC, KC);
+    const int o0 = og * NC;
+    const int m0 = mg * NB;
+
+    float acc[NB][NC];
+#ifdef NBLK1
+    float accx[NB];
+#endif
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+#ifdef NBLK1
+        accx[b] = 0.0f;
+#endif
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+            acc[b][c] = 0.0f;
+    }
+
+    if (valid) {
+        for (int k = lk; k < KCH; k += L) {
+            float4 xs[NB][NG];
+            float sxs[NB][NG / GPS];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const int m = m0 + b;
+#pragma unroll
+                for (int v = 0; v < NG; ++v)
+                    xs[b][v] = m < M ? load_row4(x, k * NG + v, m, M, HW, IC) : (float4)(0.0f);
+#if defined(ASYM) && !defined(LANE_SCALE)
+#pragma unroll
+                for (int g = 0; g < NG / GPS; ++g) {
+                    float s = 0.0f;
+#pragma unroll
+                    for (int v = g * GPS; v < (g + 1) * GPS; ++v)
+                        s += (xs[b][v].x + xs[b][v].y) + (xs[b][v].z + xs[b][v].w);
+                    sxs[b][g] = s;
+                }
+#ifdef NBLK1
+#pragma unroll
+                for (int g = 0; g < NG / GPS; ++g)
+                    accx[b] += sxs[b][g];
+#endif
+#endif
+            }
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const int o = o0 + c;
+                const uint4 wv = LOAD_W(k, o);
+#ifdef LANE_SCALE
+                /* blocks not aligned to 4 lanes: dequantise lane by lane */
+                const int nblk = IC / BLOCK_CH;
+#pragma unroll
+                for (int v = 0; v < NG; ++v) {
+                    const int ch = k * KC + 4 * v;
+                    const int4 blk = min((int4)(ch) + (int4)(0, 1, 2, 3), (int4)(IC - 1)) / (int4)(BLOCK_CH);
+                    const int4 idx = min(blk, (int4)(nblk - 1)) * OCP + (int4)(o);
+                    const float4 s = (float4)(LOAD_S1(ws, idx.x), LOAD_S1(ws, idx.y), LOAD_S1(ws, idx.z), LOAD_S1(ws, idx.w));
+                    float4 wf = qgroup(wv, v) * s;
+#ifdef ASYM
+                    wf += (float4)(LOAD_S1(wo, idx.x), LOAD_S1(wo, idx.y), LOAD_S1(wo, idx.z), LOAD_S1(wo, idx.w));
+#endif
+#pragma unroll
+                    for (int b = 0; b < NB; ++b)
+                        acc[b][c] += dot(wf, xs[b][v]);
+                }
+#else
+#pragma unroll
+                for (int g = 0; g < NG / GPS; ++g) {
+                    float4 qv[GPS];
+#pragma unroll
+                    for (int v = 0; v < GPS; ++v)
+                        qv[v] = qgroup(wv, g * GPS + v);
+#ifndef NBLK1
+                    const int blk = (k * KC + g * GPS * 4) / BLOCK_CH;
+                    const float s = LOAD_S1(ws, blk * OCP + o);
+#ifdef ASYM
+                    const float a = LOAD_S1(wo, blk * OCP + o);
+#endif
+#endif
+#pragma unroll
+                    for (int b = 0; b < NB; ++b) {
+                        float d = 0.0f;
+#pragma unroll
+                        for (int v = 0; v < GPS; ++v)
+                            d += dot(qv[v], xs[b][g * GPS + v]);
+#ifdef NBLK1
+                        acc[b][c] += d;
+#elif defined(ASYM)
+                        acc[b][c] += s * d + a * sxs[b][g];
+#else
+                        acc[b][c] += s * d;
+#endif
+                    }
+                }
+#endif
+            }
+        }
+#ifdef NBLK1
+        /* per-channel: acc = s * sum(q x) + a * sum(x) */
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const float s = LOAD_S1(ws, o0 + c);
+#ifdef ASYM
+            const float a = LOAD_S1(wo, o0 + c);
+#endif
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+#ifdef ASYM
+                acc[b][c] = s * acc[b][c] + a * accx[b];
+#else
+                acc[b][c] = s * acc[b][c];
+#endif
+            }
+        }
+#endif
+    }
+
+    /* split-K: lane 0 adds the partial sums of lanes 1 .. L-1, in order */
+#if SPLIT > 1
+    {
+        const int slot = (lk * l0 + lid0) * (NB * NC);
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+                red[slot + b * NC + c] = acc[b][c];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lk == 0) {
+            for (int j = 1; j < L; ++j) {
+                const int s2 = (j * l0 + lid0) * (NB * NC);
+#pragma unroll
+                for (int b = 0; b < NB; ++b)
+#pragma unroll
+                    for (int c = 0; c < NC; ++c)
+                        acc[b][c] += red[s2 + b * NC + c];
+            }
+        }
+    }
+#endif
+    if (lk != 0 || !valid)
+        return;
+
+    float bv[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+#ifdef HAS_BIAS
+        bv[c] = bias[o0 + c];
+#else
+        bv[c] = 0.0f;
+#endif
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+        const int m = m0 + b;
+        if (m >= M)
+            break;
+        float v[NC];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            v[c] = ACTIVATE(acc[b][c] + bv[c]);
+#ifdef OC_LANE_LEAVE
+            v[c] = o0 + c < OC ? v[c] : 0.0f;
+#endif
+        }
+#ifdef OUT_NCHW
+        const int n = m / HW;
+        const int p = m - n * HW;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+#ifdef OC_LANE_LEAVE
+            if (o0 + c < OC)
+#endif
+                y[(n * OC + o0 + c) * HW + p] = v[c];
+        }
+#else
+        __global float *dst = y + (((o0 >> 2) * M + m) << 2) + (o0 & 3);
+#if NC == 4
+        vstore4((float4)(v[0], v[1], v[2], v[3]), 0, dst);
+#elif NC == 2
+        vstore2((float2)(v[0], v[1]), 0, dst);
+#else
+        dst[0] = v[0];
+#endif
+#endif
+    }
+}

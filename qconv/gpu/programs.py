@@ -1,0 +1,75 @@
+"""Building the kernel programs of ``qconv/gpu/kernels/*.cl``, memoised per context.
+
+A program is ``common.cl`` + one kernel file, built with ``-D`` options that the layout specs of
+:mod:`qconv.layouts.opencl` and the engine generate (one source of truth). Programs and kernels are
+memoised per context the way pyopencl's own ``array.py``/``elementwise.py`` do
+(``pyopencl.tools.first_arg_dependent_memoize``); pyopencl's on-disk binary cache makes a second
+process skip the compiler. A failed build raises :class:`~qconv.gpu.errors.OpenCLBuildError` carrying
+the build log.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+from .context import import_pyopencl
+from .errors import OpenCLBuildError, wrap_cl_error
+
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+PROGRAMS = ("conv_general", "conv_1x1", "util")
+BASE_OPTIONS = ("-cl-std=CL1.2",)
+
+
+@functools.lru_cache(maxsize=None)
+def source(program: str) -> str:
+    """OpenCL C of ``program``: ``common.cl`` followed by ``<program>.cl``."""
+    if program not in PROGRAMS:
+        raise ValueError(f"unknown OpenCL program {program!r}; known: {PROGRAMS}")
+    parts = [(KERNEL_DIR / "common.cl").read_text(), (KERNEL_DIR / f"{program}.cl").read_text()]
+    return "\n".join(parts)
+
+
+def _memoize(func):
+    cl = import_pyopencl()  # noqa: F841 (only to fail early with a clear message)
+    from pyopencl.tools import first_arg_dependent_memoize
+    return first_arg_dependent_memoize(func)
+
+
+_built = None
+
+
+def _get_program_impl(ctx, program: str, options: tuple):
+    cl = import_pyopencl()
+    opts = list(BASE_OPTIONS) + list(options)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            return cl.Program(ctx, source(program)).build(options=opts)
+    except cl.RuntimeError as exc:
+        raise OpenCLBuildError(program, opts, str(exc)) from exc
+    except cl.Error as exc:
+        raise wrap_cl_error(exc, f"building OpenCL program {program!r}") from exc
+
+
+def get_program(ctx, program: str, options=()) -> "pyopencl.Program":  # noqa: F821
+    """The built ``program`` for ``ctx`` with ``options`` (a sequence of ``-D...`` strings), memoised."""
+    global _built
+    if _built is None:
+        _built = _memoize(_get_program_impl)
+    return _built(ctx, program, tuple(options))
+
+
+_kernels = None
+
+
+def _get_kernel_impl(ctx, program: str, options: tuple, name: str):
+    return getattr(get_program(ctx, program, options), name)
+
+
+def get_kernel(ctx, program: str, options, name: str) -> "pyopencl.Kernel":  # noqa: F821
+    """Kernel ``name`` of :func:`get_program` (the same object for the same arguments)."""
+    global _kernels
+    if _kernels is None:
+        _kernels = _memoize(_get_kernel_impl)
+    return _kernels(ctx, program, tuple(options), name)

@@ -1,0 +1,273 @@
+"""Auto-tuning: pick the fastest (kernel variant, local size) with profiling events, and remember it.
+
+For each candidate variant the tuner times a set of local sizes (median of a few profiled launches after
+a warm-up) and keeps the fastest; the variant with the fastest best time wins. Results are cached in
+memory and on disk, one JSON file per device, keyed by
+
+    device name, vendor, driver version (+ platform)      -> the file (``opencl-tune-<hash>.json``)
+    kernel program, variant, build options, global size,   -> the entry key
+    scalar kernel arguments
+
+and the entry holds ``{"lws": [...] or null, "ns": median ns, "level": "fast" | "full"}``. The decision for a
+problem (the list of candidate keys) is stored too (``{"variant": ..., "lws": ..., ...}``), so a later
+process, or a later layer of the same shape, reuses it without timing anything.
+
+* ``QCONV_TUNE=none|fast|full`` (default ``fast``): ``none`` times nothing and touches no cache (the
+  engine's heuristic choice); ``fast`` times a few variants x a few local sizes within ~2 s per problem;
+  ``full`` times every variant x every power-of-two local size within ~60 s. A ``full`` entry satisfies a
+  ``fast`` lookup, not the reverse.
+* Location: ``QCONV_CACHE_DIR``, else ``platformdirs.user_cache_dir("qconv")``.
+* A corrupt, unreadable or read-only cache gives a :class:`TuningCacheWarning` and tuning goes on in
+  memory. Writes are atomic (temporary file + ``os.replace``) and merge what other processes wrote.
+* Tuning only chooses among variants that compute the same outputs; it never changes results beyond
+  float rounding order (each variant is checked against the oracle by the tests).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .context import device_identity, import_pyopencl
+
+LEVELS = ("none", "fast", "full")
+_RANK = {"none": 0, "fast": 1, "full": 2}
+ENV_TUNE = "QCONV_TUNE"
+ENV_CACHE = "QCONV_CACHE_DIR"
+BUDGET_S = {"fast": 2.0, "full": 60.0}
+REPEATS = {"fast": 3, "full": 7}
+FORMAT = 1
+
+stats = {"measured": 0, "cache_hits": 0, "selections": 0}
+"""Counters of this process: local sizes timed, cache hits, tuned selections (for tests and benchmarks)."""
+
+
+class TuningCacheWarning(UserWarning):
+    """The on-disk tuning cache could not be read or written; tuning goes on in memory."""
+
+
+def tune_level(override: str | None = None) -> str:
+    """The tuning level: ``override`` if given, else ``$QCONV_TUNE``, else ``"fast"``."""
+    value = override if override is not None else os.environ.get(ENV_TUNE, "fast")
+    value = str(value).strip().lower() or "fast"
+    if value not in LEVELS:
+        raise ValueError(f"tuning level must be one of {LEVELS} (QCONV_TUNE or tune=), got {value!r}")
+    return value
+
+
+def cache_dir() -> Path:
+    """``$QCONV_CACHE_DIR``, else the platform's user cache directory for qconv."""
+    env = os.environ.get(ENV_CACHE)
+    if env:
+        return Path(env)
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("qconv"))
+
+
+# {{{ cache
+
+class TuningCache:
+    """Tuning results of one device: a dict in memory backed by one JSON file."""
+
+    def __init__(self, identity: dict, directory: Path):
+        self.identity = dict(identity)
+        digest = hashlib.sha1(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()[:16]
+        self.path = Path(directory) / f"opencl-tune-{digest}.json"
+        self._lock = threading.Lock()
+        self._entries: dict | None = None
+        self._warned_write = False
+
+    def _warn(self, msg: str):
+        warnings.warn(f"qconv tuning cache {self.path}: {msg}; tuning results stay in memory",
+                      TuningCacheWarning, stacklevel=4)
+
+    def _read_disk(self, warn: bool) -> dict:
+        try:
+            text = self.path.read_text()
+        except (FileNotFoundError, NotADirectoryError):  # nothing cached yet (or cannot be: warned at write)
+            return {}
+        except OSError as exc:
+            if warn:
+                self._warn(f"unreadable ({exc})")
+            return {}
+        try:
+            data = json.loads(text)
+            entries = data["entries"]
+            if data.get("format") != FORMAT or not isinstance(entries, dict):
+                raise ValueError("unknown format")
+            return {k: v for k, v in entries.items() if _valid_entry(v)}
+        except (ValueError, KeyError, TypeError) as exc:
+            if warn:
+                self._warn(f"corrupt ({type(exc).__name__}: {exc}); it will be rewritten")
+            return {}
+
+    def _ensure(self):
+        if self._entries is None:
+            self._entries = self._read_disk(warn=True)
+
+    def get(self, key: str):
+        with self._lock:
+            self._ensure()
+            return self._entries.get(key)
+
+    def put(self, key: str, entry: dict):
+        with self._lock:
+            self._ensure()
+            self._entries[key] = entry
+            self._write()
+
+    def _write(self):
+        merged = self._read_disk(warn=False)
+        merged.update(self._entries)
+        self._entries = merged
+        data = {"format": FORMAT, "device": self.identity, "entries": merged}
+        tmp = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh, indent=0, sort_keys=True)
+            os.replace(tmp, self.path)
+            tmp = None
+        except OSError as exc:
+            if not self._warned_write:
+                self._warned_write = True
+                self._warn(f"not writable ({exc})")
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+
+def _valid_entry(v) -> bool:
+    return (isinstance(v, dict) and v.get("level") in _RANK and isinstance(v.get("ns"), (int, float))
+            and (v.get("lws") is None or (isinstance(v["lws"], list) and all(isinstance(i, int) for i in v["lws"]))))
+
+
+_caches: dict = {}
+_caches_lock = threading.Lock()
+
+
+def cache_for(device) -> TuningCache:
+    """The (process-wide) :class:`TuningCache` of a ``pyopencl.Device`` in the current cache directory."""
+    ident = device_identity(device)
+    directory = cache_dir()
+    key = (json.dumps(ident, sort_keys=True), str(directory))
+    with _caches_lock:
+        c = _caches.get(key)
+        if c is None:
+            c = _caches[key] = TuningCache(ident, directory)
+        return c
+
+
+def clear_memory():
+    """Forget the in-memory caches (the files stay): the next lookup reads the disk again."""
+    with _caches_lock:
+        _caches.clear()
+
+# }}}
+
+
+# {{{ selection
+
+@dataclass
+class Candidate:
+    """One kernel variant to time.
+
+    ``launch(queue, lws)`` enqueues the kernel once with local size ``lws`` (a tuple, or None for the
+    driver's choice) and returns its event. ``signature``: the global size and scalar arguments, so that a
+    cache entry is only reused for the same problem. ``local_sizes``: the sizes to try, best guess first.
+    """
+
+    variant: str
+    program: str
+    options: tuple
+    signature: tuple
+    local_sizes: list
+    launch: Callable
+    info: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return json.dumps([self.program, self.variant, list(self.options), list(self.signature)])
+
+
+def _median_ns(queue, cand: Candidate, lws, repeats: int):
+    cl = import_pyopencl()
+    try:
+        cand.launch(queue, lws).wait()  # warm-up (and, on PoCL, the per-local-size compile)
+        events = [cand.launch(queue, lws) for _ in range(repeats)]
+        queue.finish()
+        times = [e.profile.end - e.profile.start for e in events]
+    except cl.Error:  # e.g. INVALID_WORK_GROUP_SIZE, OUT_OF_RESOURCES: not a candidate on this device
+        return None
+    stats["measured"] += 1
+    return float(statistics.median(times))
+
+
+def select(device, queue, candidates: list, level: str):
+    """Fastest ``(candidate, lws, ns)`` among ``candidates`` (``ns`` None when nothing was timed).
+
+    ``level == "none"`` returns the first candidate with its first local size, untimed. ``queue`` must have
+    profiling enabled.
+    """
+    if not candidates:
+        raise ValueError("no kernel candidates to select from")
+    if level == "none":
+        c = candidates[0]
+        return c, c.local_sizes[0], None
+    cache = cache_for(device)
+    skey = json.dumps(["select", [c.key for c in candidates]])
+    entry = cache.get(skey)
+    if entry is not None and _RANK[entry["level"]] >= _RANK[level]:
+        for cand in candidates:
+            if cand.variant == entry.get("variant"):
+                stats["cache_hits"] += 1
+                return cand, (None if entry["lws"] is None else tuple(entry["lws"])), entry["ns"]
+    stats["selections"] += 1
+    budget, repeats = BUDGET_S[level], REPEATS[level]
+    start = time.perf_counter()
+    results = []
+    for idx, cand in enumerate(candidates):
+        entry = cache.get(cand.key)
+        if entry is not None and _RANK[entry["level"]] >= _RANK[level]:
+            stats["cache_hits"] += 1
+            lws = None if entry["lws"] is None else tuple(entry["lws"])
+            results.append((entry["ns"], idx, cand, lws))
+            continue
+        if results and time.perf_counter() - start > budget:
+            continue
+        best = None
+        complete = True
+        for lws in cand.local_sizes:
+            if best is not None and time.perf_counter() - start > budget:
+                complete = False
+                break
+            ns = _median_ns(queue, cand, lws, repeats)
+            if ns is not None and (best is None or ns < best[0]):
+                best = (ns, lws)
+        if best is None:
+            continue
+        if complete:
+            cache.put(cand.key, {"lws": None if best[1] is None else list(best[1]), "ns": best[0], "level": level})
+        results.append((best[0], idx, cand, best[1]))
+    if not results:
+        c = candidates[0]
+        return c, c.local_sizes[0], None
+    ns, _, cand, lws = min(results, key=lambda r: (r[0], r[1]))
+    cache.put(skey, {"variant": cand.variant, "lws": None if lws is None else list(lws), "ns": ns, "level": level})
+    return cand, lws, ns
+
+# }}}
+
+# vim: foldmethod=marker

@@ -1,0 +1,416 @@
+"""OpenCL weight layouts: the byte streams the kernels of :mod:`qconv.gpu` read, as data.
+
+Each spec is a frozen dataclass with exact inverses ``pack_array`` / ``unpack_array`` (vectorised numpy)
+and a ``build_options`` property: the ``-D`` options that tell a kernel how to decode the stream. The
+kernels never hard-code a constant these specs own.
+
+=========================  ===================================================  =========================
+spec                       layout (logical q is int8 ``(O, I, kh, kw)``)          read by
+=========================  ===================================================  =========================
+``OpenCLConvWeightLayout``  ``[ceil(I/4)*4/p][ceil(O/4)][kh*kw][p][4]``           ``conv_general.cl``
+                            ``p = ic_pack``: 1 is MNN's ``[ICp][O/4][K][4]``;
+                            4 (default) puts a 4x4 (in x out) tile in one load
+``OpenCL1x1BufferLayout``   ``[ceil(I/KC)][ceil(O/4)*4][KC]``, ``KC = ic_pack``    ``conv_1x1.cl`` (buffer)
+``OpenCL1x1ImageLayout``    Image2D ``CL_RGBA/CL_SIGNED_INT32``, width            ``conv_1x1.cl`` (image)
+                            ``ceil(O/4)*4``, height ``ceil(I/KC)``; texel
+                            ``(o, k)`` = the 16 bytes of buffer chunk ``[k][o]``
+``OpenCLScaleLayout``       scales/offsets ``(O, n_blocks)`` -> ``[n_blocks][ceil(O/4)*4]``  every kernel
+                            float32 or float16 (``vload_half``)
+=========================  ===================================================  =========================
+
+Values: int8 is stored as two's-complement bytes. int4 is stored with :data:`OPENCL_INT4` (low nibble
+first, code ``q + 8``; a kernel decodes ``(word >> 4*e) & 15) - 8`` for element ``e`` of a little-endian
+32-bit word). Padding (output channels ``>= O``, input channels ``>= I``) always holds ``q = 0``
+(nibble 8) and scale/offset ``0``: never NaN, never uninitialised (mnn-semantics s.6 items 1-3, 9, 10).
+Kernels also mask padded input lanes, so asymmetric offsets never leak into padding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .int4 import Int4Packing
+
+OPENCL_INT4 = Int4Packing("low_first", "offset8")
+"""Nibble order of every OpenCL int4 stream: element ``2b`` in bits 0-3 of byte ``b``, code ``q + 8``."""
+
+_QRANGE = {8: (-128, 127), 4: (-8, 7)}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def _check_bits(bits) -> int:
+    if isinstance(bits, bool) or int(bits) not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits!r}")
+    return int(bits)
+
+
+def _check_q(q, bits: int, ndim=(4,)) -> np.ndarray:
+    q = np.asarray(q)
+    if q.dtype != np.int8:
+        raise TypeError(f"quantized weights must be int8, got dtype {q.dtype}")
+    if q.ndim not in ndim:
+        raise ValueError(f"quantized weights must have {' or '.join(map(str, ndim))} dimensions, got shape {q.shape}")
+    if q.size == 0:
+        raise ValueError(f"quantized weights must not be empty, got shape {q.shape}")
+    lo, hi = _QRANGE[bits]
+    if bits == 4 and (int(q.min()) < lo or int(q.max()) > hi):
+        raise ValueError(f"int4 values must lie in the range [{lo}, {hi}], got [{int(q.min())}, {int(q.max())}]")
+    return q
+
+
+def _encode(values: np.ndarray, bits: int) -> np.ndarray:
+    """int8 values ``(..., n)`` (n even) -> the stored bytes ``(..., n*bits/8)`` as uint8."""
+    if bits == 8:
+        return np.ascontiguousarray(values.astype(np.int8)).view(np.uint8)
+    return OPENCL_INT4.pack_array(values)
+
+
+def _decode(data: np.ndarray, bits: int, n: int) -> np.ndarray:
+    if bits == 8:
+        return np.ascontiguousarray(np.asarray(data).view(np.int8))
+    return OPENCL_INT4.unpack_array(np.asarray(data, np.uint8), n)
+
+
+def _random_q(rng, bits, shape) -> np.ndarray:
+    lo, hi = _QRANGE[bits]
+    return rng.integers(lo, hi + 1, size=shape).astype(np.int8)
+
+
+# {{{ general conv weights
+
+@dataclass(frozen=True)
+class OpenCLConvWeightLayout:
+    """Weights of the general (any kernel size) conv kernels.
+
+    Logical ``q``: int8 ``(O, I, kh, kw)`` with ``I`` the input channels of one group. Stored as
+    ``(ceil(I/4)*4/p, ceil(O/4), kh*kw, unit)`` with ``p = ic_pack``. One unit holds the values
+    ``v[t][j] = q[4*oc4 + j, p*ib + t, ky*kw + kx]`` for ``t < p`` (input lane) and ``j < 4`` (output lane),
+    flattened ``e = 4*t + j``: ``4p`` int8 bytes, or ``2p`` bytes of :data:`OPENCL_INT4` nibbles.
+
+    ``ic_pack = 1`` is MNN's general layout ``[ICp][ceil(O/4)][K][4]`` (with our nibble order);
+    ``ic_pack = 4`` (the default) stores a whole 4x4 (input x output) tile in one 16-byte (int8) or 8-byte
+    (int4) load.
+    """
+
+    bits: int = 8
+    ic_pack: int = 4
+
+    def __post_init__(self):
+        object.__setattr__(self, "bits", _check_bits(self.bits))
+        if self.ic_pack not in (1, 4):
+            raise ValueError(f"ic_pack must be 1 or 4, got {self.ic_pack!r}")
+
+    @property
+    def unit_values(self) -> int:
+        return 4 * self.ic_pack
+
+    @property
+    def unit_bytes(self) -> int:
+        return self.unit_values * self.bits // 8
+
+    @property
+    def build_options(self) -> tuple[str, ...]:
+        return (f"-DQBITS={self.bits}", f"-DWPACK={self.ic_pack}")
+
+    def packed_shape(self, shape) -> tuple[int, int, int, int]:
+        o, i, kh, kw = (int(s) for s in shape)
+        return (_cdiv(i, 4) * 4 // self.ic_pack, _cdiv(o, 4), kh * kw, self.unit_bytes)
+
+    def nbytes(self, shape) -> int:
+        return int(np.prod(self.packed_shape(shape)))
+
+    def pack_array(self, q) -> np.ndarray:
+        """int8 ``(O, I, kh, kw)`` -> uint8 :meth:`packed_shape`."""
+        q = _check_q(q, self.bits)
+        o, i, kh, kw = q.shape
+        o4, ip, p = _cdiv(o, 4), _cdiv(i, 4) * 4, self.ic_pack
+        full = np.zeros((o4 * 4, ip, kh * kw), np.int8)
+        full[:o, :i] = q.reshape(o, i, kh * kw)
+        v = full.reshape(o4, 4, ip // p, p, kh * kw).transpose(2, 0, 4, 3, 1)  # (ib, oc4, k, t, j)
+        return np.ascontiguousarray(_encode(v.reshape(ip // p, o4, kh * kw, 4 * p), self.bits))
+
+    def unpack_array(self, packed, shape) -> np.ndarray:
+        """Inverse of :meth:`pack_array`; ``shape`` is the logical ``(O, I, kh, kw)``."""
+        o, i, kh, kw = (int(s) for s in shape)
+        want = self.packed_shape(shape)
+        packed = np.asarray(packed)
+        if packed.shape != want:
+            raise ValueError(f"packed conv weights must have shape {want} for {tuple(shape)}, got {packed.shape}")
+        p = self.ic_pack
+        v = _decode(packed, self.bits, 4 * p).reshape(want[0], want[1], kh * kw, p, 4)
+        full = v.transpose(1, 4, 0, 3, 2).reshape(want[1] * 4, want[0] * p, kh * kw)
+        return np.ascontiguousarray(full[:o, :i].reshape(o, i, kh, kw))
+
+    @classmethod
+    def hypothesis_case(cls):
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            spec = cls(draw(st.sampled_from([8, 4])), draw(st.sampled_from([4, 1])))
+            shape = (draw(st.integers(1, 11)), draw(st.integers(1, 11)), draw(st.integers(1, 3)),
+                     draw(st.integers(1, 3)))
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+            return spec, _random_q(rng, spec.bits, shape)
+
+        return case()
+
+# }}}
+
+
+# {{{ 1x1 weights: buffer and Image2D
+
+@dataclass(frozen=True)
+class OpenCL1x1BufferLayout:
+    """Weights of the 1x1 (GEMV/GEMM) kernels in a buffer.
+
+    Logical ``q``: int8 ``(O, I)`` or ``(O, I, 1, 1)``. Stored as ``(ceil(I/KC), OCp, chunk_bytes)`` with
+    ``KC = ic_pack`` input channels per chunk and ``OCp = ceil(O/oc_pack)*oc_pack``: element
+    ``[k][o][l] = q[o, k*KC + l]``. ``ic_pack = 0`` picks 16 (int8) or 32 (int4): one 16-byte load per
+    (chunk, output channel), which is what the kernels read (``chunk_bytes == 16``). Adjacent output
+    channels are adjacent 16-byte chunks, so work-items of adjacent channels load contiguously.
+    """
+
+    bits: int = 8
+    ic_pack: int = 0
+    oc_pack: int = 4
+
+    def __post_init__(self):
+        object.__setattr__(self, "bits", _check_bits(self.bits))
+        if self.ic_pack == 0:
+            object.__setattr__(self, "ic_pack", 16 if self.bits == 8 else 32)
+        if self.ic_pack < 2 or self.ic_pack % 2:
+            raise ValueError(f"ic_pack must be an even number >= 2, got {self.ic_pack!r}")
+        if self.oc_pack < 1:
+            raise ValueError(f"oc_pack must be >= 1, got {self.oc_pack!r}")
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.ic_pack * self.bits // 8
+
+    @property
+    def build_options(self) -> tuple[str, ...]:
+        return (f"-DQBITS={self.bits}", f"-DKC={self.ic_pack}")
+
+    @staticmethod
+    def _oi(shape) -> tuple[int, int]:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) == 4 and shape[2:] != (1, 1):
+            raise ValueError(f"1x1 layouts need a (O, I, 1, 1) weight, got shape {shape}")
+        if len(shape) not in (2, 4):
+            raise ValueError(f"1x1 layouts need a (O, I) or (O, I, 1, 1) weight, got shape {shape}")
+        return shape[0], shape[1]
+
+    def packed_shape(self, shape) -> tuple[int, int, int]:
+        o, i = self._oi(shape)
+        return (_cdiv(i, self.ic_pack), _cdiv(o, self.oc_pack) * self.oc_pack, self.chunk_bytes)
+
+    def nbytes(self, shape) -> int:
+        return int(np.prod(self.packed_shape(shape)))
+
+    def pack_array(self, q) -> np.ndarray:
+        """int8 ``(O, I)`` / ``(O, I, 1, 1)`` -> uint8 :meth:`packed_shape`."""
+        q = _check_q(q, self.bits, ndim=(2, 4))
+        o, i = self._oi(q.shape)
+        nk, ocp, _ = self.packed_shape(q.shape)
+        full = np.zeros((ocp, nk * self.ic_pack), np.int8)
+        full[:o, :i] = q.reshape(o, i)
+        v = full.reshape(ocp, nk, self.ic_pack).transpose(1, 0, 2)
+        return np.ascontiguousarray(_encode(v, self.bits))
+
+    def unpack_array(self, packed, shape) -> np.ndarray:
+        o, i = self._oi(shape)
+        want = self.packed_shape(shape)
+        packed = np.asarray(packed)
+        if packed.shape != want:
+            raise ValueError(f"packed 1x1 weights must have shape {want} for {tuple(shape)}, got {packed.shape}")
+        v = _decode(packed, self.bits, self.ic_pack)  # (nk, ocp, KC)
+        full = v.transpose(1, 0, 2).reshape(want[1], want[0] * self.ic_pack)
+        return np.ascontiguousarray(full[:o, :i].reshape(tuple(int(s) for s in shape)))
+
+    @classmethod
+    def hypothesis_case(cls):
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            bits = draw(st.sampled_from([8, 4]))
+            spec = cls(bits, draw(st.sampled_from([0, 16, 8, 32])), draw(st.sampled_from([4, 1, 8])))
+            o, i = draw(st.integers(1, 13)), draw(st.integers(1, 70))
+            shape = (o, i) if draw(st.booleans()) else (o, i, 1, 1)
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+            return spec, _random_q(rng, bits, shape)
+
+        return case()
+
+
+@dataclass(frozen=True)
+class OpenCL1x1ImageLayout:
+    """Weights of the 1x1 kernels in an Image2D of ``CL_RGBA / CL_SIGNED_INT32`` texels (read_imagei).
+
+    A texel is 16 bytes = 16 int8 or 32 int4 values, so the image holds exactly the bytes of
+    :class:`OpenCL1x1BufferLayout` with ``ic_pack = 16 / 32`` and ``oc_pack = 4``: texel ``(x=o, y=k)`` =
+    chunk ``[k][o]``, its bytes little-endian in the RGBA int32 channels. Integer texels, not float bit
+    patterns (mnn-semantics s.6 item 9). ``max_width`` / ``max_height`` are the device's image limits
+    (``CL_DEVICE_IMAGE2D_MAX_WIDTH/HEIGHT``): callers check :meth:`fits` and fall back to the buffer.
+
+    ``pack_array`` returns int32 ``(height, width, 4)``, the host array of ``pyopencl.Image``.
+    """
+
+    bits: int = 8
+    max_width: int = 16384
+    max_height: int = 16384
+
+    def __post_init__(self):
+        object.__setattr__(self, "bits", _check_bits(self.bits))
+        if self.max_width < 1 or self.max_height < 1:
+            raise ValueError(f"image limits must be >= 1, got {self.max_width}x{self.max_height}")
+
+    @property
+    def buffer_layout(self) -> OpenCL1x1BufferLayout:
+        return OpenCL1x1BufferLayout(self.bits, 0, 4)
+
+    @property
+    def ic_pack(self) -> int:
+        return self.buffer_layout.ic_pack
+
+    @property
+    def build_options(self) -> tuple[str, ...]:
+        return self.buffer_layout.build_options + ("-DUSE_IMAGE",)
+
+    def image_shape(self, shape) -> tuple[int, int]:
+        """``(width, height)`` in texels for a logical weight ``shape``."""
+        nk, ocp, _ = self.buffer_layout.packed_shape(shape)
+        return ocp, nk
+
+    def fits(self, shape) -> bool:
+        w, h = self.image_shape(shape)
+        return w <= self.max_width and h <= self.max_height
+
+    def packed_shape(self, shape) -> tuple[int, int, int]:
+        w, h = self.image_shape(shape)
+        return (h, w, 4)
+
+    def pack_array(self, q) -> np.ndarray:
+        b = self.buffer_layout.pack_array(q)
+        return np.ascontiguousarray(b.view("<i4").reshape(b.shape[0], b.shape[1], 4))
+
+    def unpack_array(self, packed, shape) -> np.ndarray:
+        packed = np.asarray(packed)
+        want = self.packed_shape(shape)
+        if packed.shape != want or packed.dtype.kind != "i" or packed.dtype.itemsize != 4:
+            raise ValueError(f"packed 1x1 image must be int32 {want} for {tuple(shape)}, got "
+                             f"{packed.dtype} {packed.shape}")
+        b = np.ascontiguousarray(packed.astype("<i4", copy=False)).view(np.uint8).reshape(want[0], want[1], 16)
+        return self.buffer_layout.unpack_array(b, shape)
+
+    @classmethod
+    def for_device(cls, bits: int, device) -> "OpenCL1x1ImageLayout":
+        """Spec with ``device``'s Image2D limits (a ``pyopencl.Device``)."""
+        return cls(bits, int(device.image2d_max_width), int(device.image2d_max_height))
+
+    @classmethod
+    def hypothesis_case(cls):
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            bits = draw(st.sampled_from([8, 4]))
+            spec = cls(bits, draw(st.integers(1, 64)), draw(st.integers(1, 64)))
+            shape = (draw(st.integers(1, 13)), draw(st.integers(1, 70)))
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+            return spec, _random_q(rng, bits, shape)
+
+        return case()
+
+# }}}
+
+
+# {{{ scales, offsets
+
+@dataclass(frozen=True)
+class OpenCLScaleLayout:
+    """Per (output channel, block) scales or offsets: float32 ``(O, n_blocks)`` -> ``[n_blocks][OCp]``.
+
+    ``dtype``: ``"float32"`` or ``"float16"`` (read with ``vload_half``, core OpenCL, no ``cl_khr_fp16``
+    needed). Padding channels ``[O, OCp)`` hold 0. Adjacent output channels are adjacent, so a work-item
+    of 4 channels reads one ``vload4`` / ``vload_half4``. The float16 form is exact only for values that
+    :meth:`lossless` accepts; the engine uses it when they all are (``scale_dtype="auto"``).
+    """
+
+    dtype: str = "float32"
+    oc_pack: int = 4
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype must be 'float32' or 'float16', got {self.dtype!r}")
+        if self.oc_pack < 1:
+            raise ValueError(f"oc_pack must be >= 1, got {self.oc_pack!r}")
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self.dtype == "float16" else 4
+
+    @property
+    def build_options(self) -> tuple[str, ...]:
+        return ("-DSCALE_HALF",) if self.dtype == "float16" else ()
+
+    @staticmethod
+    def lossless(values) -> bool:
+        """True when every value survives float32 -> float16 -> float32 exactly."""
+        v = np.asarray(values, np.float32)
+        with np.errstate(over="ignore"):
+            back = v.astype(np.float16).astype(np.float32)
+        return bool(np.array_equal(back.view(np.uint32), v.view(np.uint32)))
+
+    def packed_shape(self, shape) -> tuple[int, int]:
+        o, nb = (int(s) for s in shape)
+        return (nb, _cdiv(o, self.oc_pack) * self.oc_pack)
+
+    def pack_array(self, values) -> np.ndarray:
+        v = np.asarray(values)
+        if v.ndim != 2 or v.dtype != np.float32:
+            raise ValueError(f"scales must be float32 (O, n_blocks), got {v.dtype} {v.shape}")
+        nb, ocp = self.packed_shape(v.shape)
+        out = np.zeros((nb, ocp), np.dtype(self.dtype))
+        with np.errstate(over="ignore"):
+            out[:, :v.shape[0]] = v.T.astype(self.dtype)
+        return out
+
+    def unpack_array(self, packed, shape) -> np.ndarray:
+        o, nb = (int(s) for s in shape)
+        packed = np.asarray(packed)
+        if packed.shape != self.packed_shape(shape) or packed.dtype != np.dtype(self.dtype):
+            raise ValueError(f"packed scales must be {self.dtype} {self.packed_shape(shape)}, got "
+                             f"{packed.dtype} {packed.shape}")
+        return np.ascontiguousarray(packed[:, :o].T.astype(np.float32))
+
+    @classmethod
+    def hypothesis_case(cls):
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            spec = cls(draw(st.sampled_from(["float32", "float16"])), draw(st.sampled_from([4, 1, 16])))
+            shape = (draw(st.integers(1, 13)), draw(st.integers(1, 5)))
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+            v = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 1, shape)).astype(np.float32)
+            if spec.dtype == "float16":
+                v = v.astype(np.float16).astype(np.float32)
+            return spec, v
+
+        return case()
+
+# }}}
+
+
+SPECS = (OpenCLConvWeightLayout, OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLScaleLayout)
+
+__all__ = ["OPENCL_INT4", "OpenCLConvWeightLayout", "OpenCL1x1BufferLayout", "OpenCL1x1ImageLayout",
+           "OpenCLScaleLayout", "SPECS"]
+
+# vim: foldmethod=marker

@@ -1,0 +1,269 @@
+"""CpuEngine against the oracle over the property space, determinism, layouts, the static int8 path and
+validation. Every micro-kernel this CPU runs is exercised (forced through the ``kernel`` option and
+``$QCONV_CPU_KERNEL``)."""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+pytest.importorskip("qconv._ext._cpu")
+
+import qconv  # noqa: E402
+from qconv import reference  # noqa: E402
+from qconv._ext import _cpu  # noqa: E402
+from qconv.cpu import KERNEL_NAMES, CpuEngine  # noqa: E402
+from qconv.geometry import ConvSpec  # noqa: E402
+from qconv.layouts.nc4hw4 import NC4HW4  # noqa: E402
+from qconv.testing import assert_matches_reference, strategies as qst  # noqa: E402
+from qconv.weights import round_half_away  # noqa: E402
+
+KERNELS = [k for k in KERNEL_NAMES if _cpu.kernel_supported(k)]
+P4 = NC4HW4(4)
+
+
+@st.composite
+def conv_cases(draw, **geo_kwargs):
+    geo = draw(qst.conv_geometries(groups=True, max_spatial=10, max_channels=20, max_out_channels=40, **geo_kwargs))
+    weight = draw(qst.quantized_weights(geo))
+    x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    bias = rng.standard_normal(geo.o).astype(np.float32) if draw(st.booleans()) else None
+    act = draw(st.sampled_from([None, "relu", "relu6"]))
+    return geo, weight, x, bias, act
+
+
+def _engine(weight, bias, geo, act, aq, **kw):
+    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, aq)
+    return CpuEngine(spec, **kw)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(case=conv_cases(), aq=st.sampled_from(["tensor", "row"]), tile_cols=st.sampled_from([16, 16, 5, 1]))
+def test_matches_reference(kernel, case, aq, tile_cols):
+    geo, weight, x, bias, act = case
+    eng = _engine(weight, bias, geo, act, aq, kernel=kernel, threads=2, tile_cols=tile_cols)
+    y = eng.forward(x)
+    assert_matches_reference(y, x, weight, bias, **geo.conv_kwargs(), activation=act, act_quant=aq)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(case=conv_cases(pointwise=True), aq=st.sampled_from(["tensor", "row"]))
+def test_pointwise_matches_reference(kernel, case, aq):
+    geo, weight, x, bias, act = case
+    eng = _engine(weight, bias, geo, act, aq, kernel=kernel, threads=2)
+    assert "pointwise" in eng.describe()
+    assert_matches_reference(eng.forward(x), x, weight, bias, **geo.conv_kwargs(), activation=act, act_quant=aq)
+
+
+@given(case=conv_cases())
+def test_nc4hw4_layout(case):
+    geo, weight, x, bias, act = case
+    eng = _engine(weight, bias, geo, act, "tensor", threads=2)
+    y4 = eng.forward(P4.pack_array(x), "nc4hw4")
+    o = weight.out_channels
+    assert y4.shape == P4.packed_shape((geo.n, o) + geo.out_hw)
+    flat = y4.transpose(0, 4, 1, 2, 3).reshape(-1, *y4.shape[1:4])
+    assert (flat[o:] == 0).all(), "padding lanes must be zero"
+    np.testing.assert_array_equal(P4.unpack_array(y4, o), eng.forward(x))
+
+
+@given(case=conv_cases(), aq=st.sampled_from(["tensor", "row"]))
+def test_deterministic_across_threads_and_calls(case, aq):
+    geo, weight, x, bias, act = case
+    e1 = _engine(weight, bias, geo, act, aq, threads=1)
+    e2 = _engine(weight, bias, geo, act, aq, threads=2)
+    e3 = _engine(weight, bias, geo, act, aq, threads=3)
+    y = e1.forward(x)
+    for eng in (e1, e2, e3, e2):
+        assert np.array_equal(eng.forward(x).view(np.uint32), y.view(np.uint32))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(case=conv_cases())
+def test_row_mode_batch_equals_rows(kernel, case):
+    geo, weight, x, bias, act = case
+    eng = _engine(weight, bias, geo, act, "row", threads=2, kernel=kernel)
+    y = eng.forward(x)
+    for i in range(geo.n):
+        assert np.array_equal(eng.forward(np.ascontiguousarray(x[i:i + 1])).view(np.uint32), y[i:i + 1].view(np.uint32))
+
+
+def test_linear_gemv_shapes():
+    """The 1x1-on-1x1 GEMV/LLM case through qconv.Linear, several batches, blockwise int4 and int8."""
+    rng = np.random.default_rng(3)
+    for bits, bs, sym in [(8, 0, True), (4, 32, False), (4, 0, True), (8, 64, False)]:
+        w = qconv.quantize_weight(rng.standard_normal((97, 192)).astype(np.float32), bits=bits, block_size=bs,
+                                  symmetric=sym)
+        b = rng.standard_normal(97).astype(np.float32)
+        lin = qconv.Linear(w, b, device="cpu", threads=2)
+        for n in (1, 3, 8, 17, 40):
+            x = rng.standard_normal((n, 192)).astype(np.float32)
+            y = lin(x)
+            assert y.shape == (n, 97)
+            assert_matches_reference(y.reshape(n, 97, 1, 1), x.reshape(n, 192, 1, 1), w, b, act_quant="row")
+
+
+def test_conv2d_layer_dispatch_and_repr():
+    rng = np.random.default_rng(0)
+    w = qconv.quantize_weight(rng.standard_normal((8, 5, 3, 3)).astype(np.float32), bits=4, block_size=0)
+    layer = qconv.Conv2d(w, padding=1, device="cpu", threads=2)
+    assert "cpu (" in repr(layer) and "UNIT=32" in repr(layer)
+    x = rng.standard_normal((2, 5, 7, 6)).astype(np.float32)
+    assert_matches_reference(layer(x), x, w, padding=1)
+    y4 = layer(P4.pack_array(x), layout="nc4hw4")
+    np.testing.assert_array_equal(P4.unpack_array(y4, 8), layer(x))
+
+
+def test_env_var_forces_kernel(monkeypatch):
+    w = qconv.quantize_weight(np.ones((4, 4, 1, 1), np.float32))
+    for k in KERNELS:
+        monkeypatch.setenv("QCONV_CPU_KERNEL", k)
+        eng = CpuEngine(ConvSpec(w))
+        assert eng.kernel == k and k in eng.describe()
+    monkeypatch.setenv("QCONV_CPU_KERNEL", "nope")
+    with pytest.raises(ValueError, match="QCONV_CPU_KERNEL"):
+        CpuEngine(ConvSpec(w))
+    for k in KERNEL_NAMES:
+        if k not in KERNELS:
+            with pytest.raises(ValueError, match="does not support"):
+                CpuEngine(ConvSpec(w), kernel=k)
+
+
+def test_threads_setting():
+    w = qconv.quantize_weight(np.ones((4, 4, 1, 1), np.float32))
+    eng = CpuEngine(ConvSpec(w), threads=None)
+    assert eng.threads >= 1
+    eng.threads = 3
+    assert eng.threads == 3
+    with pytest.raises(ValueError):
+        eng.threads = 0
+
+
+@pytest.mark.parametrize("aq", ["tensor", "row"])
+def test_special_inputs(aq):
+    """Constant, all-negative with padding (zero must stay exact), zeros, outliers."""
+    rng = np.random.default_rng(5)
+    w = qconv.quantize_weight(rng.standard_normal((7, 6, 3, 3)).astype(np.float32), bits=4, block_size=3,
+                              symmetric=False)
+    eng = CpuEngine(ConvSpec(w, None, 1, 2, 1, None, aq), threads=2)
+    cases = [np.full((2, 6, 5, 5), 3.7, np.float32), -np.abs(rng.standard_normal((2, 6, 5, 5))).astype(np.float32) - 1,
+             np.zeros((1, 6, 4, 4), np.float32), np.abs(rng.standard_normal((1, 6, 5, 5))).astype(np.float32) + 2]
+    x = rng.standard_normal((1, 6, 5, 5)).astype(np.float32)
+    x[0, 2] *= 1000
+    cases.append(x)
+    for x in cases:
+        assert_matches_reference(eng.forward(x), x, w, padding=2, act_quant=aq)
+
+
+def test_tiny_inputs_do_not_crash():
+    w = qconv.quantize_weight(np.ones((3, 2, 1, 1), np.float32))
+    for aq in ("tensor", "row"):
+        y = CpuEngine(ConvSpec(w, act_quant=aq), threads=2).forward(np.full((2, 2, 3, 3), 1e-39, np.float32))
+        assert np.isfinite(y).all() and (y == 0).all()
+
+
+def test_depthwise_many_groups():
+    rng = np.random.default_rng(2)
+    w = qconv.quantize_weight(rng.standard_normal((48, 1, 3, 3)).astype(np.float32), groups=48)
+    x = rng.standard_normal((2, 48, 9, 9)).astype(np.float32)
+    eng = CpuEngine(ConvSpec(w, None, 2, 1, 1, "relu", "tensor"), threads=2)
+    assert_matches_reference(eng.forward(x), x, w, None, 2, 1, 1, "relu")
+
+
+def test_scratch_is_reused_per_shape():
+    rng = np.random.default_rng(0)
+    w = qconv.quantize_weight(rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
+    eng = CpuEngine(ConvSpec(w, None, 1, 1), threads=2)
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    eng.forward(x)
+    q = eng._scratch[(1, 6, 6, 2)]["Q"]
+    eng.forward(x)
+    assert eng._scratch[(1, 6, 6, 2)]["Q"] is q
+    for s in range(5, 11):
+        eng.forward(rng.standard_normal((1, 4, s, s)).astype(np.float32))
+    assert len(eng._scratch) <= 4
+
+
+# --- static int8 path -------------------------------------------------------------------------------------------
+def _static_ref(xi, in_scale, in_zp, w, bias, geo_kw, act):
+    xd = ((xi.astype(np.float64) - in_zp) * np.float64(in_scale)).astype(np.float32)
+    y = reference.float_conv2d(xd, w.dequantize(), bias, groups=w.groups, **geo_kw)
+    return reference.apply_activation(y, act)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(case=conv_cases(), zp=st.integers(-128, 127), out_int8=st.booleans(), nc4hw4=st.booleans())
+def test_static_int8(kernel, case, zp, out_int8, nc4hw4):
+    geo, weight, x, bias, act = case
+    rng = np.random.default_rng(abs(hash(zp)) % 2**31)
+    xi = rng.integers(-128, 128, (geo.n, geo.c, geo.h, geo.w)).astype(np.int8)
+    in_scale = np.float32(0.05)
+    out = (0.1, -7) if out_int8 else None
+    eng = _engine(weight, bias, geo, act, "tensor", kernel=kernel, threads=2, input_qparams=(in_scale, zp),
+                  output_qparams=out)
+    assert eng.int8_input
+    y = eng.forward(P4.pack_array(xi), "nc4hw4") if nc4hw4 else eng.forward(xi)
+    if nc4hw4:
+        y = P4.unpack_array(y, weight.out_channels)
+    ref = _static_ref(xi, in_scale, zp, weight, bias, geo.conv_kwargs(), act)
+    mag = reference.float_conv2d(np.abs(((xi.astype(np.float64) - zp) * in_scale)).astype(np.float32),
+                                 np.abs(weight.dequantize()), None if bias is None else np.abs(bias),
+                                 groups=weight.groups, **geo.conv_kwargs()).max()
+    if out is None:
+        assert y.dtype == np.float32
+        assert np.abs(y - ref).max() <= 1e-5 * max(mag, 1e-30)
+    else:
+        assert y.dtype == np.int8
+        want = np.clip(round_half_away((ref / np.float32(0.1)).astype(np.float32)) + out[1], -128, 127)
+        diff = np.abs(y.astype(np.int64) - want)
+        assert diff.max() <= 1   # float rounding order may move a value across a .5 boundary
+        if act is not None:
+            assert y.min() >= out[1]
+
+
+def test_static_int8_through_layer():
+    rng = np.random.default_rng(4)
+    w = qconv.quantize_weight(rng.standard_normal((5, 3, 3, 3)).astype(np.float32))
+    layer = qconv.Conv2d(w, padding=1, activation="relu", device="cpu", input_qparams=(0.02, 5),
+                         output_qparams=(0.05, -128))
+    xi = rng.integers(-128, 128, (1, 3, 6, 6)).astype(np.int8)
+    y = layer(xi)
+    assert y.dtype == np.int8 and y.min() >= -128
+    with pytest.raises(TypeError):
+        layer(xi.astype(np.float32))
+
+
+@pytest.mark.parametrize("bad, err", [
+    (dict(input_qparams=(0.0, 0)), ValueError),
+    (dict(input_qparams=(1.0, 200)), ValueError),
+    (dict(input_qparams=(float("nan"), 0)), ValueError),
+    (dict(input_qparams=5), TypeError),
+    (dict(output_qparams=("a", 0)), TypeError),
+    (dict(output_qparams=(1.0, 1.5)), ValueError),
+    (dict(tile_cols=0), ValueError),
+    (dict(kernel="sse"), ValueError),
+])
+def test_bad_options(bad, err):
+    w = qconv.quantize_weight(np.ones((4, 4, 1, 1), np.float32))
+    with pytest.raises(err):
+        CpuEngine(ConvSpec(w), **bad)
+
+
+def test_bad_inputs_never_crash():
+    w = qconv.quantize_weight(np.ones((4, 6, 3, 3), np.float32))
+    eng = CpuEngine(ConvSpec(w, padding=1), threads=2)
+    for x, layout in [(np.zeros((1, 5, 4, 4), np.float32), "nchw"), (np.zeros((1, 6, 4), np.float32), "nchw"),
+                      (np.zeros((1, 6, 4, 4), np.float64), "nchw"), (np.zeros((3, 1, 4, 4, 4), np.float32), "nc4hw4"),
+                      (np.zeros((1, 6, 0, 4), np.float32), "nchw"), (np.zeros((1, 6, 4, 4), np.float32), "nhwc")]:
+        with pytest.raises((ValueError, TypeError)):
+            eng.forward(x, layout)
+    with pytest.raises(ValueError, match="output height"):
+        CpuEngine(ConvSpec(w), threads=2).forward(np.zeros((1, 6, 1, 1), np.float32))
+    with pytest.raises(ValueError, match="act_quant"):
+        CpuEngine(ConvSpec(w, act_quant=None))
+
+
+def test_too_long_block_rejected():
+    w = qconv.QuantizedWeight(np.zeros((1, 8192, 3, 3), np.int8), np.ones((1, 1), np.float32), None, 8)
+    with pytest.raises(ValueError, match="too long"):
+        CpuEngine(ConvSpec(w))

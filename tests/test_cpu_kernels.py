@@ -1,0 +1,249 @@
+"""The CPU engine's native pieces, each alone against numpy: reductions, quantization, im2col blit,
+the GEMM micro-kernels (every variant this CPU runs) and the output store."""
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+pytest.importorskip("qconv._ext._cpu")
+
+from qconv import reference  # noqa: E402
+from qconv._ext import _cpu  # noqa: E402
+from qconv.cpu import KERNEL_NAMES, row_qparams, tensor_qparams  # noqa: E402
+from qconv.weights import round_half_away  # noqa: E402
+
+KERNELS = [k for k in KERNEL_NAMES if _cpu.kernel_supported(k)]
+
+
+def test_kernel_selection_reports_something():
+    assert "scalar" in KERNELS
+    assert _cpu.best_kernel() in KERNELS
+    assert KERNELS[-1] == _cpu.best_kernel()
+
+
+# --- reductions and quantization parameters ------------------------------------------------------------
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(st.integers(1, 200_000), st.integers(0, 2**31), st.sampled_from([1, 2, 3]))
+def test_minmax(kernel, n, seed, threads):
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    assert _cpu.minmax(x, threads, kernel) == (float(x.min()), float(x.max()))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 70_000), st.integers(0, 2**31))
+def test_absmax_rows(kernel, a, n, m, seed):
+    x = np.random.default_rng(seed).standard_normal((a, n, m)).astype(np.float32)
+    np.testing.assert_array_equal(_cpu.absmax_rows(x, 2, kernel), np.abs(x).max(axis=(0, 2)))
+
+
+@given(st.floats(-1e6, 1e6, width=32), st.floats(-1e6, 1e6, width=32))
+def test_tensor_qparams_match_oracle(a, b):
+    x = np.array([[a, b]], np.float32)
+    rng = np.float32(max(a, b, 0.0)) - np.float32(min(a, b, 0.0))
+    assume(rng == 0 or np.isfinite(np.float32(255) / np.float32(rng)))  # the oracle overflows below
+    aq = reference.quantize_activation(x, "tensor")
+    qs, dx, z = tensor_qparams(min(a, b), max(a, b))
+    assert np.float32(dx) == aq.scale[0] and z == aq.zero[0]
+    xq = np.clip(round_half_away(x * qs) + z, -128, 127)
+    np.testing.assert_array_equal(xq, aq.xq)
+
+
+def test_tiny_ranges_degenerate_to_zero():
+    """Ranges so small that 255/range overflows behave like an all-zero input (scale 1, zero 0)."""
+    assert tensor_qparams(0.0, 1e-38) == (1, 1, 0)
+    qs, dx = row_qparams(np.array([1e-39, 2.0], np.float32))
+    assert qs[0] == 1 and dx[0] == 1 and dx[1] == np.float32(2.0) / np.float32(127)
+
+
+def test_row_qparams_match_oracle():
+    x = np.array([[0, 0], [1e-30, -3.0], [7.5, 2.0]], np.float32)
+    aq = reference.quantize_activation(x, "row")
+    qs, dx = row_qparams(np.abs(x).max(axis=1))
+    np.testing.assert_array_equal(dx, aq.scale)
+
+
+# --- quantization into Q / PS ----------------------------------------------------------------------------
+def _chpos(c, groups, nb):
+    icg = c // groups
+    bc = icg // nb
+    bcp = -(-bc // 4) * 4
+    ch = np.arange(c)
+    blk = (ch // icg) * nb + (ch % icg) // bc
+    return (blk * bcp + (ch % icg) % bc).astype(np.int32), blk, bcp
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(st.integers(1, 2), st.sampled_from([(1, 1), (3, 1), (8, 2), (6, 3), (32, 1), (17, 1), (48, 3)]),
+       st.integers(1, 5), st.integers(1, 21), st.sampled_from(["tensor", "row", "int8"]),
+       st.booleans(), st.integers(0, 2**31))
+def test_quantize(kernel, n, cg, h, w, mode, nc4hw4, seed):
+    c, nb = cg
+    groups = 1
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n, c, h, w)) * 3).astype(np.float32)
+    chpos, blk, bcp = _chpos(c, groups, nb)
+    gnb = groups * nb
+    if mode == "int8":
+        xi = rng.integers(-128, 128, x.shape).astype(np.int8)
+        zp = int(rng.integers(-128, 128))
+        xq, z = xi.astype(np.int64), np.full(n, zp, np.int32)
+        qs = np.ones(n, np.float32)
+        xin = xi
+    else:
+        aq = reference.quantize_activation(x, mode)
+        xq = aq.xq.astype(np.int64)
+        z = np.broadcast_to(aq.zero, (n,)).astype(np.int32)
+        if mode == "tensor":
+            qs = np.full(n, tensor_qparams(x.min(), x.max())[0], np.float32)
+        else:
+            qs = row_qparams(np.abs(x.reshape(n, -1)).max(axis=1))[0]
+        xin = x
+    qlo = -127 if mode == "row" else -128
+    if nc4hw4:
+        from qconv.layouts.nc4hw4 import NC4HW4
+        xin = NC4HW4(4).pack_array(xin)
+    Q, PS = _cpu._test_quantize(xin, int(not nc4hw4), c, qs, z, qlo, 127, chpos, gnb * bcp, gnb, bcp, kernel, 2)
+    want_q = np.repeat((z + 128).astype(np.uint8)[:, None], h * w, axis=0)[:, :, None].repeat(gnb * bcp, 2)
+    want_q = want_q.reshape(n * h * w, gnb * bcp)
+    u = (xq - z.reshape(n, 1, 1, 1)).transpose(0, 2, 3, 1).reshape(n * h * w, c)
+    want_q[:, chpos] = (xq + 128).transpose(0, 2, 3, 1).reshape(n * h * w, c)
+    want_ps = np.zeros((n * h * w, gnb), np.int64)
+    np.add.at(want_ps.T, blk, u.T)
+    np.testing.assert_array_equal(Q, want_q)
+    np.testing.assert_array_equal(PS, want_ps)
+
+
+# --- im2col indirection table ------------------------------------------------------------------------------
+@given(st.integers(1, 2), st.integers(1, 3), st.sampled_from([4, 8, 16, 36]), st.integers(1, 3), st.integers(1, 3),
+       st.integers(1, 2), st.integers(0, 2), st.integers(1, 2), st.integers(1, 9), st.integers(0, 2**31))
+def test_indirect(n, gnb, bcp, kh, kw, s, p, d, size, seed):
+    rng = np.random.default_rng(seed)
+    h = w = max(size, d * (max(kh, kw) - 1) + 1 - 2 * p)
+    oh = (h + 2 * p - d * (kh - 1) - 1) // s + 1
+    ow = (w + 2 * p - d * (kw - 1) - 1) // s + 1
+    Q = rng.integers(0, 256, (n * h * w, gnb * bcp)).astype(np.uint8)
+    PS = rng.integers(-1000, 1000, (n * h * w, gnb)).astype(np.int32)
+    geo = dict(N=n, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, sh=s, sw=s, ph=p, pw=p, dh=d, dw=d, GNB=gnb, BCp=bcp)
+    total = n * oh * ow
+    p0 = int(rng.integers(0, total))
+    ncols = int(rng.integers(1, total - p0 + 1))
+    rows, S = _cpu._test_indirect(Q, PS, geo, p0, ncols)
+    cols = np.arange(p0, p0 + ncols)
+    nn, oy, ox = cols // (oh * ow), (cols // ow) % oh, cols % ow
+    want = np.empty((ncols, kh * kw), np.int64)
+    wantS = np.zeros((ncols, gnb), np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            iy, ix = oy * s - p + ky * d, ox * s - p + kx * d
+            inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
+            row = (nn * h + iy) * w + ix
+            want[:, ky * kw + kx] = np.where(inside, row, -1)
+            wantS += np.where(inside[:, None], PS[np.where(inside, row, 0)], 0)
+    np.testing.assert_array_equal(rows, want)
+    np.testing.assert_array_equal(S, wantS)
+
+
+def test_indirect_rejects_bad_geometry():
+    Q = np.zeros((4, 2), np.uint8)
+    geo = dict(N=1, H=2, W=2, OH=2, OW=2, KH=1, KW=1, sh=1, sw=1, ph=0, pw=0, dh=1, dw=1, GNB=2, BCp=4)
+    with pytest.raises(ValueError):
+        _cpu._test_indirect(Q, np.zeros((4, 2), np.int32), geo, 0, 4)
+    with pytest.raises(ValueError):
+        _cpu._test_indirect(np.zeros((4, 8), np.uint8), np.zeros((4, 2), np.int32), geo, 3, 4)
+
+
+# --- GEMM micro-kernels -------------------------------------------------------------------------------------
+def _gemm_case(rng, ncols, nblocks, blq, bits, asym):
+    lb = blq * 4   # block = taps runs of 4*bq bytes: the L order is the same flat order either way
+    A = rng.integers(0, 256, (ncols, nblocks * lb)).astype(np.uint8)
+    qlo, qhi = (-8, 7) if bits == 4 else (-128, 127)
+    q = rng.integers(qlo, qhi + 1, (32, nblocks, lb)).astype(np.int8)
+    from qconv.layouts.gemm_tiles import TiledWeightLayout
+    lay = TiledWeightLayout(32, nblocks * lb, 1, nblocks, bits)
+    w = lay.pack_array(q.reshape(32, -1)).reshape(-1).view(np.uint8)
+    zpu = int(rng.integers(0, 256))
+    u = A.astype(np.int64).reshape(ncols, nblocks, lb) - zpu
+    S = u.sum(-1).astype(np.int32)
+    ws = q.astype(np.int64).sum(-1).T  # (nblocks, 32)
+    wsx = np.ascontiguousarray(ws + (8 * lb if bits == 4 else 0), dtype=np.int32)
+    scale = rng.uniform(0.001, 0.1, (nblocks, 32)).astype(np.float32)
+    off = rng.uniform(-0.5, 0.5, (nblocks, 32)).astype(np.float32) if asym else None
+    dx = rng.uniform(0.01, 0.1, ncols).astype(np.float32)
+    bias = rng.standard_normal(32).astype(np.float32)
+    I = np.einsum("ekl,okl->eko", u, q.astype(np.int64))   # exact integer parts (ncols, nblocks, 32)
+    ref = (I * scale.astype(np.float64)).sum(1)
+    if asym:
+        ref = ref + (S[:, :, None].astype(np.float64) * off.astype(np.float64)).sum(1)
+    ref = ref * dx[:, None].astype(np.float64) + bias
+    return A, w, lay.block_stride, S, wsx, scale, off, dx, bias, zpu, ref
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(st.integers(1, 17), st.integers(1, 3), st.integers(1, 4), st.integers(1, 12), st.sampled_from([8, 4]),
+       st.booleans(), st.sampled_from([None, "relu", "relu6"]), st.integers(0, 2**31))
+def test_gemm_kernel(kernel, ncols, nblocks, taps, bq, bits, asym, act, seed):
+    rng = np.random.default_rng(seed)
+    A, w, bstride, S, wsx, scale, off, dx, bias, zpu, ref = _gemm_case(rng, ncols, nblocks, taps * bq, bits, asym)
+    lo, hi = {None: (-np.inf, np.inf), "relu": (0, np.inf), "relu6": (0, 6)}[act]
+    out = _cpu._test_gemm(A, w, bstride, S, wsx, scale, off, dx, bias, nblocks, taps, bq, bits, zpu, lo, hi, kernel)
+    ref = np.clip(ref, lo, hi)
+    tol = 1e-5 * max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(out, ref, rtol=0, atol=tol)
+
+
+def test_gemm_kernel_extremes():
+    """Largest |products|: U = 255 against q = -128 over a long block stays exact in int32."""
+    for kernel in KERNELS:
+        ncols, blq = 3, 2048
+        A = np.full((ncols, blq * 4), 255, np.uint8)
+        q = np.full((32, blq * 4), -128, np.int8)
+        from qconv.layouts.gemm_tiles import TiledWeightLayout
+        lay = TiledWeightLayout(32, blq * 4, 1, 1, 8)
+        w = lay.pack_array(q).reshape(-1).view(np.uint8)
+        zpu = 0
+        S = np.full((ncols, 1), 255 * blq * 4, np.int32)
+        wsx = np.full((1, 32), -128 * blq * 4, np.int32)
+        out = _cpu._test_gemm(A, w, 0, S, wsx, np.ones((1, 32), np.float32), None, np.ones(ncols, np.float32),
+                              np.zeros(32, np.float32), 1, 1, blq, 8, zpu, -np.inf, np.inf, kernel)
+        assert (out == np.float32(-255 * 128 * blq * 4)).all(), kernel
+
+
+def test_gemm_bad_args():
+    A = np.zeros((2, 8), np.uint8)
+    with pytest.raises(ValueError):
+        _cpu._test_gemm(A, np.zeros(256, np.uint8), 0, np.zeros((3, 1), np.int32), np.zeros((1, 32), np.int32),
+                        np.ones((1, 32), np.float32), None, np.ones(2, np.float32), np.zeros(32, np.float32),
+                        1, 1, 2, 8, 0, 0, 1, "scalar")
+    with pytest.raises(KeyError):
+        _cpu._test_gemm(A, np.zeros(256, np.uint8), 0, np.zeros((2, 1), np.int32), np.zeros((1, 32), np.int32),
+                        np.ones((1, 32), np.float32), None, np.ones(2, np.float32), np.zeros(32, np.float32),
+                        1, 1, 2, 8, 0, 0, 1, "sse9")
+
+
+# --- store ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(st.integers(1, 3), st.sampled_from([(1, 1), (5, 1), (16, 1), (40, 1), (6, 2), (12, 3), (64, 2)]),
+       st.integers(1, 5), st.integers(1, 7), st.booleans(), st.booleans(), st.integers(0, 2**31))
+def test_store(kernel, n, og, oh, ow, nc4hw4, int8, seed):
+    o, g = og
+    rng = np.random.default_rng(seed)
+    ocp = -(-(o // g) // 32) * 32
+    total = n * oh * ow
+    p0 = int(rng.integers(0, total))
+    ncols = int(min(total - p0, rng.choice([1, 5, 16])))
+    OUT = rng.standard_normal((ncols, g * ocp)).astype(np.float32) * 10
+    og_ = o // g
+    oidx = ((np.arange(o) // og_) * ocp + np.arange(o) % og_).astype(np.int32)
+    oscale, ozp = (np.float32(0.07), 3) if int8 else (None, 0)
+    y = _cpu._test_store(OUT, oidx, p0, n, o, oh, ow, int(nc4hw4), g, ocp, None if oscale is None else float(oscale),
+                         ozp, kernel)
+    want = np.zeros((n * oh * ow, o), np.float64 if not int8 else np.int64)
+    vals = OUT[:, oidx]
+    if int8:
+        vals = np.clip(round_half_away((vals / oscale).astype(np.float32)) + ozp, -128, 127)
+    want[p0:p0 + ncols] = vals
+    want = want.reshape(n, oh, ow, o).transpose(0, 3, 1, 2)
+    if nc4hw4:
+        from qconv.layouts.nc4hw4 import NC4HW4
+        want = NC4HW4(4).pack_array(want)
+    np.testing.assert_array_equal(y, want.astype(y.dtype))

@@ -1,0 +1,168 @@
+"""Auto-tuning (qconv/gpu/tuning.py): picks a (variant, local size), never changes results, persists on disk
+for the next process, survives corrupt / unreadable / unwritable caches."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import qconv
+from qconv import gpu
+from qconv.geometry import ConvSpec
+from qconv.gpu import tuning
+from qconv.testing import assert_matches_reference
+
+DEVICES = gpu.devices()
+NO_DEVICE = "no OpenCL device is visible (install one, e.g. `apt-get install pocl-opencl-icd`)"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# one small problem per path, shared with the subprocess below
+PROBLEM = """
+import numpy as np, qconv
+from qconv.geometry import ConvSpec
+rng = np.random.default_rng(5)
+w3 = qconv.quantize_weight(rng.standard_normal((6, 5, 3, 3)).astype(np.float32), bits=4, block_size=0,
+                           symmetric=False)
+w1 = qconv.quantize_weight(rng.standard_normal((7, 40)).astype(np.float32), bits=8, block_size=8)
+x3 = rng.standard_normal((1, 5, 6, 6)).astype(np.float32)
+x1 = rng.standard_normal((2, 40, 1, 1)).astype(np.float32)
+specs = [(ConvSpec(w3, None, 1, 1, 1, "relu", None), x3), (ConvSpec(w1, None, 1, 0, 1, None, None), x1)]
+"""
+
+
+@pytest.fixture(scope="module", params=DEVICES or [None])
+def cl_device(request):
+    if request.param is None:
+        pytest.skip(NO_DEVICE)
+    return request.param
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(tuning.ENV_CACHE, str(tmp_path / "cache"))
+    tuning.clear_memory()
+    yield tmp_path / "cache"
+    tuning.clear_memory()
+
+
+def _problems():
+    ns = {}
+    exec(PROBLEM, ns)
+    return ns["specs"]
+
+
+def _tuned_run(device):
+    outs = []
+    for spec, x in _problems():
+        eng = gpu.OpenCLEngine(spec, device=device, tune="fast")
+        outs.append((eng, x, eng.forward(x)))
+    return outs
+
+
+def test_tuning_chooses_caches_and_keeps_results(cl_device, cache_dir):
+    before = dict(tuning.stats)
+    for eng, x, y in _tuned_run(cl_device):
+        s = eng.spec
+        plan = next(iter(eng.plans.values()))
+        assert plan.ns is not None and plan.ns > 0
+        assert_matches_reference(y, x, s.weight, s.bias, s.stride, s.padding, s.dilation, s.activation,
+                                 act_quant=None)
+        untuned = gpu.OpenCLEngine(s, device=cl_device, tune="none").forward(x)
+        scale = max(float(np.abs(untuned).max()), 1e-30)
+        assert float(np.abs(y - untuned).max()) <= 1e-4 * scale  # tuning changes speed, not results
+    assert tuning.stats["measured"] > before["measured"]
+    files = list(cache_dir.glob("opencl-tune-*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    _, dev = gpu.resolve(cl_device)
+    assert data["device"]["name"] == dev.name.strip() and data["device"]["driver"] == dev.driver_version.strip()
+    assert data["entries"] and all(e["level"] == "fast" for e in data["entries"].values())
+    key = json.loads(next(iter(data["entries"])))
+    assert key[0] in ("conv_general", "conv_1x1") and any(o.startswith("-DQBITS") for o in key[2])
+    # the same process asks again: memory hits, nothing timed
+    measured = tuning.stats["measured"]
+    _tuned_run(cl_device)
+    assert tuning.stats["measured"] == measured
+
+
+def test_second_process_reuses_the_first_ones_results(cl_device, cache_dir):
+    script = PROBLEM + textwrap.dedent(f"""
+        import json, qconv.gpu as g
+        from qconv.gpu import tuning
+        for spec, x in specs:
+            g.OpenCLEngine(spec, device={cl_device!r}, tune="fast").forward(x)
+        print(json.dumps(tuning.stats))
+    """)
+    env = {**os.environ, "PYTHONPATH": ROOT, tuning.ENV_CACHE: str(cache_dir)}
+
+    def run():
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    first, second = run(), run()
+    assert first["measured"] > 0 and first["cache_hits"] == 0
+    assert second["measured"] == 0 and second["cache_hits"] >= 2
+
+
+def test_corrupt_cache_warns_and_tuning_goes_on(cl_device, cache_dir):
+    _, dev = gpu.resolve(cl_device)
+    path = tuning.cache_for(dev).path
+    path.parent.mkdir(parents=True)
+    path.write_text("{ this is not json")
+    tuning.clear_memory()
+    with pytest.warns(tuning.TuningCacheWarning, match="corrupt"):
+        outs = _tuned_run(cl_device)
+    assert all(next(iter(e.plans.values())).ns for e, _, _ in outs)
+    assert json.loads(path.read_text())["entries"]  # rewritten, valid
+
+
+def test_unreadable_and_unwritable_cache(cl_device, tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    monkeypatch.setenv(tuning.ENV_CACHE, str(blocker / "sub"))  # a directory under a file: cannot exist
+    tuning.clear_memory()
+    try:
+        with pytest.warns(tuning.TuningCacheWarning, match="not writable"):
+            outs = _tuned_run(cl_device)
+        assert all(next(iter(e.plans.values())).ns for e, _, _ in outs)
+        _, dev = gpu.resolve(cl_device)
+        path = tuning.cache_for(dev).path
+        monkeypatch.setenv(tuning.ENV_CACHE, str(tmp_path / "dir"))
+        tuning.clear_memory()
+        path = tuning.cache_for(dev).path
+        path.mkdir(parents=True)  # the cache "file" is a directory: unreadable
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            _tuned_run(cl_device)
+        msgs = " ".join(str(r.message) for r in rec if issubclass(r.category, tuning.TuningCacheWarning))
+        assert "unreadable" in msgs
+    finally:
+        tuning.clear_memory()
+
+
+def test_levels_and_defaults(monkeypatch, tmp_path):
+    monkeypatch.delenv(tuning.ENV_TUNE, raising=False)
+    assert tuning.tune_level() == "fast"
+    monkeypatch.setenv(tuning.ENV_TUNE, "NONE")
+    assert tuning.tune_level() == "none"
+    assert tuning.tune_level("full") == "full"
+    monkeypatch.setenv(tuning.ENV_TUNE, "turbo")
+    with pytest.raises(ValueError, match="QCONV_TUNE"):
+        tuning.tune_level()
+    monkeypatch.setenv(tuning.ENV_CACHE, str(tmp_path))
+    assert tuning.cache_dir() == tmp_path
+    monkeypatch.delenv(tuning.ENV_CACHE)
+    assert "qconv" in str(tuning.cache_dir())
+
+
+def test_tune_none_touches_no_cache(cl_device, cache_dir):
+    spec, x = _problems()[0]
+    before = dict(tuning.stats)
+    gpu.OpenCLEngine(spec, device=cl_device, tune="none").forward(x)
+    assert tuning.stats == before and not cache_dir.exists()
