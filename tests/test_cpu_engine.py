@@ -261,6 +261,13 @@ def test_bad_inputs_never_crash():
         CpuEngine(ConvSpec(w), threads=2).forward(np.zeros((1, 6, 1, 1), np.float32))
     with pytest.raises(ValueError, match="act_quant"):
         CpuEngine(ConvSpec(w, act_quant=None))
+    for aq in ("tensor", "row"):
+        e = CpuEngine(ConvSpec(w, padding=1, act_quant=aq), threads=2)
+        for bad in (np.nan, np.inf, -np.inf):
+            x = np.zeros((2, 6, 4, 4), np.float32)
+            x[1, 3, 2, 1] = bad
+            with pytest.raises(ValueError, match="NaN or infinite"):
+                e.forward(x)
 
 
 def test_too_long_block_rejected():

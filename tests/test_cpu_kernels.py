@@ -30,6 +30,18 @@ def test_minmax(kernel, n, seed, threads):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+def test_reductions_report_nan(kernel):
+    for n in (1, 17, 70_000, 200_000):
+        for pos in (0, n // 2, n - 1):
+            x = np.zeros(n, np.float32)
+            x[pos] = np.nan
+            lo, hi = _cpu.minmax(x, 2, kernel)
+            assert np.isnan(lo) and np.isnan(hi)
+            a = _cpu.absmax_rows(np.ascontiguousarray(np.stack([np.ones(n, np.float32), x])[None]), 2, kernel)
+            assert a[0] == 1 and np.isnan(a[1])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 70_000), st.integers(0, 2**31))
 def test_absmax_rows(kernel, a, n, m, seed):
     x = np.random.default_rng(seed).standard_normal((a, n, m)).astype(np.float32)
@@ -102,11 +114,12 @@ def test_quantize(kernel, n, cg, h, w, mode, nc4hw4, seed):
     if nc4hw4:
         from qconv.layouts.nc4hw4 import NC4HW4
         xin = NC4HW4(4).pack_array(xin)
-    Q, PS = _cpu._test_quantize(xin, int(not nc4hw4), c, qs, z, qlo, 127, chpos, gnb * bcp, gnb, bcp, kernel, 2)
-    want_q = np.repeat((z + 128).astype(np.uint8)[:, None], h * w, axis=0)[:, :, None].repeat(gnb * bcp, 2)
+    abias = 0 if seed % 2 else 128
+    Q, PS = _cpu._test_quantize(xin, int(not nc4hw4), c, qs, z, qlo, 127, chpos, gnb * bcp, gnb, bcp, kernel, 2, abias)
+    want_q = np.repeat(((z + abias) & 255).astype(np.uint8)[:, None], h * w, axis=0)[:, :, None].repeat(gnb * bcp, 2)
     want_q = want_q.reshape(n * h * w, gnb * bcp)
     u = (xq - z.reshape(n, 1, 1, 1)).transpose(0, 2, 3, 1).reshape(n * h * w, c)
-    want_q[:, chpos] = (xq + 128).transpose(0, 2, 3, 1).reshape(n * h * w, c)
+    want_q[:, chpos] = ((xq + abias) & 255).transpose(0, 2, 3, 1).reshape(n * h * w, c)
     want_ps = np.zeros((n * h * w, gnb), np.int64)
     np.add.at(want_ps.T, blk, u.T)
     np.testing.assert_array_equal(Q, want_q)
@@ -156,13 +169,17 @@ def test_indirect_rejects_bad_geometry():
 def _gemm_case(rng, ncols, nblocks, blq, bits, asym):
     lb = blq * 4   # block = taps runs of 4*bq bytes: the L order is the same flat order either way
     A = rng.integers(0, 256, (ncols, nblocks * lb)).astype(np.uint8)
+    # int8 weights read A as unsigned (xq + 128), int4 weights as signed (xq)
+    Ai = A.view(np.int8).astype(np.int64) if bits == 4 else A.astype(np.int64)
     qlo, qhi = (-8, 7) if bits == 4 else (-128, 127)
     q = rng.integers(qlo, qhi + 1, (32, nblocks, lb)).astype(np.int8)
     from qconv.layouts.gemm_tiles import TiledWeightLayout
     lay = TiledWeightLayout(32, nblocks * lb, 1, nblocks, bits)
     w = lay.pack_array(q.reshape(32, -1)).reshape(-1).view(np.uint8)
-    zpu = int(rng.integers(0, 256))
-    u = A.astype(np.int64).reshape(ncols, nblocks, lb) - zpu
+    zpu = int(rng.integers(-128, 128)) if bits == 4 else int(rng.integers(0, 256))
+    if rng.integers(0, 4) == 0:
+        zpu = 0
+    u = Ai.reshape(ncols, nblocks, lb) - zpu
     S = u.sum(-1).astype(np.int32)
     ws = q.astype(np.int64).sum(-1).T  # (nblocks, 32)
     wsx = np.ascontiguousarray(ws + (8 * lb if bits == 4 else 0), dtype=np.int32)
@@ -189,6 +206,39 @@ def test_gemm_kernel(kernel, ncols, nblocks, taps, bq, bits, asym, act, seed):
     ref = np.clip(ref, lo, hi)
     tol = 1e-5 * max(1.0, float(np.abs(ref).max()))
     np.testing.assert_allclose(out, ref, rtol=0, atol=tol)
+    if nblocks > 1:
+        # the blocks split over calls (first / last flags) give the same bits
+        lb = taps * bq * 4
+        part = np.zeros_like(out)
+        for k in range(nblocks):
+            _cpu._test_gemm(np.ascontiguousarray(A[:, k * lb:(k + 1) * lb]), w[k * bstride:], bstride,
+                            np.ascontiguousarray(S[:, k:k + 1]), wsx[k:k + 1], scale[k:k + 1],
+                            None if off is None else off[k:k + 1], dx, bias, 1, taps, bq, bits, zpu, lo, hi, kernel,
+                            first=int(k == 0), last=int(k == nblocks - 1), out=part)
+        assert np.array_equal(part, out)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 5), st.integers(1, 3), st.integers(1, 6),
+       st.sampled_from([8, 4]), st.booleans(), st.integers(0, 2**31))
+def test_gemm_kernel_many_tiles(kernel, ncols, ntiles, nblocks, taps, bq, bits, asym, seed):
+    """Several channel tiles per call (the one- and two-column paths pair tiles up)."""
+    rng = np.random.default_rng(seed)
+    cases = [_gemm_case(np.random.default_rng(seed + t), ncols, nblocks, taps * bq, bits, asym) for t in range(ntiles)]
+    A, zpu = cases[0][0], cases[0][9]
+    refs = []
+    for t, c in enumerate(cases):       # same A and zero point for every tile: recompute the reference
+        _, w, bstride, _, wsx, scale, off, dx, bias, _, _ = c
+        refs.append(_cpu._test_gemm(A, w, bstride, cases[0][3], wsx, scale, off, cases[0][7], bias, nblocks, taps, bq,
+                                    bits, zpu, -np.inf, np.inf, "scalar"))
+    w_all = np.concatenate([c[1] for c in cases])
+    cat = lambda i: np.ascontiguousarray(np.concatenate([c[i] for c in cases], axis=-1))  # noqa: E731
+    off = None if not asym else cat(6)
+    out = _cpu._test_gemm(A, w_all, cases[0][2], cases[0][3], cat(4), cat(5), off, cases[0][7], cat(8), nblocks, taps,
+                          bq, bits, zpu, -np.inf, np.inf, kernel, ntiles=ntiles, w_tstride=cases[0][1].size)
+    ref = np.concatenate(refs, axis=1)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+    del rng
 
 
 def test_gemm_kernel_extremes():
@@ -223,14 +273,14 @@ def test_gemm_bad_args():
 # --- store ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kernel", KERNELS)
 @given(st.integers(1, 3), st.sampled_from([(1, 1), (5, 1), (16, 1), (40, 1), (6, 2), (12, 3), (64, 2)]),
-       st.integers(1, 5), st.integers(1, 7), st.booleans(), st.booleans(), st.integers(0, 2**31))
+       st.integers(1, 9), st.integers(1, 9), st.booleans(), st.booleans(), st.integers(0, 2**31))
 def test_store(kernel, n, og, oh, ow, nc4hw4, int8, seed):
     o, g = og
     rng = np.random.default_rng(seed)
     ocp = -(-(o // g) // 32) * 32
     total = n * oh * ow
     p0 = int(rng.integers(0, total))
-    ncols = int(min(total - p0, rng.choice([1, 5, 16])))
+    ncols = int(min(total - p0, rng.choice([1, 5, 16, 32])))
     OUT = rng.standard_normal((ncols, g * ocp)).astype(np.float32) * 10
     og_ = o // g
     oidx = ((np.arange(o) // og_) * ocp + np.arange(o) % og_).astype(np.int32)

@@ -40,8 +40,7 @@ def _forward(engine, x, layout):
         return engine.forward(x, "nchw")
     y = engine.forward(P4.pack_array(x), "nc4hw4")
     assert y.shape == P4.packed_shape((x.shape[0], engine.spec.out_channels, y.shape[2], y.shape[3]))
-    pad = y.reshape(-1, 4)[:, engine.spec.out_channels % 4:] if engine.spec.out_channels % 4 else None
-    if pad is not None:
+    if engine.spec.out_channels % 4:
         assert not y[-1, ..., engine.spec.out_channels % 4:].any(), "padding lanes must be written as 0"
     return P4.unpack_array(y, engine.spec.out_channels)
 
@@ -92,14 +91,13 @@ def test_1x1_matches_reference(cl_device, data):
     lws = data.draw(st.sampled_from([None, (1, 2, 1), (2, 4, 1), (4, 1, 1), (1, 8, 1)]))
     x = data.draw(activations((geo.n, geo.c, geo.h, geo.w)))
     spec = ConvSpec(weight, bias, 1, 0, 1, act, None)
-    eng = gpu.OpenCLEngine(spec, device=cl_device, tune="none", image=image, variant=variant if (
-        not image or _image_ok(cl_device)) else None, local_size=lws)
+    eng = gpu.OpenCLEngine(spec, device=cl_device, tune="none", image=image, variant=variant, local_size=lws)
+    assert eng.forced_variant[3:] == variant[3:]  # an image variant falls back to its buffer twin
     y = _forward(eng, x, layout)
     assert_matches_reference(y, x, weight, bias, act_quant=None, activation=act)
 
 
 def _image_ok(device):
-    import pyopencl as cl
     _, dev = gpu.resolve(device)
     return bool(dev.image_support)
 
@@ -163,6 +161,8 @@ def test_image_fallback_to_buffer(cl_device):
     big = _engine(w, device=cl_device, image=True, image_limits=(12, 2))  # 2 texel rows of 32 int4 fit
     small = _engine(w, device=cl_device, image=True, image_limits=(8, 2))  # width 12 > 8: buffer
     assert big.image and not small.image
+    forced = _engine(w, device=cl_device, image=True, image_limits=(8, 2), variant="img_c2_r1")
+    assert not forced.image and forced.forced_variant == "buf_c2_r1"
     assert "image" in big.describe() and "buffer" in small.describe()
     for eng in (big, small):
         assert_matches_reference(eng.forward(x), x, w, act_quant=None)

@@ -10,9 +10,7 @@ import warnings
 import numpy as np
 import pytest
 
-import qconv
 from qconv import gpu
-from qconv.geometry import ConvSpec
 from qconv.gpu import tuning
 from qconv.testing import assert_matches_reference
 

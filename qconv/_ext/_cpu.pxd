@@ -17,6 +17,7 @@ cdef extern from "qconv_kernels.h" nogil:
         int64_t a_bstride
         const uint8_t *w
         int64_t w_bstride
+        int64_t w_tstride
         const int32_t *colsum
         int64_t lds
         const int32_t *wsx
@@ -27,19 +28,18 @@ cdef extern from "qconv_kernels.h" nogil:
         const float *bias
         float *out
         int64_t ldo
-        int32_t nblocks, taps, bq, ncols, bits
+        int32_t nblocks, taps, bq, ncols, bits, ntiles
+        int32_t first, last
         int32_t zpu
         float lo, hi
 
     void qc_gemm(const qc_gemm_args *g, int variant)
-    void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, uint8_t *dst,
-                  int variant)
+    void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, int32_t abias,
+                  uint8_t *dst, int variant)
     void qc_block_sums(const uint8_t *Q, int64_t npix, int64_t ltot, int64_t gnb, int64_t bcp, int32_t zpu,
-                       int32_t *ps, int variant)
+                       int32_t flip, int32_t *ps, int variant)
     void qc_minmax(const float *x, int64_t n, float *lo, float *hi, int variant)
     float qc_absmax(const float *x, int64_t n, int variant)
-    void qc_copy4(uint8_t *dst, const uint8_t *src, int64_t n)
-    void qc_fill4(uint8_t *dst, uint8_t v, int64_t n)
     void qc_transpose_u8(const uint8_t *src, int64_t rows, int64_t cols, int64_t src_stride, uint8_t *dst,
                          int64_t dst_stride)
     int qc_store16_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg, int64_t ohw,
@@ -53,7 +53,8 @@ cdef struct ConvJob:
     # input / output geometry
     int64_t N, H, W, OH, OW, OHW, P
     int C, O, G, Og, NB, BC, BCp, K, KH, KW, sh, sw, ph, pw, dh, dw
-    int GNB, blq, OCU, OCp, bits, pointwise, variant, tile_cols
+    int GNB, OCU, OCp, bits, variant, tile_cols
+    int abias              # stored activation bytes are xq + abias: 128 (u8, int8 weights) or 0 (s8, int4)
     int64_t Ltot1          # bytes per pixel of the quantized input Q = GNB * BCp
     int64_t ldo            # floats per out-scratch row = G * OCp
     # weights and fused tables (prepared once per layer)
@@ -66,10 +67,10 @@ cdef struct ConvJob:
     const int32_t *oidx    # (O,) row position of output channel o in the out scratch
     float lo, hi
     # activations of this call
-    const uint8_t *Q       # (N*H*W, Ltot1) U = xq + 128, padded lanes = zpu
+    const uint8_t *Q       # (N*H*W, Ltot1) xq + abias, padded lanes = zpu
     const int32_t *PS      # (N*H*W, GNB) per-pixel block sums of u = xq - z
     const float *dxn       # (N,) activation scale per sample
-    int32_t zpu            # z + 128 (the same for every sample)
+    int32_t zpu            # z + abias (the same for every sample): the stored zero point
     const uint8_t *zrow    # (Ltot1,) bytes of zpu: what out-of-image taps point to
     # scratch, one slot per thread (or per tile in the channel-split mode)
     const uint8_t **AP     # (slots, tile_cols, K) indirection: pixel row (in Q) of each column's taps

@@ -1,16 +1,19 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Native parts of the qconv CPU engine: dynamic quantization, im2col blitting, the tiled GEMM driver.
+"""Native parts of the qconv CPU engine: dynamic quantization, the im2col indirection, the tiled GEMM driver.
 
 Data layouts (bytes unless noted; "pixel" = one (n, h, w) of the input, "column" = one (n, oy, ox) output):
 
-* ``Q``  uint8 ``(N*H*W, GNB*BCp)``: the quantized input ``U = xq + 128`` per pixel, channels grouped by
-  (group, block) and each block padded from ``BC`` to ``BCp = round_up(BC, 4)`` lanes holding ``zpu = z + 128``.
+* ``Q``  uint8 ``(N*H*W, GNB*BCp)``: the quantized input per pixel, ``xq + abias`` (``abias`` 128 for int8
+  weights -- unsigned bytes for vpdpbusd -- and 0 for int4 weights, whose nibbles are the unsigned operand),
+  channels grouped by (group, block), each block padded from ``BC`` to ``BCp = round_up(BC, 4)`` lanes that
+  hold the zero point ``zpu = z + abias`` (so they contribute exactly 0).
 * ``PS`` int32 ``(N*H*W, GNB)``: per pixel and block, ``sum(xq - z)`` over the block's real channels.
-* ``A``  uint8 ``(tile_cols, lda)``: packed-A tile; column ``e`` holds, per (group, block), ``K`` taps of
-  ``BCp`` bytes in the L order of :class:`qconv.layouts.gemm_tiles.TiledWeightLayout` (``l = kpos*BCp + c``).
-  Out-of-image taps hold ``zpu`` (they contribute exactly 0). For pointwise convs ``A`` is ``Q`` itself.
-* ``S``  int32 ``(tile_cols, GNB)``: per column and block, ``sum(u)`` over the block's real taps.
-* ``OUT`` float32 ``(tile_cols, G*OCp)``: kernel output, scattered to the NCHW / NC4HW4 result by ``store``.
+* ``AP`` pointers ``(tile_cols, K)``: the indirection table of a column tile -- tap ``t`` of column ``e`` reads
+  the ``Q`` row of the pixel under it, or ``zrow`` (``Ltot1`` bytes of ``zpu``) when it falls in the padding.
+  Per (group, block) a tap is ``BCp`` contiguous bytes, exactly the L order ``l = tap*BCp + c`` of
+  :class:`qconv.layouts.gemm_tiles.TiledWeightLayout`, so no packed-A copy is made (an "indirect GEMM").
+* ``S``  int32 ``(tile_cols, GNB)``: per column and block, ``sum(u)`` over the block's in-image taps.
+* ``OUT`` float32 ``(tile_cols, G*OCp)``: kernel output, scattered to the NCHW / NC4HW4 result by ``_store``.
 
 Every nogil helper below has a thin ``def`` wrapper prefixed ``_test_`` so it can be checked alone.
 """
@@ -73,9 +76,9 @@ cdef void _minmax(const float *x, int64_t n, int nthreads, float *lo, float *hi,
     lo[0] = part[0]
     hi[0] = part[1]
     for c in range(1, nchunk):
-        if part[2 * c] < lo[0]:
+        if part[2 * c] < lo[0] or part[2 * c] != part[2 * c]:
             lo[0] = part[2 * c]
-        if part[2 * c + 1] > hi[0]:
+        if part[2 * c + 1] > hi[0] or part[2 * c + 1] != part[2 * c + 1]:
             hi[0] = part[2 * c + 1]
     free(part)
 
@@ -101,13 +104,13 @@ cdef void _absmax_rows(const float *x, int64_t A, int64_t N, int64_t M, int nthr
         out[n] = 0
     for it in range(items):
         n = (it // nchunk) % N
-        if part[it] > out[n]:
+        if part[it] > out[n] or part[it] != part[it]:
             out[n] = part[it]
     free(part)
 
 
 def minmax(const float[::1] x, int threads=1, str kernel="scalar"):
-    """``(min, max)`` of a non-empty contiguous float32 array (threaded)."""
+    """``(min, max)`` of a non-empty contiguous float32 array (threaded); both NaN when ``x`` has a NaN."""
     cdef float lo = 0, hi = 0
     cdef int variant = KERNELS[kernel]
     if x.shape[0] == 0:
@@ -120,7 +123,7 @@ def minmax(const float[::1] x, int threads=1, str kernel="scalar"):
 
 
 def absmax_rows(const float[:, :, ::1] x, int threads=1, str kernel="scalar"):
-    """float32 ``(N,)``: ``max |x[:, n, :]|`` of a contiguous ``(A, N, M)`` float32 array."""
+    """float32 ``(N,)``: ``max |x[:, n, :]|`` of a contiguous ``(A, N, M)`` float32 array (NaN where a row has one)."""
     out = np.zeros(x.shape[1], np.float32)
     cdef float[::1] o = out
     cdef int variant = KERNELS[kernel]
@@ -145,6 +148,7 @@ cdef struct QuantJob:
     const int32_t *z        # per sample
     int qlo, qhi
     int64_t Ltot1, GNB, BCp
+    int abias               # stored bytes are xq + abias (128 or 0)
     int contiguous          # chpos[c] == c for every channel
     int variant
     uint8_t *Q
@@ -177,6 +181,17 @@ cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
     cdef int nt = nthreads if q.N * q.H * q.W * q.C >= 16384 else 1
     if nt > q.N * q.H:
         nt = <int> (q.N * q.H)
+    if q.H * q.W == 1 and not q.nc4hw4 and q.contiguous and not q.int8_input:
+        # (N, C, 1, 1) float: each sample is C contiguous floats -> one vector call straight into its Q row
+        for r in prange(q.N, nogil=True, num_threads=nt if nt < q.N else <int> q.N, schedule="static"):
+            qc_quant((<const float *> q.x) + r * q.C, q.C, q.qs[r], q.z[r], q.qlo, q.qhi, q.abias,
+                     q.Q + r * q.Ltot1, q.variant)
+            if q.Ltot1 > q.C:
+                memset(q.Q + r * q.Ltot1 + q.C, <int> ((q.z[r] + q.abias) & 255), q.Ltot1 - q.C)
+            qc_block_sums(q.Q + r * q.Ltot1, 1, q.Ltot1, q.GNB, q.BCp, q.z[r] + 128, 0 if q.abias else 0x80,
+                          q.PS + r * q.GNB, q.variant)
+        free(co)
+        return
     for r in prange(q.N * q.H, nogil=True, num_threads=nt, schedule="static"):
         n = r // q.H
         h = r % q.H
@@ -192,10 +207,10 @@ cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
             if q.int8_input:
                 xi = (<const int8_t *> q.x) + plane
                 for i in range(rowlen):
-                    tmp[c * rowlen + i] = <uint8_t> (xi[i] + 128)
+                    tmp[c * rowlen + i] = <uint8_t> (xi[i] + q.abias)
             else:
                 xf = (<const float *> q.x) + plane
-                qc_quant(xf, rowlen, q.qs[n], zn, q.qlo, q.qhi, tmp + c * rowlen, q.variant)
+                qc_quant(xf, rowlen, q.qs[n], zn, q.qlo, q.qhi, q.abias, tmp + c * rowlen, q.variant)
         if q.contiguous and not q.nc4hw4:
             qc_transpose_u8(tmp, q.C, q.W, rowlen, q.Q + pix0 * q.Ltot1, q.Ltot1)
         elif q.contiguous:
@@ -204,15 +219,16 @@ cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
                     memcpy(q.Q + (pix0 + w) * q.Ltot1 + 4 * c, tmp + c * rowlen + 4 * w, 4)
         if q.contiguous and q.Ltot1 > q.C:
             for w in range(q.W):
-                memset(q.Q + (pix0 + w) * q.Ltot1 + q.C, <int> (zn + 128), q.Ltot1 - q.C)
+                memset(q.Q + (pix0 + w) * q.Ltot1 + q.C, <int> ((zn + q.abias) & 255), q.Ltot1 - q.C)
         if not q.contiguous:
             for w in range(q.W):
                 qpix = q.Q + (pix0 + w) * q.Ltot1
-                memset(qpix, <int> (zn + 128), q.Ltot1)
+                memset(qpix, <int> ((zn + q.abias) & 255), q.Ltot1)
                 for c in range(q.C):
                     qpix[q.chpos[c]] = tmp[co[c] + w * es]
         free(tmp)
-        qc_block_sums(q.Q + pix0 * q.Ltot1, q.W, q.Ltot1, q.GNB, q.BCp, zn + 128, q.PS + pix0 * q.GNB, q.variant)
+        qc_block_sums(q.Q + pix0 * q.Ltot1, q.W, q.Ltot1, q.GNB, q.BCp, zn + 128, 0 if q.abias else 0x80,
+                      q.PS + pix0 * q.GNB, q.variant)
     free(co)
 
 
@@ -223,56 +239,85 @@ cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP,
     """Indirection table of columns ``p0 .. p0+ncols-1``: ``AP[e*K + tap]`` is the ``Q`` pixel row the tap reads
     (stride, padding and dilation applied) or ``zrow`` for out-of-image taps; ``S[e*GNB + b]`` the column's
     block sums (sums of ``PS`` over its in-image taps)."""
-    cdef int e, ky, kx, kpos, b
-    cdef int64_t p, n, pix, oy, ox, iy, ix, row
-    cdef const int32_t *psrc
+    # locals: the stores below may alias *j as far as the compiler knows (-fno-strict-aliasing)
+    cdef int e, ky, kx, b
+    cdef int KH = j.KH, KW = j.KW, K = j.K, GNB = j.GNB
+    cdef int64_t H = j.H, W = j.W, OH = j.OH, OW = j.OW, sh = j.sh, sw = j.sw, ph = j.ph, pw = j.pw
+    cdef int64_t dh = j.dh, dw = j.dw, Ltot1 = j.Ltot1
+    cdef const uint8_t *Q = j.Q
+    cdef const uint8_t *zrow = j.zrow
+    cdef const int32_t *PS = j.PS
+    cdef int64_t n, oy, ox, iy, ix, iy0, ix0, row
+    cdef int32_t acc
+    cdef bint rowok
+    cdef const uint8_t **ap
     cdef int32_t *s
+    n = p0 // j.OHW
+    oy = (p0 % j.OHW) // OW
+    ox = p0 % OW
     for e in range(ncols):
-        p = p0 + e
-        n = p // j.OHW
-        pix = p % j.OHW
-        oy = pix // j.OW
-        ox = pix % j.OW
-        s = S + e * j.GNB
-        for b in range(j.GNB):
-            s[b] = 0
-        for ky in range(j.KH):
-            iy = oy * j.sh - j.ph + ky * j.dh
-            for kx in range(j.KW):
-                ix = ox * j.sw - j.pw + kx * j.dw
-                kpos = ky * j.KW + kx
-                if iy < 0 or iy >= j.H or ix < 0 or ix >= j.W:
-                    AP[e * j.K + kpos] = j.zrow
+        ap = AP + e * K
+        s = S + e * GNB
+        iy0 = oy * sh - ph
+        ix0 = ox * sw - pw
+        acc = 0
+        if GNB > 1:
+            for b in range(GNB):
+                s[b] = 0
+        for ky in range(KH):
+            iy = iy0 + ky * dh
+            rowok = 0 <= iy < H
+            for kx in range(KW):
+                ix = ix0 + kx * dw
+                if rowok and 0 <= ix < W:
+                    row = (n * H + iy) * W + ix
+                    ap[ky * KW + kx] = Q + row * Ltot1
+                    if GNB == 1:
+                        acc = acc + PS[row]
+                    else:
+                        for b in range(GNB):
+                            s[b] += PS[row * GNB + b]
                 else:
-                    row = (n * j.H + iy) * j.W + ix
-                    AP[e * j.K + kpos] = j.Q + row * j.Ltot1
-                    psrc = j.PS + row * j.GNB
-                    for b in range(j.GNB):
-                        s[b] += psrc[b]
+                    ap[ky * KW + kx] = zrow
+        if GNB == 1:
+            s[0] = acc
+        # next column: (n, oy, ox) in row-major order
+        ox = ox + 1
+        if ox == OW:
+            ox = 0
+            oy = oy + 1
+            if oy == OH:
+                oy = 0
+                n = n + 1
 
 
-cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const float *dxc,
-                float *OUT, int ncols, int g, int t) noexcept nogil:
-    """Output-channel tile ``t`` of group ``g`` for ``ncols`` columns (table ``AP``) into ``OUT`` (all blocks)."""
+cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const float *dxc, float *OUT, int ncols,
+                int g, int k0, int nk, int t0, int nt) noexcept nogil:
+    """Blocks ``k0 .. k0+nk-1`` of channel tiles ``t0 .. t0+nt-1`` of group ``g`` for ``ncols`` columns (table
+    ``AP``) into ``OUT``: the float partial sums start at block 0 and are finished after the last block."""
     cdef qc_gemm_args a
-    cdef int64_t tab = (<int64_t> g * j.NB) * j.OCp + <int64_t> t * QC_UNIT
+    cdef int64_t tab = (<int64_t> g * j.NB + k0) * j.OCp + <int64_t> t0 * QC_UNIT
     a.aptr = AP
     a.ldp = j.K
-    a.a_off = <int64_t> g * j.NB * j.BCp
+    a.a_off = (<int64_t> g * j.NB + k0) * j.BCp
     a.a_bstride = j.BCp
-    a.w = j.w + g * j.w_gstride + t * j.w_tstride
+    a.w = j.w + g * j.w_gstride + k0 * j.w_bstride + t0 * j.w_tstride
     a.w_bstride = j.w_bstride
-    a.colsum = S + g * j.NB
+    a.w_tstride = j.w_tstride
+    a.colsum = S + g * j.NB + k0
     a.lds = j.GNB
     a.wsx = j.wsx + tab
     a.scale = j.scale + tab
     a.offset = (j.offset + tab) if j.offset != NULL else NULL
     a.ldt = j.OCp
     a.dx = dxc
-    a.bias = j.bias + <int64_t> g * j.OCp + <int64_t> t * QC_UNIT
-    a.out = OUT + <int64_t> g * j.OCp + <int64_t> t * QC_UNIT
+    a.bias = j.bias + <int64_t> g * j.OCp + <int64_t> t0 * QC_UNIT
+    a.out = OUT + <int64_t> g * j.OCp + <int64_t> t0 * QC_UNIT
     a.ldo = j.ldo
-    a.nblocks = j.NB
+    a.nblocks = nk
+    a.ntiles = nt
+    a.first = k0 == 0
+    a.last = k0 + nk == j.NB
     a.taps = j.K
     a.bq = j.BCp // 4
     a.ncols = ncols
@@ -281,6 +326,13 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     a.lo = j.lo
     a.hi = j.hi
     qc_gemm(&a, j.variant)
+
+
+cdef inline void _gemm_range(const ConvJob *j, const uint8_t **AP, const int32_t *S, const float *dxc, float *OUT,
+                             int ncols, int g, int t0, int nt) noexcept nogil:
+    """Every block of channel tiles ``t0 .. t0+nt-1`` (the kernels run blocks outer, tiles inner, so weights and
+    tables laid out ``[block][tile]`` are read as one sequential stream per block)."""
+    _gemm(j, AP, S, dxc, OUT, ncols, g, 0, j.NB, t0, nt)
 
 
 cdef inline int8_t _requant(float v, float scale, int zp) noexcept nogil:
@@ -304,12 +356,22 @@ cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noex
     cdef int64_t p, n, pix, idx
     cdef float *yf = <float *> j.y
     cdef int8_t *yi = <int8_t *> j.y
-    if not j.out_nc4hw4 and not j.out_int8 and ncols == 16:
+    if not j.out_nc4hw4 and not j.out_int8 and ncols % 16 == 0:
         n = p0 // j.OHW
-        if (p0 + 15) // j.OHW == n:
-            if qc_store16_nchw(OUT, j.ldo, j.G, j.Og, j.OCp, yf + n * j.O * j.OHW + (p0 - n * j.OHW), j.OHW,
-                               j.variant):
-                return
+        if (p0 + ncols - 1) // j.OHW == n and qc_store16_nchw(NULL, 0, 0, 0, 0, NULL, 0, j.variant):
+            for e in range(0, ncols, 16):
+                qc_store16_nchw(OUT + e * j.ldo, j.ldo, j.G, j.Og, j.OCp, yf + n * j.O * j.OHW + (p0 + e - n * j.OHW),
+                                j.OHW, j.variant)
+            return
+    if not j.out_nc4hw4 and not j.out_int8 and j.OHW == 1:
+        # (N, O, 1, 1): column p is output row p
+        for e in range(ncols):
+            if j.G == 1:
+                memcpy(yf + (p0 + e) * j.O, OUT + e * j.ldo, j.O * sizeof(float))
+            else:
+                for o in range(j.O):
+                    yf[(p0 + e) * j.O + o] = OUT[e * j.ldo + j.oidx[o]]
+        return
     if j.out_nc4hw4 and not j.out_int8 and j.Og % 4 == 0:
         for o in range(0, j.O, 4):
             so = j.oidx[o]
@@ -350,9 +412,8 @@ cdef void _tile_all(const ConvJob *j, int64_t tile, int slot) noexcept nogil:
     cdef float *OUT = j.OUT + <int64_t> slot * j.tile_cols * j.ldo
     _tile_inputs(j, tile, slot, ncols)
     for g in range(j.G):
-        for t in range(j.OCU):
-            _gemm(j, j.AP + <int64_t> slot * j.tile_cols * j.K, j.S + <int64_t> slot * j.tile_cols * j.GNB,
-                  j.DXC + <int64_t> slot * j.tile_cols, OUT, ncols, g, t)
+        _gemm_range(j, j.AP + <int64_t> slot * j.tile_cols * j.K, j.S + <int64_t> slot * j.tile_cols * j.GNB,
+                    j.DXC + <int64_t> slot * j.tile_cols, OUT, ncols, g, 0, j.OCU)
     _store(j, OUT, p0, ncols)
 
 
@@ -363,7 +424,7 @@ cdef void _run(const ConvJob *j, int nthreads) noexcept nogil:
     cdef int64_t ntiles = (j.P + j.tile_cols - 1) // j.tile_cols
     cdef int64_t tile, item, nitems
     cdef int64_t p0
-    cdef int ncols, g, t
+    cdef int ncols, g, t, chunk, nchunks
     if ntiles >= nthreads or nthreads == 1:
         for tile in prange(ntiles, nogil=True, num_threads=nthreads, schedule="dynamic"):
             _tile_all(j, tile, threadid())
@@ -373,15 +434,18 @@ cdef void _run(const ConvJob *j, int nthreads) noexcept nogil:
         p0 = tile * j.tile_cols
         ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
         _tile_inputs(j, tile, <int> tile, ncols)
-    nitems = ntiles * j.G * j.OCU
+    # work item = (column tile, group, chunk of channel tiles); ~4 items per thread for balance
+    chunk = (j.OCU + 4 * nthreads - 1) // (4 * nthreads)
+    nchunks = (j.OCU + chunk - 1) // chunk
+    nitems = ntiles * j.G * nchunks
     for item in prange(nitems, nogil=True, num_threads=nthreads, schedule="dynamic"):
-        tile = item // (j.G * j.OCU)
-        g = <int> ((item // j.OCU) % j.G)
-        t = <int> (item % j.OCU)
+        tile = item // (j.G * nchunks)
+        g = <int> ((item // nchunks) % j.G)
+        t = <int> (item % nchunks) * chunk
         p0 = tile * j.tile_cols
         ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
-        _gemm(j, j.AP + tile * j.tile_cols * j.K, j.S + tile * j.tile_cols * j.GNB, j.DXC + tile * j.tile_cols,
-              j.OUT + tile * j.tile_cols * j.ldo, ncols, g, t)
+        _gemm_range(j, j.AP + tile * j.tile_cols * j.K, j.S + tile * j.tile_cols * j.GNB, j.DXC + tile * j.tile_cols,
+                    j.OUT + tile * j.tile_cols * j.ldo, ncols, g, t, chunk if t + chunk <= j.OCU else j.OCU - t)
     for tile in range(ntiles):
         p0 = tile * j.tile_cols
         ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
@@ -390,7 +454,7 @@ cdef void _run(const ConvJob *j, int nthreads) noexcept nogil:
 
 cdef void _fill_quant(QuantJob *q, x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo,
                       int qhi, const int32_t[::1] chpos, int64_t Ltot1, int64_t GNB, int64_t BCp, int variant,
-                      uint8_t *Q, int32_t *PS, int contiguous=-1) except *:
+                      uint8_t *Q, int32_t *PS, int contiguous=-1, int abias=128) except *:
     """Fill a :c:type:`QuantJob` for ``x`` (validated shapes) and the prepared channel map."""
     cdef int c
     cdef const uint8_t[::1] xb = x.reshape(-1).view(np.uint8)
@@ -414,6 +478,7 @@ cdef void _fill_quant(QuantJob *q, x, int nchw_input, int C, const float[::1] qs
                 q.contiguous = 0
                 break
     q.variant = variant
+    q.abias = abias
     q.Q = Q
     q.PS = PS
 
@@ -453,16 +518,16 @@ cdef class ConvPlan:
         self.variant = variant
         memset(&self.job, 0, sizeof(ConvJob))
         for name in ("C", "O", "G", "Og", "NB", "BC", "BCp", "K", "KH", "KW", "sh", "sw", "ph", "pw", "dh", "dw",
-                     "GNB", "blq", "OCU", "OCp", "bits", "tile_cols"):
+                     "GNB", "OCU", "OCp", "bits", "tile_cols"):
             if name not in geo:
                 raise KeyError(name)
         j.C, j.O, j.G, j.Og = geo["C"], geo["O"], geo["G"], geo["Og"]
         j.NB, j.BC, j.BCp, j.K = geo["NB"], geo["BC"], geo["BCp"], geo["K"]
         j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo["KH"], geo["KW"], geo["sh"], geo["sw"],
                                                           geo["ph"], geo["pw"], geo["dh"], geo["dw"])
-        j.GNB, j.blq, j.OCU, j.OCp, j.bits = geo["GNB"], geo["blq"], geo["OCU"], geo["OCp"], geo["bits"]
+        j.GNB, j.OCU, j.OCp, j.bits = geo["GNB"], geo["OCU"], geo["OCp"], geo["bits"]
         j.tile_cols = geo["tile_cols"]
-        j.pointwise = geo.get("pointwise", 0)
+        j.abias = 128 if j.bits == 8 else 0
         j.Ltot1 = <int64_t> j.GNB * j.BCp
         j.ldo = <int64_t> j.G * j.OCp
         j.w_tstride = geo["w_tstride"]
@@ -528,8 +593,8 @@ cdef class ConvPlan:
         j.Q = &self.Q[0]
         j.PS = &self.PS[0]
         j.dxn = &dx[0]
-        j.zpu = z[0] + 128
-        memset(&self.zrow[0], j.zpu, j.Ltot1)
+        j.zpu = z[0] + j.abias
+        memset(&self.zrow[0], j.zpu & 255, j.Ltot1)
         j.zrow = &self.zrow[0]
         j.AP = <const uint8_t **> &self.APb[0]
         j.S = &self.S[0]
@@ -541,7 +606,7 @@ cdef class ConvPlan:
         j.oscale = oscale if oscale is not None else 1.0
         j.ozp = ozp
         _fill_quant(&q, x, nchw_input, j.C, qs, z, qlo, qhi, self.chpos, j.Ltot1, j.GNB, j.BCp, j.variant,
-                    &self.Q[0], &self.PS[0], self.contiguous)
+                    &self.Q[0], &self.PS[0], self.contiguous, j.abias)
         with nogil:
             _quantize(&q, threads)
             _run(&j, threads)
@@ -553,8 +618,8 @@ cdef class ConvPlan:
 # ----------------------------------------------------------------------------------------------------
 def _test_quantize(x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo, int qhi,
                    const int32_t[::1] chpos, int64_t Ltot1, int64_t GNB, int64_t BCp, str kernel="scalar",
-                   int threads=1):
-    """``(Q, PS)`` of ``x`` (float32 or int8; NCHW or NC4HW4) as the engine builds them."""
+                   int threads=1, int abias=128):
+    """``(Q, PS)`` of ``x`` (float32 or int8; NCHW or NC4HW4) as the engine builds them (bytes ``xq + abias``)."""
     cdef QuantJob q
     N = x.shape[0] if nchw_input else x.shape[1]
     Qa = np.zeros((N * x.shape[2] * x.shape[3], Ltot1), np.uint8)
@@ -563,7 +628,8 @@ def _test_quantize(x, int nchw_input, int C, const float[::1] qs, const int32_t[
     cdef int32_t[:, ::1] PSv = PSa
     if not qc_kernel_supported(KERNELS[kernel]):
         raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
-    _fill_quant(&q, x, nchw_input, C, qs, z, qlo, qhi, chpos, Ltot1, GNB, BCp, KERNELS[kernel], &Qv[0, 0], &PSv[0, 0])
+    _fill_quant(&q, x, nchw_input, C, qs, z, qlo, qhi, chpos, Ltot1, GNB, BCp, KERNELS[kernel], &Qv[0, 0], &PSv[0, 0],
+                -1, abias)
     with nogil:
         _quantize(&q, threads)
     return Qa, PSa
@@ -603,31 +669,36 @@ def _test_indirect(const uint8_t[:, ::1] Q, const int32_t[:, ::1] PS, dict geo, 
 
 def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride, const int32_t[:, ::1] S,
                const int32_t[:, ::1] wsx, const float[:, ::1] scale, offset, const float[::1] dx,
-               const float[::1] bias, int nblocks, int taps, int bq, int bits, int zpu, float lo, float hi, str kernel):
+               const float[::1] bias, int nblocks, int taps, int bq, int bits, int zpu, float lo, float hi, str kernel,
+               int first=1, int last=1, out=None, int ntiles=1, int64_t w_tstride=0):
     """One micro-kernel call on a materialised A: ``A`` uint8 ``(ncols, nblocks*taps*bq*4)`` (block-major, each
     block ``taps`` runs of ``4*bq`` bytes, read through an indirection table like the engine's), ``w`` the
-    tiles of one 32-channel tile (block ``k`` at ``k*w_bstride``), ``S`` int32 ``(ncols, nblocks)``,
-    ``wsx``/``scale``/``offset`` ``(nblocks, 32)``, ``dx`` ``(ncols,)``, ``bias`` ``(32,)``.
-    Returns float32 ``(ncols, 32)``."""
+    tiles of ``ntiles`` 32-channel tiles (tile ``t``, block ``k`` at ``t*w_tstride + k*w_bstride``), ``S`` int32
+    ``(ncols, nblocks)``, ``wsx``/``scale``/``offset`` ``(nblocks, 32*ntiles)``, ``dx`` ``(ncols,)``, ``bias``
+    ``(32*ntiles,)``. Returns (or accumulates into ``out``) float32 ``(ncols, 32*ntiles)``."""
     cdef qc_gemm_args a
     cdef int ncols = A.shape[0]
     cdef const float[:, ::1] off
     cdef int variant = KERNELS[kernel]
     cdef int64_t blq = <int64_t> taps * bq
+    cdef int64_t width = <int64_t> QC_UNIT * ntiles
     if not qc_kernel_supported(variant):
         raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
-    if taps < 1 or bq < 1 or nblocks < 1 or bits not in (4, 8):
-        raise ValueError("taps, bq, nblocks must be >= 1 and bits 4 or 8")
+    if taps < 1 or bq < 1 or nblocks < 1 or ntiles < 1 or bits not in (4, 8):
+        raise ValueError("taps, bq, nblocks, ntiles must be >= 1 and bits 4 or 8")
     if A.shape[1] < <int64_t> nblocks * blq * 4 or S.shape[0] != ncols or S.shape[1] != nblocks:
         raise ValueError("A / S shapes do not match")
-    if wsx.shape[0] != nblocks or wsx.shape[1] != QC_UNIT or scale.shape[0] != nblocks or scale.shape[1] != QC_UNIT:
-        raise ValueError("tables must be (nblocks, 32)")
-    if dx.shape[0] != ncols or bias.shape[0] != QC_UNIT:
-        raise ValueError("dx must be (ncols,), bias (32,)")
+    if wsx.shape[0] != nblocks or wsx.shape[1] != width or scale.shape[0] != nblocks or scale.shape[1] != width:
+        raise ValueError("tables must be (nblocks, 32*ntiles)")
+    if dx.shape[0] != ncols or bias.shape[0] != width:
+        raise ValueError("dx must be (ncols,), bias (32*ntiles,)")
     tile = QC_UNIT * QC_SRC_UNIT if bits == 8 else QC_UNIT * QC_SRC_UNIT // 2
-    if w.shape[0] < (nblocks - 1) * w_bstride + blq * tile:
+    if w_bstride < 0 or w_tstride < 0 or w.shape[0] < (ntiles - 1) * w_tstride + (nblocks - 1) * w_bstride + blq * tile:
         raise ValueError("w too short")
-    out = np.zeros((ncols, QC_UNIT), np.float32)
+    if out is None:
+        out = np.zeros((ncols, width), np.float32)
+    if out.shape != (ncols, width) or out.dtype != np.float32:
+        raise ValueError("out must be float32 (ncols, 32*ntiles)")
     ptrs = np.zeros((ncols, taps), np.uintp)
     base = <size_t> &A[0, 0]
     ptrs[:] = base + np.arange(ncols, dtype=np.uintp)[:, None] * A.shape[1] + np.arange(taps, dtype=np.uintp) * (4 * bq)
@@ -639,6 +710,9 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
     a.a_bstride = blq * 4
     a.w = &w[0]
     a.w_bstride = w_bstride
+    a.w_tstride = w_tstride
+    a.ntiles = ntiles
+    a.first, a.last = first, last
     a.colsum = &S[0, 0]
     a.lds = nblocks
     a.wsx = &wsx[0, 0]
@@ -647,14 +721,14 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
         a.offset = NULL
     else:
         off = offset
-        if off.shape[0] != nblocks or off.shape[1] != QC_UNIT:
-            raise ValueError("offset must be (nblocks, 32)")
+        if off.shape[0] != nblocks or off.shape[1] != width:
+            raise ValueError("offset must be (nblocks, 32*ntiles)")
         a.offset = &off[0, 0]
-    a.ldt = QC_UNIT
+    a.ldt = width
     a.dx = &dx[0]
     a.bias = &bias[0]
     a.out = &o[0, 0]
-    a.ldo = QC_UNIT
+    a.ldo = width
     a.nblocks, a.taps, a.bq, a.ncols, a.bits, a.zpu = nblocks, taps, bq, ncols, bits, zpu
     a.lo, a.hi = lo, hi
     with nogil:

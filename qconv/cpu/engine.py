@@ -6,9 +6,11 @@ built: weight sums (``wsx``), scales, offsets and bias, all ``(groups, n_blocks,
 
 Per call: the input is quantized dynamically (``act_quant="tensor"``: per-tensor asymmetric, ``"row"``:
 per-sample symmetric; bit-exact with :func:`qconv.reference.quantize_activation`) into an int8
-pixel-major buffer, columns of the output are blitted into packed-A tiles (im2col with the zero point on
-out-of-image taps), and the tiled int8 GEMM with its fused float epilogue writes the result. Scratch
-buffers are allocated once per input shape and reused.
+pixel-major buffer; for each tile of output columns an indirection table points every tap at its input
+pixel (or at a row of zero points for padding taps -- an im2col without copies), and the tiled int8 GEMM
+with its fused float epilogue (scales, offset and weight-sum corrections, bias, relu/relu6) writes the
+result. Threads split the column tiles, or the output-channel tiles when there are fewer column tiles than
+threads (GEMV). Scratch buffers are allocated once per input shape and reused.
 
 Static int8 path: ``input_qparams=(scale, zero_point)`` makes the layer take an **int8** input
 ``x ~= (x_int8 - zero_point) * scale`` (no dynamic quantization); ``output_qparams=(scale, zero_point)``
@@ -127,7 +129,7 @@ class CpuEngine:
     ``spec``: :class:`~qconv.geometry.ConvSpec` with ``act_quant`` ``"tensor"`` or ``"row"``.
     ``threads``: OpenMP threads (None = every core of this process); settable later via ``engine.threads``.
     ``kernel``: ``"scalar"``, ``"avx2"`` or ``"avx512vnni"`` to force a micro-kernel (default: ``$QCONV_CPU_KERNEL``,
-    else the best one CPUID reports). ``tile_cols``: output columns per packed-A tile.
+    else the best one CPUID reports). ``tile_cols``: output columns per tile (the store transposes 16 at a time).
     ``input_qparams`` / ``output_qparams``: the static int8 path (module docstring).
 
     ``forward(x, layout)``: ``x`` float32 (int8 with ``input_qparams``) C-contiguous NCHW ``(N, C, H, W)`` or
@@ -222,8 +224,7 @@ class CpuEngine:
         lo, hi = (0.0, 6.0) if act == "relu6" else (0.0, np.inf) if act == "relu" else (-np.inf, np.inf)
         geo = dict(C=w.in_channels, O=w.out_channels, G=g, Og=og, NB=nb, BC=lay.block_channels,
                    BCp=lay.block_icl, K=lay.taps, KH=kh, KW=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw,
-                   GNB=g * nb, blq=lay.block_l, OCU=lay.oc_tiles, OCp=ocp, bits=w.bits,
-                   tile_cols=self.tile_cols, pointwise=int(self._pointwise),
+                   GNB=g * nb, OCU=lay.oc_tiles, OCp=ocp, bits=w.bits, tile_cols=self.tile_cols,
                    w_tstride=lay.oc_tile_stride, w_bstride=lay.block_stride, w_gstride=lay.group_stride,
                    lo=lo, hi=hi)
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
@@ -276,13 +277,19 @@ class CpuEngine:
             s["dx"].fill(scale)
             return -128, 127
         if self.spec.act_quant == "tensor":
-            qs, dx, z = tensor_qparams(*_cpu.minmax(x.reshape(-1), self.threads, self.kernel))
+            lo, hi = _cpu.minmax(x.reshape(-1), self.threads, self.kernel)
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                raise ValueError("x contains NaN or infinite values")
+            qs, dx, z = tensor_qparams(lo, hi)
             s["qs"].fill(qs)
             s["z"].fill(z)
             s["dx"].fill(dx)
             return -128, 127
         view = x.reshape(1, n, -1) if nchw else x.reshape(x.shape[0], n, -1)
-        s["qs"][:], s["dx"][:] = row_qparams(_cpu.absmax_rows(view, self.threads, self.kernel))
+        amax = _cpu.absmax_rows(view, self.threads, self.kernel)
+        if not np.isfinite(amax).all():
+            raise ValueError("x contains NaN or infinite values")
+        s["qs"][:], s["dx"][:] = row_qparams(amax)
         s["z"].fill(0)
         return -127, 127
 

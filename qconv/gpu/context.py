@@ -166,6 +166,20 @@ def profiling_queue(ctx, dev):
         return q
 
 
+def memory_pool(ctx, dev):
+    """A ``pyopencl.tools.MemoryPool`` per (context, device) for the engine's temporary buffers."""
+    import_pyopencl()
+    from pyopencl.tools import ImmediateAllocator, MemoryPool
+
+    key = ("pool", ctx.int_ptr, dev.int_ptr)
+    queue = profiling_queue(ctx, dev)
+    with _lock:
+        pool = _queues.get(key)
+        if pool is None:
+            pool = _queues[key] = MemoryPool(ImmediateAllocator(queue))
+        return pool
+
+
 def device_identity(dev) -> dict:
     """What a tuning result depends on: device name, vendor, driver version, platform."""
     return {"name": dev.name.strip(), "vendor": dev.vendor.strip(), "driver": dev.driver_version.strip(),

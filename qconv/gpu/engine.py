@@ -19,7 +19,6 @@ The (variant, local size) of each input shape is auto-tuned at its first call (:
 """
 from __future__ import annotations
 
-import math
 import threading
 
 import numpy as np
@@ -27,8 +26,8 @@ import numpy as np
 from ..layouts.opencl import (OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLConvWeightLayout,
                               OpenCLScaleLayout)
 from . import tuning
-from .context import describe_device, import_pyopencl, profiling_queue, resolve
-from .errors import OpenCLError, OpenCLUnavailableError, wrap_cl_error
+from .context import describe_device, import_pyopencl, memory_pool, profiling_queue, resolve
+from .errors import OpenCLUnavailableError, wrap_cl_error
 from .programs import get_kernel
 
 GENERAL_VARIANTS = {  # name -> (CB blocks of 4 output channels, HB rows, WB columns)
@@ -114,6 +113,7 @@ class OpenCLEngine:
         if not self.device.endian_little:
             raise OpenCLUnavailableError(f"{self.device.name}: big-endian OpenCL devices are not supported")
         self.queue = profiling_queue(self.ctx, self.device)
+        self._pool = memory_pool(self.ctx, self.device)
         self.tune = tuning.tune_level(tune)
         self.is_gpu = bool(self.device.type & cl.device_type.GPU)
         self.specialize = self.is_gpu if specialize is None else bool(specialize)
@@ -166,9 +166,12 @@ class OpenCLEngine:
                 self._wq = self._upload_image(self.layout.pack_array(w.q))
             else:
                 self._wq = self._upload(self.layout.pack_array(w.q))
-            if variant is not None and variant.startswith("img") != self.image:
-                raise ValueError(f"variant {variant!r} needs the {'image' if variant.startswith('img') else 'buffer'} "
-                                 f"weights but this engine uses the {'image' if self.image else 'buffer'} (image={image!r})")
+            if variant is not None and variant.startswith("img") and not self.image:
+                if image is False:
+                    raise ValueError(f"variant {variant!r} needs image weights, but image=False")
+                self.forced_variant = "buf" + variant[3:]  # image did not fit / no image support: buffer
+            elif variant is not None and variant.startswith("buf") and self.image:
+                raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
         self._base_options = self._make_base_options()
 
     # {{{ preparation
@@ -525,8 +528,8 @@ class OpenCLEngine:
             plan, is_new = self._plan_for(layout, n, h, w)
             q = self.queue
             try:
-                xd = cla.to_device(q, x)
-                yd = cla.empty(q, plan.out_shape, np.float32)
+                xd = cla.to_device(q, x, allocator=self._pool)
+                yd = cla.empty(q, plan.out_shape, np.float32, allocator=self._pool)
             except cl.Error as exc:
                 raise wrap_cl_error(exc, f"allocating {x.nbytes} + {4 * plan.out_elems} bytes on "
                                          f"{self.device.name}") from exc
@@ -558,7 +561,7 @@ class OpenCLEngine:
             raise ValueError(f"x's buffer holds {x.base_data.size} bytes, its shape needs {x.nbytes}")
         with self._lock:
             plan, is_new = self._plan_for(layout, n, h, w)
-            y = cla.empty(queue, plan.out_shape, np.float32)
+            y = cla.empty(queue, plan.out_shape, np.float32, allocator=x.allocator)
             self._check_buffers(plan, x.base_data.size, y.base_data.size)
             evt = self._run(plan, is_new, x.base_data, y.base_data, queue, list(x.events) or None)
         y.add_event(evt)

@@ -44,14 +44,18 @@ inline float4 mask_lanes(float4 v, int base, int limit) {
     return select((float4)(0.0f), v, c < (int4)(limit));
 }
 
-/* 8 int4 codes of a little-endian word -> float values q = code - 8, element e at bits 4e..4e+3 */
-inline float8 nibbles8(uint w) {
-    uint8 s = (uint8)(w) >> (uint8)(0, 4, 8, 12, 16, 20, 24, 28);
-    return convert_float8(s & (uint8)(15)) - (float8)(8.0f);
+/* Weight decode without int->float conversions (a quarter-rate instruction on NVIDIA GPUs): a small
+ * integer u < 2**23 or'ed into the mantissa of 2**23 is the float 2**23 + u exactly, and subtracting
+ * 2**23 + bias leaves u - bias exactly. Words are little-endian (the engine refuses big-endian devices). */
+
+/* 4 int8 values (two's complement bytes, byte e = element e) of a word -> float */
+inline float4 q8x4(uint word) {
+    const uint4 b = ((uint4)(word) >> (uint4)(0, 8, 16, 24)) & (uint4)(0xFFu);
+    return as_float4(b ^ (uint4)(0x4B000080u)) - (float4)(8388736.0f); /* (b ^ 0x80) = q + 128 */
 }
 
-/* 4 int4 codes from bits [shift, shift+16) of a word */
-inline float4 nibbles4(uint w, uint shift) {
-    uint4 s = (uint4)(w >> shift) >> (uint4)(0, 4, 8, 12);
-    return convert_float4(s & (uint4)(15)) - (float4)(8.0f);
+/* 4 int4 codes (q + 8, element e at bits shift + 4e) of a word -> float q */
+inline float4 q4x4(uint word, uint shift) {
+    const uint4 n = ((uint4)(word >> shift) >> (uint4)(0, 4, 8, 12)) & (uint4)(15u);
+    return as_float4(n | (uint4)(0x4B000000u)) - (float4)(8388616.0f);
 }

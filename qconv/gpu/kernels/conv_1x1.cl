@@ -70,11 +70,11 @@ __constant sampler_t SMP = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_NONE | CLK_
 inline float4 qgroup(uint4 wv, int v) {
 #if QBITS == 8
     const uint word = v == 0 ? wv.x : v == 1 ? wv.y : v == 2 ? wv.z : wv.w;
-    return convert_float4(as_char4(word));
+    return q8x4(word);
 #else
     const int wi = v >> 1;
     const uint word = wi == 0 ? wv.x : wi == 1 ? wv.y : wi == 2 ? wv.z : wv.w;
-    return nibbles4(word, (uint)(v & 1) * 16u);
+    return q4x4(word, (uint)(v & 1) * 16u);
 #endif
 }
 
@@ -202,7 +202,8 @@ __kernel void conv_1x1(const int gws0, const int gws2,
                     for (int v = 0; v < GPS; ++v)
                         qv[v] = qgroup(wv, g * GPS + v);
 #ifndef NBLK1
-                    const int blk = (k * KC + g * GPS * 4) / BLOCK_CH;
+                    /* clamped: groups past I (zero inputs) must not read past the scales */
+                    const int blk = min((k * KC + g * GPS * 4) / BLOCK_CH, IC / BLOCK_CH - 1);
                     const float s = LOAD_S1(ws, blk * OCP + o);
 #ifdef ASYM
                     const float a = LOAD_S1(wo, blk * OCP + o);

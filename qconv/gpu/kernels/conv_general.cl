@@ -124,27 +124,27 @@ inline float4 load_x4(__global const float *x, int c4, int n, int iy, int ix, in
 #if QBITS == 8
 #define LOAD_Q(u, ustride)                                                       \
     {                                                                            \
-        const char16 _q = vload16((u), (__global const char *)wq);               \
-        q0 = convert_float4(_q.s0123);                                           \
-        q1 = convert_float4(_q.s4567);                                           \
-        q2 = convert_float4(_q.s89ab);                                           \
-        q3 = convert_float4(_q.scdef);                                           \
+        const uint4 _q = vload4((u), (__global const uint *)wq);                 \
+        q0 = q8x4(_q.x);                                                         \
+        q1 = q8x4(_q.y);                                                         \
+        q2 = q8x4(_q.z);                                                         \
+        q3 = q8x4(_q.w);                                                         \
     }
 #else
 #define LOAD_Q(u, ustride)                                                       \
     {                                                                            \
         const uint2 _q = vload2((u), (__global const uint *)wq);                 \
-        q0 = nibbles4(_q.x, 0);                                                  \
-        q1 = nibbles4(_q.x, 16);                                                 \
-        q2 = nibbles4(_q.y, 0);                                                  \
-        q3 = nibbles4(_q.y, 16);                                                 \
+        q0 = q4x4(_q.x, 0);                                                      \
+        q1 = q4x4(_q.x, 16);                                                     \
+        q2 = q4x4(_q.y, 0);                                                      \
+        q3 = q4x4(_q.y, 16);                                                     \
     }
 #endif
 #else /* WPACK == 1: the unit of input lane t is at u + t * ustride */
 #if QBITS == 8
-#define LOAD_Q1(u) convert_float4(vload4((u), (__global const char *)wq))
+#define LOAD_Q1(u) q8x4(((__global const uint *)wq)[u])
 #else
-#define LOAD_Q1(u) nibbles4((uint)(((__global const ushort *)wq)[u]), 0)
+#define LOAD_Q1(u) q4x4((uint)(((__global const ushort *)wq)[u]), 0)
 #endif
 #define LOAD_Q(u, ustride)                                                       \
     {                                                                            \
@@ -155,9 +155,20 @@ inline float4 load_x4(__global const float *x, int c4, int n, int iy, int ix, in
     }
 #endif
 
-/* scale the q rows in registers: w = q * s + a  (per-channel symmetric: scaled once at the end) */
-#if defined(NBLK1) && !defined(ASYM)
+/* How the scales are applied (all three compute sum_l (q_l*s + a)*x_l in float32):
+ *   SCALE_AT_END  per-channel scales: acc = sum q*x (and sx = sum x when ASYM) over everything, then
+ *                 y = s*acc + a*sx once (grouped convs only when symmetric: their sx differs per lane);
+ *   BLOCK_FLUSH   blocks of a multiple of 4 channels (ungrouped): the same per block, added into tot;
+ *   otherwise     w = q*s + a in registers, weight by weight (blocks not aligned to 4 input lanes). */
+#if defined(NBLK1) && (!defined(ASYM) || !defined(GROUPED))
 #define SCALE_AT_END
+#elif defined(BLOCK_ALIGN4) && !defined(GROUPED)
+#define BLOCK_FLUSH
+#endif
+#if defined(ASYM) && (defined(SCALE_AT_END) || defined(BLOCK_FLUSH))
+#define SUMX
+#endif
+#if defined(SCALE_AT_END) || defined(BLOCK_FLUSH)
 #define DEQ(qv, cb, t) (qv)
 #elif defined(ASYM)
 #define DEQ(qv, cb, t) ((qv) * sc[cb][t] + of[cb][t])
@@ -203,6 +214,17 @@ __kernel void conv_general(const int gws0, const int gws1,
 #endif
 
     float4 acc[CB][HB][WB];
+#ifdef BLOCK_FLUSH
+    float4 tot[CB][HB][WB];
+#endif
+#ifdef SUMX
+    float sx[HB][WB];
+#pragma unroll
+    for (int h = 0; h < HB; ++h)
+#pragma unroll
+        for (int w = 0; w < WB; ++w)
+            sx[h][w] = 0.0f;
+#endif
     float4 sc[CB][4];
 #ifdef ASYM
     float4 of[CB][4];
@@ -212,8 +234,12 @@ __kernel void conv_general(const int gws0, const int gws1,
 #pragma unroll
         for (int h = 0; h < HB; ++h)
 #pragma unroll
-            for (int w = 0; w < WB; ++w)
+            for (int w = 0; w < WB; ++w) {
                 acc[cb][h][w] = (float4)(0.0f);
+#ifdef BLOCK_FLUSH
+                tot[cb][h][w] = (float4)(0.0f);
+#endif
+            }
     }
 
 #ifdef NBLK1
@@ -290,6 +316,9 @@ __kernel void conv_general(const int gws0, const int gws1,
                         v = mask_lanes(v, 4 * ic4, IC);
 #endif
                         xv[h][w] = v;
+#ifdef SUMX
+                        sx[h][w] += (v.x + v.y) + (v.z + v.w);
+#endif
                     }
                 }
 #endif
@@ -378,9 +407,35 @@ __kernel void conv_general(const int gws0, const int gws1,
                 }
             }
         }
+#ifdef BLOCK_FLUSH
+        if ((4 * (ic4 + 1)) % BLOCK_CH == 0) { /* last 4 channels of a block: apply its scale */
+#pragma unroll
+            for (int cb = 0; cb < CB; ++cb) {
+#pragma unroll
+                for (int h = 0; h < HB; ++h) {
+#pragma unroll
+                    for (int w = 0; w < WB; ++w) {
+#ifdef SUMX
+                        tot[cb][h][w] += acc[cb][h][w] * sc[cb][0] + sx[h][w] * of[cb][0];
+#else
+                        tot[cb][h][w] += acc[cb][h][w] * sc[cb][0];
+#endif
+                        acc[cb][h][w] = (float4)(0.0f);
+                    }
+                }
+            }
+#ifdef SUMX
+#pragma unroll
+            for (int h = 0; h < HB; ++h)
+#pragma unroll
+                for (int w = 0; w < WB; ++w)
+                    sx[h][w] = 0.0f;
+#endif
+        }
+#endif
     }
 
-    /* epilogue: scale (per-channel symmetric), bias, activation, padding lanes, store */
+    /* epilogue: scales (SCALE_AT_END), bias, activation, padding lanes, store */
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) {
         const int oc4 = oc4_0 + cb;
@@ -407,9 +462,14 @@ __kernel void conv_general(const int gws0, const int gws1,
                 if (ox >= OW)
                     break;
 #endif
+#if defined(BLOCK_FLUSH)
+                float4 v = tot[cb][h][w];
+#elif defined(SCALE_AT_END) && defined(SUMX)
+                float4 v = acc[cb][h][w] * sc[cb][0] + sx[h][w] * of[cb][0];
+#elif defined(SCALE_AT_END)
+                float4 v = acc[cb][h][w] * sc[cb][0];
+#else
                 float4 v = acc[cb][h][w];
-#ifdef SCALE_AT_END
-                v = v * sc[cb][0];
 #endif
                 v = ACTIVATE(v + b);
 #ifdef OC_LANE_LEAVE
