@@ -133,11 +133,10 @@ def _torch():
 
 def _ort():
     try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
+        import onnx  # noqa: F401  (the models are built with it)
+        import onnxruntime
     except ImportError:
         return None
-    import onnxruntime
     return onnxruntime
 
 
@@ -188,7 +187,6 @@ def _ort_dynamic(model, ort):
 def _ort_nbits(w, b, xshape, yshape, ort, block=32):
     """onnxruntime MatMulNBits (com.microsoft): int4, block 32, asymmetric RTN with uint8 zero points,
     ``accuracy_level=4`` (int8 activations, its fastest CPU path)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     n_out, k = w.shape
     kb = -(-k // block)
@@ -337,11 +335,9 @@ def run(args):
 # --- report -------------------------------------------------------------------------------------------------------
 def report(rows, args):
     out = []
-    eng = qconv.cpu.CpuEngine
     out.append(f"qconv CPU benchmark: {platform.processor() or platform.machine()}, {THREADS} threads, "
                f"kernel {qconv.cpu.select_kernel()}, numpy {np.__version__}"
                + (" (quick)" if args.quick else ""))
-    del eng
     out.append("")
     out.append("| case | scheme | engine | median ms | GOP/s | rel. err vs float | peak RSS MB |")
     out.append("|---|---|---|---:|---:|---:|---:|")
@@ -390,7 +386,7 @@ def main(argv=None):
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains this")
     args = p.parse_args(argv)
-    import qconv.cpu  # noqa: F401  (fail early when the extension is not built)
+    import qconv.cpu  # noqa: F401,F811  (fail early when the extension is not built)
     rows = run(args)
     report(rows, args)
 

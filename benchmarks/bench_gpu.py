@@ -215,7 +215,7 @@ def main(argv=None):
             row, data = bench_ours(case, scheme, args.device, args, rng)
             if args.baselines:
                 row.update(torch_baselines(case, scheme, data, args))
-            pct = 100.0 * row["GBps"] * 1e9 / bw if case[1] == "gemv" else float("nan")
+            pct = 100.0 * row["GBps"] * 1e9 / bw if case[1] == "gemv" else None
             row["pct_copy"] = pct
             lws = "driver" if row["lws"] is None else "x".join(map(str, row["lws"]))
             extra = "  ".join(f"{k[:-3]}={v:.1f}us" for k, v in row.items() if k.startswith("torch") and k.endswith("_us"))

@@ -137,6 +137,8 @@ def test_threads_setting():
     assert eng.threads == 3
     with pytest.raises(ValueError):
         eng.threads = 0
+    with pytest.raises(ValueError):
+        eng.threads = 10**6
 
 
 @pytest.mark.parametrize("aq", ["tensor", "row"])

@@ -408,7 +408,7 @@ cdef void _tile_all(const ConvJob *j, int64_t tile, int slot) noexcept nogil:
     """One column tile, every output channel: indirection table, GEMM per (group, channel tile), store."""
     cdef int64_t p0 = tile * j.tile_cols
     cdef int ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
-    cdef int g, t
+    cdef int g
     cdef float *OUT = j.OUT + <int64_t> slot * j.tile_cols * j.ldo
     _tile_inputs(j, tile, slot, ncols)
     for g in range(j.G):

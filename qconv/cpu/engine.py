@@ -32,7 +32,6 @@ import numpy as np
 from .. import _validate as V
 from ..geometry import ConvSpec
 from ..layouts.gemm_tiles import TiledWeightLayout
-from ..weights import round_half_away
 
 # OpenMP threads sleep at the end of a parallel region instead of spinning: on a shared or oversubscribed
 # machine a spinning thread holds its core while the thread it waits for cannot run (measured: 8-16 ms stalls
@@ -53,6 +52,7 @@ SRC_UNIT = int(_cpu.SRC_UNIT)
 # |sum U*q| <= L*255*128 (int8) and L*255*16 (int4, nibbles and the 8*L term) must stay below 2**31.
 MAX_BLOCK_VALUES = {8: 65536, 4: 524288}
 _SCRATCH_SHAPES = 4
+MAX_THREADS = 256
 
 
 def default_threads() -> int:
@@ -170,7 +170,10 @@ class CpuEngine:
 
     @threads.setter
     def threads(self, value):
-        self._threads = default_threads() if value is None else V.check_int(value, "threads", minimum=1)
+        value = default_threads() if value is None else V.check_int(value, "threads", minimum=1)
+        if value > MAX_THREADS:
+            raise ValueError(f"threads must be <= {MAX_THREADS}, got {value}")
+        self._threads = value
 
     @property
     def int8_input(self) -> bool:

@@ -2,7 +2,10 @@
  *
  * One work-item computes CB blocks of 4 output channels x HB output rows x WB output columns:
  * (CB, HB, WB) = (1,1,1) c4h1w1, (1,1,2) c4h1w2, (1,4,1) c4h4w1, (2,2,1) c8h2w1, (2,4,1) c8h4w1,
- * (1,1,4) c4h1w4, (2,1,4) c8h1w4.
+ * (1,1,4) c4h1w4, (2,1,4) c8h1w4, (1,2,4) c4h2w4, (2,2,4) c8h2w4, (4,1,4) c16h1w4, (2,1,8) c8h1w8.
+ * Split-K (-DSPLIT=L > 1): dim 2 of the NDRange is exactly L items (local size L in dim 2); they take
+ * contiguous ranges of input-channel groups (aligned to scale blocks) and lane 0 adds the partial sums
+ * from local memory in a fixed order (batch-1 layers have too few outputs to fill a GPU otherwise).
  *
  * NDRange (2-D): gws0 = ceil(ceil(O/4)/CB) * ceil(OW/WB)  (channel-block group major, column block minor:
  * neighbouring items share weights and read neighbouring pixels), gws1 = N * ceil(OH/HB). The launch
@@ -94,6 +97,9 @@
 #ifndef WPACK
 #define WPACK 4
 #endif
+#ifndef SPLIT
+#define SPLIT 1 /* split-K lanes = the local size in dim 2 (a build option, like conv_1x1's) */
+#endif
 
 /* one input value of channel c (of all CIN channels) at (n, iy, ix); caller checks bounds */
 inline float load_x1(__global const float *x, int c, int n, int iy, int ix, int N, int CIN, int IH, int IW) {
@@ -183,14 +189,22 @@ __kernel void conv_general(const int gws0, const int gws1,
                            __global const SCALE_T *wo,
                            __global const float *bias,
                            __global float *y,
+                           __local float *red,
                            const int N, const int IH, const int IW, const int OH, const int OW,
                            const int a_ic, const int a_oc, const int a_groups,
                            const int a_kh, const int a_kw, const int a_sh, const int a_sw,
                            const int a_ph, const int a_pw, const int a_dh, const int a_dw) {
     const int g0 = get_global_id(0);
     const int g1 = get_global_id(1);
+#if SPLIT > 1
+    /* split-K: the SPLIT items of dim 2 take contiguous input-channel ranges; items past the launch
+       take part in the barrier and store nothing */
+    const bool valid = g0 < gws0 && g1 < gws1;
+    const int lk = get_local_id(2);
+#else
     if (g0 >= gws0 || g1 >= gws1)
         return;
+#endif
 
     const int IC4 = CDIV(IC, 4);
     const int O4 = CDIV(OC, 4);
@@ -260,7 +274,20 @@ __kernel void conv_general(const int gws0, const int gws1,
     }
 #endif
 
-    for (int ic4 = 0; ic4 < IC4; ++ic4) {
+#if SPLIT > 1
+#ifdef BLOCK_FLUSH
+    const int CHUNK_AL = BLOCK_CH / 4;
+#else
+    const int CHUNK_AL = 1;
+#endif
+    const int chunk = CDIV(CDIV(IC4, SPLIT), CHUNK_AL) * CHUNK_AL;
+    const int ic4_lo = valid ? min(lk * chunk, IC4) : IC4;
+    const int ic4_hi = min(ic4_lo + chunk, IC4);
+#else
+    const int ic4_lo = 0;
+    const int ic4_hi = IC4;
+#endif
+    for (int ic4 = ic4_lo; ic4 < ic4_hi; ++ic4) {
 #ifndef NBLK1
         {
             const int nblk = IC / BLOCK_CH;
@@ -435,7 +462,65 @@ __kernel void conv_general(const int gws0, const int gws1,
 #endif
     }
 
-    /* epilogue: scales (SCALE_AT_END), bias, activation, padding lanes, store */
+    /* pre-bias results (scales applied) */
+    float4 pre[CB][HB][WB];
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb)
+#pragma unroll
+        for (int h = 0; h < HB; ++h)
+#pragma unroll
+            for (int w = 0; w < WB; ++w) {
+#if defined(BLOCK_FLUSH)
+#if SPLIT > 1
+                /* a range ending inside a block (never, with aligned chunks): flush what is left */
+#ifdef SUMX
+                pre[cb][h][w] = tot[cb][h][w] + acc[cb][h][w] * sc[cb][0] + sx[h][w] * of[cb][0];
+#else
+                pre[cb][h][w] = tot[cb][h][w] + acc[cb][h][w] * sc[cb][0];
+#endif
+#else
+                pre[cb][h][w] = tot[cb][h][w];
+#endif
+#elif defined(SCALE_AT_END) && defined(SUMX)
+                pre[cb][h][w] = acc[cb][h][w] * sc[cb][0] + sx[h][w] * of[cb][0];
+#elif defined(SCALE_AT_END)
+                pre[cb][h][w] = acc[cb][h][w] * sc[cb][0];
+#else
+                pre[cb][h][w] = acc[cb][h][w];
+#endif
+            }
+#if SPLIT > 1
+    {
+        const int NV = CB * HB * WB;
+        const int l01 = get_local_size(0) * get_local_size(1);
+        const int lin = get_local_id(1) * get_local_size(0) + get_local_id(0);
+        __local float *mine = red + ((lk * l01 + lin) * NV) * 4;
+#pragma unroll
+        for (int cb = 0; cb < CB; ++cb)
+#pragma unroll
+            for (int h = 0; h < HB; ++h)
+#pragma unroll
+                for (int w = 0; w < WB; ++w)
+                    vstore4(pre[cb][h][w], (cb * HB + h) * WB + w, mine);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lk == 0) {
+            for (int j = 1; j < SPLIT; ++j) {
+                __local const float *other = red + ((j * l01 + lin) * NV) * 4;
+#pragma unroll
+                for (int cb = 0; cb < CB; ++cb)
+#pragma unroll
+                    for (int h = 0; h < HB; ++h)
+#pragma unroll
+                        for (int w = 0; w < WB; ++w)
+                            pre[cb][h][w] += vload4((cb * HB + h) * WB + w, other);
+            }
+        }
+    }
+    if (lk != 0 || !valid)
+        return;
+#endif
+
+    /* epilogue: bias, activation, padding lanes, store */
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) {
         const int oc4 = oc4_0 + cb;
@@ -462,16 +547,7 @@ __kernel void conv_general(const int gws0, const int gws1,
                 if (ox >= OW)
                     break;
 #endif
-#if defined(BLOCK_FLUSH)
-                float4 v = tot[cb][h][w];
-#elif defined(SCALE_AT_END) && defined(SUMX)
-                float4 v = acc[cb][h][w] * sc[cb][0] + sx[h][w] * of[cb][0];
-#elif defined(SCALE_AT_END)
-                float4 v = acc[cb][h][w] * sc[cb][0];
-#else
-                float4 v = acc[cb][h][w];
-#endif
-                v = ACTIVATE(v + b);
+                float4 v = ACTIVATE(pre[cb][h][w] + b);
 #ifdef OC_LANE_LEAVE
                 v = mask_lanes(v, oc4 * 4, OC);
 #endif
