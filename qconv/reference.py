@@ -46,12 +46,18 @@ class ActQuant:
         return ((self.xq.astype(np.float64) - z.reshape(shape)) * s.reshape(shape)).astype(np.float32)
 
 
+def _usable(amax: np.ndarray) -> np.ndarray:
+    """absmax values with a finite float32 ``127/amax`` (0 and tiny ranges quantize everything to 0)."""
+    with np.errstate(over="ignore", divide="ignore"):
+        return (amax > 0) & np.isfinite(np.float32(127.0) / np.where(amax > 0, amax, 1).astype(np.float32))
+
+
 def quantize_activation(x, mode: str = "tensor") -> ActQuant:
     """Dynamic int8 quantization of float32 ``x`` (any shape with the batch first).
 
     ``"tensor"``: ``lo = min(min x, 0)``, ``hi = max(max x, 0)``; ``qs = 255/(hi-lo)``, ``dx = (hi-lo)/255``
     (float32), ``z = round(-lo*qs) - 128``; ``xq = clip(round(x*qs) + z, -128, 127)``. An all-zero input
-    gives ``qs = dx = 1, z = 0``.
+    (or one so tiny that ``255/range`` overflows float32) gives ``qs = dx = 1, z = 0``.
     ``"row"``: per sample ``n``, ``a = max|x[n]|``, ``qs = 127/a``, ``dx = a/127``, ``xq = clip(round(x*qs), -127, 127)``,
     ``z = 0`` (``a == 0`` gives ``qs = dx = 1``).
     Rounding is half away from zero, applied to the float32 product ``x*qs`` before adding ``z``.
@@ -62,17 +68,18 @@ def quantize_activation(x, mode: str = "tensor") -> ActQuant:
         lo = min(float(x.min()), 0.0)
         hi = max(float(x.max()), 0.0)
         rng = np.float32(np.float32(hi) - np.float32(lo))
-        if rng > 0:
-            qs = np.float32(np.float32(255.0) / rng)
+        with np.errstate(over="ignore", divide="ignore"):
+            qs = np.float32(np.float32(255.0) / rng) if rng > 0 else np.float32(np.inf)
+        if np.isfinite(qs):
             dx = np.float32(rng / np.float32(255.0))
             z = int(round_half_away(np.float32(-np.float32(lo)) * qs)) - 128
-        else:
+        else:  # range 0, or so tiny that 255/range overflows: everything quantizes to 0
             qs, dx, z = np.float32(1), np.float32(1), 0
         xq = np.clip(round_half_away(x * qs) + z, -128, 127).astype(np.int8)
         return ActQuant(xq, np.array([dx], np.float32), np.array([z], np.int32), "tensor")
     n = x.shape[0]
     amax = np.abs(x.reshape(n, -1)).max(axis=1).astype(np.float32)
-    pos = amax > 0
+    pos = _usable(amax)
     qs = np.where(pos, np.float32(127.0) / np.where(pos, amax, 1), 1).astype(np.float32)
     dx = np.where(pos, amax / np.float32(127.0), 1).astype(np.float32)
     shape = (n,) + (1,) * (x.ndim - 1)
@@ -169,7 +176,7 @@ def quantize_columns(cols: np.ndarray, block_len: int):
     p, g, length = cols.shape
     v = cols.astype(np.float32).reshape(p, g, length // block_len, block_len)
     amax = np.abs(v).max(axis=3)
-    pos = amax > 0
+    pos = _usable(amax)
     qs = np.where(pos, np.float32(127.0) / np.where(pos, amax, 1), 1).astype(np.float32)
     dx = np.where(pos, amax / np.float32(127.0), 1).astype(np.float32)
     vq = np.clip(round_half_away(v * qs[..., None]), -127, 127).astype(np.int8)

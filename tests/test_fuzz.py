@@ -11,7 +11,7 @@ import pytest
 import qconv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = int(os.environ.get("QCONV_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("QCONV_FUZZ_EXAMPLES", "100"))
 
 
 @pytest.mark.parametrize("device", qconv.available_devices())

@@ -120,6 +120,22 @@ def test_every_general_variant(cl_device, variant, bits, block, sym):
     assert eng.plans[("nchw", 2, 11, 9)].variant == variant
 
 
+@pytest.mark.parametrize("variant,lws", [("c4h1w1", (4, 2, 4)), ("c8h1w4", (2, 2, 8)), ("c8h2w4", (1, 1, 3))])
+@pytest.mark.parametrize("bits,block,sym", [(8, 0, False), (4, 8, False), (4, 3, True), (4, 0, True)])
+def test_general_split_k(cl_device, variant, lws, bits, block, sym):
+    """Split-K over input channels (local size (l0, l1, SPLIT)): ranges aligned to scale blocks, empty
+    ranges for the last lanes, launch padding in dims 0/1, grouped convs."""
+    rng = np.random.default_rng(17)
+    for groups, o, i in ((1, 13, 24), (2, 8, 24)):
+        w = _weight(rng, o, i, (3, 3), bits, block if 12 % max(block, 1) == 0 or groups == 1 else 4, sym,
+                    groups=groups)
+        b = rng.standard_normal(o).astype(np.float32)
+        x = rng.standard_normal((2, i, 7, 6)).astype(np.float32)
+        eng = _engine(w, b, 1, 1, 1, "relu", cl_device, variant=variant, local_size=lws)
+        for layout in ("nchw", "nc4hw4"):
+            assert_matches_reference(_forward(eng, x, layout), x, w, b, 1, 1, 1, "relu", act_quant=None)
+
+
 @pytest.mark.parametrize("groups,o,i", [(3, 6, 9), (5, 5, 5), (4, 8, 4), (2, 10, 14)])
 def test_groups_and_depthwise(cl_device, groups, o, i):
     rng = np.random.default_rng(groups)

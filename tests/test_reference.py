@@ -185,3 +185,12 @@ def test_act_block_must_fit_the_weight_blocks():
         reference.conv2d(x, qw, act_quant="block", act_block=6)  # neither divides nor is a multiple of 4
     reference.conv2d(x, qw, act_quant="block", act_block=2)
     reference.conv2d(x, qw, act_quant="block", act_block=12)
+
+
+def test_tiny_ranges_quantize_to_zero_without_overflow():
+    x = np.full((2, 3, 2, 2), 1e-39, np.float32)
+    for mode in ("tensor", "row"):
+        aq = reference.quantize_activation(x, mode)
+        assert np.isfinite(aq.scale).all() and not aq.xq.any()
+    qw = quantize_weight(np.ones((2, 3, 1, 1), np.float32))
+    assert np.isfinite(reference.conv2d(x, qw, act_quant="block")).all()
