@@ -24,7 +24,7 @@ def cl_device(request):
 
 
 def _python(code: str, **env):
-    full = {**os.environ, "PYTHONPATH": ROOT, **env}
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])), **env}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=full, cwd=ROOT, timeout=300)
 

@@ -95,7 +95,8 @@ def test_second_process_reuses_the_first_ones_results(cl_device, cache_dir):
             g.OpenCLEngine(spec, device={cl_device!r}, tune="fast").forward(x)
         print(json.dumps(tuning.stats))
     """)
-    env = {**os.environ, "PYTHONPATH": ROOT, tuning.ENV_CACHE: str(cache_dir)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+           tuning.ENV_CACHE: str(cache_dir)}
 
     def run():
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,

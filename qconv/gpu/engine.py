@@ -33,6 +33,7 @@ from .programs import get_kernel
 GENERAL_VARIANTS = {  # name -> (CB blocks of 4 output channels, HB rows, WB columns)
     "c4h1w1": (1, 1, 1), "c4h1w2": (1, 1, 2), "c4h4w1": (1, 4, 1), "c8h2w1": (2, 2, 1),
     "c8h4w1": (2, 4, 1), "c4h1w4": (1, 1, 4), "c8h1w4": (2, 1, 4),
+    "c4h2w4": (1, 2, 4), "c8h2w4": (2, 2, 4), "c16h1w4": (4, 1, 4), "c8h1w8": (2, 1, 8),
 }
 _INT32_MAX = 2**31 - 1
 _launch_lock = threading.Lock()
@@ -86,7 +87,8 @@ class OpenCLEngine:
 
     * ``tune``: ``"none" | "fast" | "full"`` (default ``$QCONV_TUNE``, else ``"fast"``);
     * ``variant``: force a kernel variant (``"c8h4w1"``..., or ``"buf_c4_r2"``, ``"img_c2_r1"``... for 1x1);
-    * ``local_size``: force the local size (a tuple; with ``variant`` or the heuristic variant);
+    * ``local_size``: force the local size (a tuple; with ``variant`` or the heuristic variant; general
+      path: ``(l0, l1)`` or ``(l0, l1, split)`` with split-K over input channels);
     * ``image``: 1x1 weights in an Image2D: ``None`` (auto: integrated GPUs, when it fits), ``True`` (when
       it fits the device's image limits, else the buffer), ``False``;
     * ``image_limits``: ``(max_width, max_height)`` instead of the device's (tests the fallback);
@@ -132,7 +134,8 @@ class OpenCLEngine:
         if local_size is not None:
             local_size = tuple(int(v) for v in local_size)
             want = 2 if self.path == "general" else 3
-            if len(local_size) != want or min(local_size) < 1:
+            if (len(local_size) != want and not (self.path == "general" and len(local_size) == 3)) \
+                    or min(local_size) < 1:
                 raise ValueError(f"local_size must be {want} positive ints for the {self.path} kernels, got "
                                  f"{local_size!r}")
             if self.path == "1x1" and local_size[2] != 1:
@@ -282,7 +285,7 @@ class OpenCLEngine:
         o4 = _cdiv(wt.out_channels, 4)
         ipg = wt.q.shape[1]
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
-        names = self._general_order(oh, ow, o4)
+        names = self._general_order(oh, ow, o4, n)
         if self.forced_variant:
             names = [self.forced_variant]
         elif self.tune == "fast":
@@ -301,12 +304,17 @@ class OpenCLEngine:
             if ow % wb:
                 opts.append("-DW_LEAVE")
             cands.append(self._candidate("conv_general", name, tuple(opts), (g0, g1), scalars,
-                                         self._local_sizes_2d(g0, g1)))
+                                         self._local_sizes_2d(g0, g1, _cdiv(ipg, 4), cb * hb * wb * 4),
+                                         cb * hb * wb * 4))
         return cands
 
-    def _general_order(self, oh, ow, o4):
+    def _general_order(self, oh, ow, o4, n=1):
         """Variants, the heuristic's favourite first."""
         order = []
+        if self.is_gpu and n * oh * ow * o4 >= 262144 and ow >= 4:
+            # big problems: more outputs per item amortise the weight decode and the input loads
+            order += [v for v, ok in (("c8h2w4", oh >= 2 and o4 >= 2), ("c16h1w4", o4 >= 4),
+                                      ("c8h1w8", ow >= 8 and o4 >= 2)) if ok]
         if ow >= 4:
             order += ["c8h1w4", "c4h1w4"] if o4 >= 2 else ["c4h1w4"]
         if oh >= 4:
@@ -319,11 +327,13 @@ class OpenCLEngine:
         rest = [v for v in GENERAL_VARIANTS if v not in order]
         return order + rest
 
-    def _local_sizes_2d(self, g0, g1):
+    def _local_sizes_2d(self, g0, g1, ic4=1, per_item=4):
+        """Local sizes (l0, l1) or, with split-K over input channels, (l0, l1, SPLIT)."""
         if self.forced_lws is not None:
             return [self.forced_lws]
         maxwg = int(self.device.max_work_group_size)
         mi = self.device.max_work_item_sizes
+        local_floats = int(self.device.local_mem_size) // 4 - 256
         p0, p1 = _pow2ceil(g0), _pow2ceil(g1)
         if self.tune == "full":
             sizes = [(a, b) for a in (1, 2, 4, 8, 16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64)
@@ -333,6 +343,18 @@ class OpenCLEngine:
             l1 = min(max(1, 64 // l0), p1)
             sizes = [(l0, l1), (16, 4), (32, 2), (8, 8), (64, 1), (32, 4), (4, 16)]
             sizes = [(min(a, p0), min(b, p1)) for a, b in sizes]
+        if self.is_gpu and g0 * g1 < 65536 and ic4 >= 4 and len(mi) > 2:
+            # too few outputs to fill a GPU: split the input channels over dim 2 (first when very few)
+            pk = _pow2floor(ic4)
+            split = [(min(32, p0), min(2, p1), min(8, pk)), (min(32, p0), 1, min(16, pk)),
+                     (min(16, p0), min(2, p1), min(16, pk)), (min(64, p0), 1, min(4, pk)),
+                     (min(32, p0), min(2, p1), min(4, pk)), (min(16, p0), 1, min(32, pk))]
+            if self.tune == "full":
+                split += [(a, b, k) for a in (8, 16, 32, 64) for b in (1, 2) for k in (2, 4, 8, 16, 32)
+                          if a <= p0 and b <= p1 and k <= pk]
+            split = [sz for sz in split if sz[0] * sz[1] * sz[2] * per_item <= local_floats
+                     and sz[0] * sz[1] * sz[2] <= min(maxwg, 1024) and sz[2] <= mi[2] and sz[2] > 1]
+            sizes = split + sizes if g0 * g1 < 16384 else sizes[:3] + split + sizes[3:]
         sizes = [sz for sz in dict.fromkeys(sizes) if sz[0] * sz[1] <= maxwg and sz[0] <= mi[0] and sz[1] <= mi[1]]
         if not self.is_gpu:
             sizes = [None] + sizes  # PoCL: its own choice is good and avoids a per-size compile
@@ -407,14 +429,22 @@ class OpenCLEngine:
         def launch(queue, lws, bufs=None, wait_for=None):
             cl = import_pyopencl()
             xbuf, ybuf = bufs if bufs is not None else state["bufs"]
-            kopts = opts if program == "conv_general" else opts + (f"-DSPLIT={1 if lws is None else lws[1]}",)
+            if program == "conv_general":
+                split = 1 if lws is None or len(lws) < 3 else lws[2]
+                kopts = opts + (f"-DSPLIT={split}",) if split > 1 else opts
+            else:
+                kopts = opts + (f"-DSPLIT={1 if lws is None else lws[1]}",)
             kernel = get_kernel(engine.ctx, program, kopts, program)
             if program == "conv_general":
                 g0, g1 = gsize
-                gws = (g0, g1) if lws is None else (_roundup(g0, lws[0]), _roundup(g1, lws[1]))
+                if lws is None:
+                    gws, local = (g0, g1, 1), None
+                else:
+                    gws = (_roundup(g0, lws[0]), _roundup(g1, lws[1]), split)
+                    local = (lws[0], lws[1], split)
+                nloc = 1 if lws is None else lws[0] * lws[1] * split * per_item if split > 1 else 1
                 args = [np.int32(g0), np.int32(g1), xbuf, engine._wq, engine._ws, engine._wo, engine._bias,
-                        ybuf, *scal]
-                local = lws
+                        ybuf, cl.LocalMemory(4 * max(1, nloc)), *scal]
             else:
                 g0, g2 = gsize
                 if lws is None:

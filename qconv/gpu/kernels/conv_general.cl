@@ -256,6 +256,17 @@ __kernel void conv_general(const int gws0, const int gws1,
             }
     }
 
+#ifndef NBLK1
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb)
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            sc[cb][t] = (float4)(0.0f); /* defined even for an empty split-K range */
+#ifdef ASYM
+            of[cb][t] = (float4)(0.0f);
+#endif
+        }
+#endif
 #ifdef NBLK1
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb) {

@@ -4,3 +4,23 @@ __kernel void copy_float4(__global const float4 *src, __global float4 *dst, cons
     if (i < n)
         dst[i] = src[i];
 }
+
+#ifndef UNR
+#define UNR 4
+#endif
+/* grid-stride float4 copy, UNR float4s in flight per item per step (bandwidth reference) */
+__kernel void copy_float4_gs(__global const float4 *src, __global float4 *dst, const int n) {
+    const int stride = get_global_size(0);
+    int i = get_global_id(0);
+    for (; i + (UNR - 1) * stride < n; i += UNR * stride) {
+        float4 v[UNR];
+#pragma unroll
+        for (int u = 0; u < UNR; ++u)
+            v[u] = src[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < UNR; ++u)
+            dst[i + u * stride] = v[u];
+    }
+    for (; i < n; i += stride)
+        dst[i] = src[i];
+}
