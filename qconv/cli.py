@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from ._timing import median_ms
 
 
 @dataclass(frozen=True)
@@ -52,16 +53,6 @@ def _block_for(c: int) -> int:
     return next((b for b in (32, 16, 8) if c % b == 0 and b < c), 0)
 
 
-def _time_call(fn, repeat: int) -> float:
-    fn()  # warm-up (and first-call preparation)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e3
-
-
 def _rel_err(y, ref) -> float:
     return float(np.linalg.norm((y - ref).ravel()) / max(np.linalg.norm(ref.ravel()), 1e-30))
 
@@ -95,7 +86,7 @@ def run_demo(engines=None, repeat: int = 5, quick: bool = False, progress: bool 
             try:
                 conv = qconv.Conv2d(qw, bias, device=dev, **kw)
                 y = conv(x)
-                ms = _time_call(lambda: conv(x), repeat)
+                ms = median_ms(lambda: conv(x), repeat)
                 row["engines"][dev] = dict(ms=ms, rel_err=_rel_err(y, y_float),
                                            act_quant=conv.spec.act_quant)
             except Exception as exc:  # one engine failing must not hide the others' results

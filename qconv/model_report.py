@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from . import reference
+from ._timing import median_ms
 from .testing.asserts import RTOL_FLOAT, RTOL_QUANTIZED, magnitude, sqnr_db
 from .weights import QuantizedWeight, quantize_weight
 
@@ -61,16 +61,6 @@ class Scheme:
         return quantize_weight(w, self.bits, self.block_for(w.shape[1]), self.symmetric, groups, self.method)
 
 
-def _median_ms(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e3
-
-
 def measure_layer(layer, x_captured, scheme: Scheme, act_quant="tensor", act_block=0, engines=(),
                   repeat: int = 3) -> dict:
     """Quantize ``layer`` with ``scheme`` and measure it on its captured input (see the module docstring)."""
@@ -98,7 +88,7 @@ def measure_layer(layer, x_captured, scheme: Scheme, act_quant="tensor", act_blo
             aq = conv.spec.act_quant
             ref = y if aq == act_quant else reference.conv2d(x, qw, layer.bias, act_quant=aq, act_block=act_block, **kw)
             tol = (RTOL_QUANTIZED if aq else RTOL_FLOAT) * magnitude(x, qw, layer.bias, act_quant=aq, **kw)
-            row["engines"][dev] = dict(ms=_median_ms(lambda: conv(x), repeat),
+            row["engines"][dev] = dict(ms=median_ms(lambda: conv(x), repeat),
                                        agrees=bool(np.abs(ye.astype(np.float64) - ref).max() <= tol),
                                        sqnr_db=sqnr_db(ye, y_float))
         except Exception as exc:  # report, do not hide the other engines

@@ -197,9 +197,11 @@ def capture(model, layers, feed: dict, threads: int = 2) -> dict:
 
 def time_float_layer(layer: ModelLayer, x: np.ndarray, repeat: int = 5, threads: int = 2) -> float:
     """Median ms of the layer alone in float32 through onnxruntime (a one-node model)."""
-    onnx = _need("onnx")
+    _need("onnx")
     ort = _need("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
+
+    from ._timing import median_ms
 
     xin = layer.conv_input(x)
     inits = [numpy_helper.from_array(layer.weight, "W")]
@@ -216,15 +218,7 @@ def time_float_layer(layer: ModelLayer, x: np.ndarray, repeat: int = 5, threads:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    import time
-
-    sess.run(None, {"X": xin})
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        sess.run(None, {"X": xin})
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)) * 1e3
+    return median_ms(lambda: sess.run(None, {"X": xin}), repeat)
 
 
 def rapidocr_model(name: str = "ch_PP-OCRv4_det_infer.onnx") -> str:

@@ -268,7 +268,7 @@ def conv2d(x, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=
 def float_conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> np.ndarray:
     """Plain float conv (float64 accumulation) of float weights ``w (O, I/groups, kh, kw)``: the accuracy baseline."""
     w = V.float_array(w, "w", ndim=4)
-    o, ipg = w.shape[0], w.shape[1]
+    o = w.shape[0]
     fake = QuantizedWeight(np.zeros(w.shape, np.int8), np.ones((o, 1), np.float32), None, 8, 0, groups)
     spec = _spec(fake, bias, stride, padding, dilation, None, None)
     x = _check_input(x, spec)

@@ -5,7 +5,6 @@ import sys
 import threading
 
 import numpy as np
-import pytest
 
 import qconv
 
