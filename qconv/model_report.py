@@ -19,12 +19,15 @@ from ._timing import median_ms
 from .testing.asserts import RTOL_FLOAT, RTOL_QUANTIZED, magnitude, sqnr_db
 from .weights import QuantizedWeight, quantize_weight
 
-_SCHEME_RE = re.compile(r"^int(4|8)-(ch|b\d+)(?:-(sym|asym))?(?:-(minmax|mse))?$")
+_SCHEME_RE = re.compile(r"^int(4|8)-(ch|b\d+)(?:-(sym|asym))?(?:-(minmax|mse|gptq))?$")
 
 
 @dataclass(frozen=True)
 class Scheme:
-    """A weight scheme: ``int4-b32-asym``, ``int8-ch-sym``, ``int4-b64-asym-mse`` or ``float``."""
+    """A weight scheme: ``int4-b32-asym``, ``int8-ch-sym``, ``int4-b64-asym-mse`` or ``float``.
+
+    The method suffix: ``minmax`` (default), ``mse`` (clip-range search) or ``gptq`` (calibrated on real
+    layer inputs, see :mod:`qconv.gptq`; needs ``calib`` in :meth:`quantize`)."""
 
     bits: int | None
     block_size: int = 0
@@ -39,7 +42,7 @@ class Scheme:
         m = _SCHEME_RE.match(text)
         if not m:
             raise ValueError(f"scheme {text!r} not understood; examples: int4-b32-asym, int8-ch-sym, "
-                             "int4-b64-asym-mse, float")
+                             "int4-b64-asym-mse, int4-b32-asym-gptq, float")
         bits, blk, sym, method = m.groups()
         return cls(int(bits), 0 if blk == "ch" else int(blk[1:]), sym != "asym", method or "minmax")
 
@@ -48,28 +51,39 @@ class Scheme:
         if self.bits is None:
             return "float"
         blk = f"b{self.block_size}" if self.block_size else "ch"
-        meth = "-mse" if self.method == "mse" else ""
+        meth = "" if self.method == "minmax" else f"-{self.method}"
         return f"int{self.bits}-{blk}-{'sym' if self.symmetric else 'asym'}{meth}"
 
     def block_for(self, in_per_group: int) -> int:
         """The block size used for a layer: the requested one when it divides the channels, else per channel."""
         return self.block_size if self.block_size and in_per_group % self.block_size == 0 else 0
 
-    def quantize(self, w: np.ndarray, groups: int) -> QuantizedWeight | None:
+    def quantize(self, w: np.ndarray, groups: int, calib=None, **conv) -> QuantizedWeight | None:
+        """Quantize ``w``; ``calib`` (the layer's NCHW input) and ``conv`` (stride, padding, dilation) are
+        needed by ``gptq`` only."""
         if self.bits is None:
             return None
-        return quantize_weight(w, self.bits, self.block_for(w.shape[1]), self.symmetric, groups, self.method)
+        block = self.block_for(w.shape[1])
+        if self.method == "gptq":
+            if calib is None:
+                raise ValueError(f"scheme {self.label} needs calibration inputs")
+            from .gptq import quantize_weight_calibrated
+            return quantize_weight_calibrated(w, calib, self.bits, block, self.symmetric, groups, **conv)
+        return quantize_weight(w, self.bits, block, self.symmetric, groups, self.method)
 
 
 def measure_layer(layer, x_captured, scheme: Scheme, act_quant="tensor", act_block=0, engines=(),
-                  repeat: int = 3) -> dict:
-    """Quantize ``layer`` with ``scheme`` and measure it on its captured input (see the module docstring)."""
+                  repeat: int = 3, x_calib=None) -> dict:
+    """Quantize ``layer`` with ``scheme`` and measure it on its captured input (see the module docstring).
+
+    ``x_calib``: the layer's input on a calibration feed, for ``gptq`` schemes."""
     import qconv
 
     x = layer.conv_input(x_captured)
     kw = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
     y_float = reference.float_conv2d(x, layer.weight, layer.bias, groups=layer.groups, **kw)
-    qw = scheme.quantize(layer.weight, layer.groups)
+    calib = None if x_calib is None else layer.conv_input(x_calib)
+    qw = scheme.quantize(layer.weight, layer.groups, calib, **kw)
     row = dict(layer=layer.name, op=layer.op, shape=layer.describe_shape(), groups=layer.groups,
                scheme=scheme.label, bytes_float=4 * layer.weight.size,
                bytes_packed=4 * layer.weight.size if qw is None else qw.nbytes,
@@ -118,17 +132,31 @@ class Plan:
         except TypeError as exc:
             raise ValueError(f"{path}: not a qconv plan ({exc})") from None
 
-    def apply(self, model_path=None) -> dict:
-        """``{layer name: QuantizedWeight or None}`` for the model's layers under this plan."""
-        from .onnx_model import load_layers
+    def apply(self, model_path=None, calib_feed=None) -> dict:
+        """``{layer name: QuantizedWeight or None}`` for the model's layers under this plan.
 
-        _, layers = load_layers(model_path or self.model)
+        ``gptq`` layers are calibrated on ``calib_feed`` (default: the seeded random feed ``inspect`` uses)."""
+        from .onnx_model import capture, default_input, load_layers
+
+        model, layers = load_layers(model_path or self.model)
+        schemes = {name: Scheme.parse(e["scheme"]) for name, e in self.layers.items()}
+        tensors = {}
+        if any(s.method == "gptq" for s in schemes.values()):
+            tensors = capture(model, layers, calib_feed or default_input(model, seed=CALIB_SEED))
         out = {}
         for layer in layers:
-            if layer.name in self.layers:
-                out[layer.name] = Scheme.parse(self.layers[layer.name]["scheme"]).quantize(layer.weight,
-                                                                                          layer.groups)
+            if layer.name in schemes:
+                calib = layer.conv_input(tensors[layer.input_name]) if tensors else None
+                out[layer.name] = schemes[layer.name].quantize(layer.weight, layer.groups, calib,
+                                                                **_conv_kwargs(layer))
         return out
+
+
+CALIB_SEED = 1  # the calibration feed differs from the (seed 0) evaluation feed
+
+
+def _conv_kwargs(layer) -> dict:
+    return dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
 
 
 def choose_plan(rows, candidates, target_db: float, model: str, act_quant) -> Plan:
@@ -186,6 +214,10 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
         raise ValueError(f"{model_path}: no Conv or constant-weight MatMul/Gemm layers found")
     feed = load_input(model, input_path, input_shape) if input_path else default_input(model, input_shape, seed)
     tensors = capture(model, layers, feed)
+    calib = {}
+    if any(s.method == "gptq" for s in schemes):
+        # calibrate on a different feed than the one measured (random: another seed; a user input: itself)
+        calib = tensors if input_path else capture(model, layers, default_input(model, input_shape, seed + CALIB_SEED))
     jobs = [(layer, s) for layer in layers for s in schemes]
     try:
         from tqdm import tqdm
@@ -195,7 +227,8 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
     rows, ort_ms = [], {}
     for layer, scheme in jobs:
         x = tensors[layer.input_name]
-        row = measure_layer(layer, x, scheme, act_quant, act_block, engines, repeat)
+        row = measure_layer(layer, x, scheme, act_quant, act_block, engines, repeat,
+                            calib.get(layer.input_name) if calib else None)
         if time_ort and not layer.is_linear and layer.name not in ort_ms:
             ort_ms[layer.name] = time_float_layer(layer, x, repeat)
         row["ort_ms"] = ort_ms.get(layer.name, float("nan"))
@@ -205,21 +238,25 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
 
 def save_weights(path, model_path, rows) -> None:
     """``--save``: the quantized weights of every (layer, scheme) row as one ``.npz`` (keys ``layer|scheme|field``)."""
-    from .onnx_model import load_layers
-
-    _, layers = load_layers(model_path)
-    by_name = {layer.name: layer for layer in layers}
-    arrays = {}
+    plans = {}
     for r in rows:
-        qw = Scheme.parse(r["scheme"]).quantize(by_name[r["layer"]].weight, by_name[r["layer"]].groups)
-        if qw is None:
-            continue
-        key = f"{r['layer']}|{r['scheme']}|"
-        arrays.update({key + "q": qw.q, key + "scales": qw.scales,
-                       key + "meta": np.array([qw.bits, qw.block_size, qw.groups], np.int64)})
-        if qw.offsets is not None:
-            arrays[key + "offsets"] = qw.offsets
+        plans.setdefault(r["scheme"], {})[r["layer"]] = dict(scheme=r["scheme"], bytes=0, sqnr_db=0.0)
+    arrays = {}
+    for scheme, entries in plans.items():
+        weights = Plan(str(model_path), 0.0, None, entries).apply()
+        for name, qw in weights.items():
+            arrays.update(_weight_arrays(f"{name}|{scheme}|", qw))
     np.savez(path, **arrays)
+
+
+def _weight_arrays(key: str, qw) -> dict:
+    if qw is None:
+        return {}
+    arrays = {key + "q": qw.q, key + "scales": qw.scales,
+              key + "meta": np.array([qw.bits, qw.block_size, qw.groups], np.int64)}
+    if qw.offsets is not None:
+        arrays[key + "offsets"] = qw.offsets
+    return arrays
 
 
 def plot(rows, path) -> None:
