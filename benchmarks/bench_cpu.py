@@ -329,6 +329,18 @@ def run(args):
             record(name, sname, "qconv cpu", None, ref, ops, build=build)
             if rows[-1].get("engine") == "qconv cpu" and "ms" in rows[-1]:
                 rows[-1]["describe"] = build.layer.engine.describe()
+            if args.block:  # act_quant="block" (per pixel x 32-channel blocks) and, for linears, "tensor"
+                modes = [("block", 32)] + ([("tensor", 0)] if kind == "linear" else [])
+                for aq, ab in modes:
+                    def build_b(bits=bits, bs=bs, sym=sym, aq=aq, ab=ab):
+                        w = qconv.quantize_weight(wf, bits=bits, block_size=bs, symmetric=sym)
+                        if kind == "conv":
+                            layer = qconv.Conv2d(w, bf, stride, pad, device="cpu", threads=THREADS, act_quant=aq,
+                                                 act_block=ab)
+                        else:
+                            layer = qconv.Linear(w, bf, device="cpu", threads=THREADS, act_quant=aq, act_block=ab)
+                        return lambda: layer(x)
+                    record(name, sname, f"qconv cpu act_quant={aq}", None, ref, ops, build=build_b)
     return rows
 
 
@@ -373,6 +385,21 @@ def report(rows, args):
             base = [b for b in base if not (c == "ORT float" and ("Integer" in b["engine"] or "NBits" in b["engine"]))]
             cells.append(f"{base[0]['ms'] / r['ms']:.2f}" if base else "-")
         out.append(f"| {r['case']} | {r['scheme']} | {r['ms']:.3f} | " + " | ".join(cells) + " |")
+    blk = [r for r in rows if r["engine"] == "qconv cpu act_quant=block" and "ms" in r]
+    if blk:
+        out.append("")
+        out.append('act_quant="block" (act_block=32) cost: block ms / ms of the other mode, same weights:')
+        out.append("")
+        out.append("| case | scheme | block ms | x default mode | x tensor |")
+        out.append("|---|---|---:|---:|---:|")
+        for r in blk:
+            same = [b for b in rows if b["case"] == r["case"] and b["scheme"] == r["scheme"] and "ms" in b]
+            dflt = [b["ms"] for b in same if b["engine"] == "qconv cpu"]
+            tens = [b["ms"] for b in same if b["engine"] == "qconv cpu act_quant=tensor"] or (
+                dflt if any(c[0] == r["case"] for c in CONVS) else [])
+            out.append(f"| {r['case']} | {r['scheme']} | {r['ms']:.3f} | "
+                       + (f"{r['ms'] / dflt[0]:.2f}" if dflt else "-") + " | "
+                       + (f"{r['ms'] / tens[0]:.2f}" if tens else "-") + " |")
     text = "\n".join(out)
     print(text)
     if args.json:
@@ -384,6 +411,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--block", action="store_true",
+                   help='also time act_quant="block" (act_block=32), and "tensor" for the linears')
     p.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains this")
     args = p.parse_args(argv)
     import qconv.cpu  # noqa: F401,F811  (fail early when the extension is not built)

@@ -25,6 +25,7 @@ cdef extern from "qconv_kernels.h" nogil:
         const float *offset
         int64_t ldt
         const float *dx
+        const float *dxb
         const float *bias
         float *out
         int64_t ldo
@@ -82,3 +83,12 @@ cdef struct ConvJob:
     int out_nc4hw4, out_int8
     float oscale
     int ozp
+    # act_quant="block" (block_mode): each column is quantized per (group, act block) from the pixel-major
+    # float input xp into its own A row (no indirection into Q); the weights are split into fine blocks
+    int block_mode
+    int AB                 # input channels per activation block (a multiple of BC, the fine block)
+    int64_t a_bs           # bytes between blocks in what AP points to: BCp (Q rows) or K*BCp (A rows)
+    int64_t Lcol           # bytes per A row = GNB*K*BCp
+    const float *xp        # (N*H*W, C) float32 pixel-major input
+    uint8_t *A             # (slots, tile_cols, Lcol)
+    float *DXB             # (slots, tile_cols, GNB) activation scale per (column, fine block)

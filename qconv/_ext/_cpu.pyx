@@ -291,6 +291,87 @@ cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP,
                 n = n + 1
 
 
+cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const uint8_t **AP, int32_t *S,
+                     float *DXB) noexcept nogil:
+    """``act_quant="block"``: quantize columns ``p0 .. p0+ncols-1`` into their own ``A`` rows (``Lcol`` bytes each,
+    fine block ``f`` at ``f*K*BCp``, tap ``t`` at ``+t*BCp``: the L order of the weight tiles), symmetric per
+    (column, group, activation block of ``AB`` channels x all taps) exactly as :func:`qconv.reference.quantize_columns`;
+    ``AP`` points each tap at its run, ``S`` gets the per-(column, fine block) sums of ``xq``, ``DXB`` the
+    activation scale of each fine block. Returns the number of non-finite block maxima (NaN / inf input)."""
+    cdef int e, ky, kx, t, g, b, f, gf
+    cdef int K = j.K, KH = j.KH, KW = j.KW, GNB = j.GNB, NB = j.NB, FB = j.BC, BCp = j.BCp, AB = j.AB
+    cdef int Cg = j.C // j.G
+    cdef int nfpa = j.AB // j.BC
+    cdef int nab = Cg // j.AB
+    cdef int abias = j.abias
+    cdef int64_t Lcol = j.Lcol, blen = <int64_t> j.K * j.BCp, ldx = j.C
+    cdef int64_t H = j.H, W = j.W, OH = j.OH, OW = j.OW, sh = j.sh, sw = j.sw, ph = j.ph, pw = j.pw
+    cdef int64_t dh = j.dh, dw = j.dw
+    cdef int64_t n, oy, ox, iy, ix, iy0, ix0, c0
+    cdef int bad = 0
+    cdef float amax, v, qs, dx
+    cdef uint8_t *col
+    cdef uint8_t *dst
+    cdef const float **px = <const float **> malloc(K * sizeof(float *))
+    n = p0 // j.OHW
+    oy = (p0 % j.OHW) // OW
+    ox = p0 % OW
+    for e in range(ncols):
+        col = A + e * Lcol
+        iy0 = oy * sh - ph
+        ix0 = ox * sw - pw
+        for ky in range(KH):
+            iy = iy0 + ky * dh
+            for kx in range(KW):
+                ix = ix0 + kx * dw
+                if 0 <= iy < H and 0 <= ix < W:
+                    px[ky * KW + kx] = j.xp + ((n * H + iy) * W + ix) * ldx
+                else:
+                    px[ky * KW + kx] = NULL
+        for g in range(j.G):
+            for b in range(nab):
+                c0 = <int64_t> g * Cg + <int64_t> b * AB
+                amax = 0
+                for t in range(K):
+                    if px[t] != NULL:
+                        v = qc_absmax(px[t] + c0, AB, j.variant)
+                        if v > amax or v != v:
+                            amax = v
+                if not (amax <= 3.4028234663852886e38):
+                    bad += 1
+                qs = 1
+                dx = 1
+                if amax > 0:
+                    qs = <float> 127.0 / amax
+                    if qs <= 3.4028234663852886e38:
+                        dx = amax / <float> 127.0
+                    else:
+                        qs = 1
+                for f in range(nfpa):
+                    gf = g * NB + b * nfpa + f
+                    dst = col + gf * blen
+                    for t in range(K):
+                        if px[t] != NULL:
+                            qc_quant(px[t] + c0 + f * FB, FB, qs, 0, -127, 127, abias, dst + t * BCp, j.variant)
+                            if BCp > FB:
+                                memset(dst + t * BCp + FB, abias, BCp - FB)
+                        else:
+                            memset(dst + t * BCp, abias, BCp)
+                    DXB[e * GNB + gf] = dx
+        qc_block_sums(col, 1, Lcol, GNB, blen, 128, 0 if abias else 0x80, S + e * GNB, j.variant)
+        for t in range(K):
+            AP[e * K + t] = col + t * BCp
+        ox = ox + 1
+        if ox == OW:
+            ox = 0
+            oy = oy + 1
+            if oy == OH:
+                oy = 0
+                n = n + 1
+    free(px)
+    return bad
+
+
 cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const float *dxc, float *OUT, int ncols,
                 int g, int k0, int nk, int t0, int nt) noexcept nogil:
     """Blocks ``k0 .. k0+nk-1`` of channel tiles ``t0 .. t0+nt-1`` of group ``g`` for ``ncols`` columns (table
@@ -299,8 +380,10 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     cdef int64_t tab = (<int64_t> g * j.NB + k0) * j.OCp + <int64_t> t0 * QC_UNIT
     a.aptr = AP
     a.ldp = j.K
-    a.a_off = (<int64_t> g * j.NB + k0) * j.BCp
-    a.a_bstride = j.BCp
+    a.a_off = (<int64_t> g * j.NB + k0) * j.a_bs
+    a.a_bstride = j.a_bs
+    # block mode: the per-(column, block) scales sit beside S in the slot's DXB (same offsets)
+    a.dxb = (j.DXB + (S - j.S) + g * j.NB + k0) if j.block_mode else NULL
     a.w = j.w + g * j.w_gstride + k0 * j.w_bstride + t0 * j.w_tstride
     a.w_bstride = j.w_bstride
     a.w_tstride = j.w_tstride
@@ -394,30 +477,39 @@ cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noex
                 yf[idx] = OUT[e * j.ldo + so]
 
 
-cdef inline void _tile_inputs(const ConvJob *j, int64_t tile, int slot, int ncols) noexcept nogil:
-    """Per-column scales and the indirection table of one column tile, into scratch slot ``slot``."""
+cdef inline int _tile_inputs(const ConvJob *j, int64_t tile, int slot, int ncols) noexcept nogil:
+    """Per-column scales and the indirection table of one column tile, into scratch slot ``slot`` (block mode:
+    the quantized columns themselves); returns the number of non-finite block maxima (block mode)."""
     cdef int64_t p0 = tile * j.tile_cols
     cdef int e
     cdef float *dxc = j.DXC + <int64_t> slot * j.tile_cols
+    if j.block_mode:
+        for e in range(ncols):
+            dxc[e] = 1
+        return _block_cols(j, p0, ncols, j.A + <int64_t> slot * j.tile_cols * j.Lcol,
+                           j.AP + <int64_t> slot * j.tile_cols * j.K, j.S + <int64_t> slot * j.tile_cols * j.GNB,
+                           j.DXB + <int64_t> slot * j.tile_cols * j.GNB)
     for e in range(ncols):
         dxc[e] = j.dxn[(p0 + e) // j.OHW]
     _indirect(j, p0, ncols, j.AP + <int64_t> slot * j.tile_cols * j.K, j.S + <int64_t> slot * j.tile_cols * j.GNB)
+    return 0
 
 
-cdef void _tile_all(const ConvJob *j, int64_t tile, int slot) noexcept nogil:
+cdef int _tile_all(const ConvJob *j, int64_t tile, int slot) noexcept nogil:
     """One column tile, every output channel: indirection table, GEMM per (group, channel tile), store."""
     cdef int64_t p0 = tile * j.tile_cols
     cdef int ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
     cdef int g
     cdef float *OUT = j.OUT + <int64_t> slot * j.tile_cols * j.ldo
-    _tile_inputs(j, tile, slot, ncols)
+    cdef int bad = _tile_inputs(j, tile, slot, ncols)
     for g in range(j.G):
         _gemm_range(j, j.AP + <int64_t> slot * j.tile_cols * j.K, j.S + <int64_t> slot * j.tile_cols * j.GNB,
                     j.DXC + <int64_t> slot * j.tile_cols, OUT, ncols, g, 0, j.OCU)
     _store(j, OUT, p0, ncols)
+    return bad
 
 
-cdef void _run(const ConvJob *j, int nthreads) noexcept nogil:
+cdef int64_t _run(const ConvJob *j, int nthreads) noexcept nogil:
     """The conv over all columns: split over column tiles, or over output-channel tiles when there are fewer
     column tiles than threads. Each (column, channel tile) is computed by the same instructions either way,
     so the result does not depend on the split or the thread count."""
@@ -425,15 +517,16 @@ cdef void _run(const ConvJob *j, int nthreads) noexcept nogil:
     cdef int64_t tile, item, nitems
     cdef int64_t p0
     cdef int ncols, g, t, chunk, nchunks
+    cdef int64_t bad = 0
     if ntiles >= nthreads or nthreads == 1:
         for tile in prange(ntiles, nogil=True, num_threads=nthreads, schedule="dynamic"):
-            _tile_all(j, tile, threadid())
-        return
+            bad += _tile_all(j, tile, threadid())
+        return bad
     # channel split: slot = tile index (ntiles < nthreads slots exist); tiny serial set-up and store
     for tile in range(ntiles):
         p0 = tile * j.tile_cols
         ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
-        _tile_inputs(j, tile, <int> tile, ncols)
+        bad += _tile_inputs(j, tile, <int> tile, ncols)
     # work item = (column tile, group, chunk of channel tiles); ~4 items per thread for balance
     chunk = (j.OCU + 4 * nthreads - 1) // (4 * nthreads)
     nchunks = (j.OCU + chunk - 1) // chunk
@@ -450,6 +543,7 @@ cdef void _run(const ConvJob *j, int nthreads) noexcept nogil:
         p0 = tile * j.tile_cols
         ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
         _store(j, j.OUT + tile * j.tile_cols * j.ldo, p0, ncols)
+    return bad
 
 
 cdef void _fill_quant(QuantJob *q, x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo,
@@ -499,9 +593,9 @@ cdef class ConvPlan:
     cdef const uint8_t[::1] w
     cdef const int32_t[::1] wsx, oidx, chpos
     cdef const float[::1] scale, offset, bias
-    cdef uint8_t[::1] Q, zrow, APb
+    cdef uint8_t[::1] Q, zrow, APb, Ab
     cdef int32_t[::1] PS, S
-    cdef float[::1] OUT, DXC
+    cdef float[::1] OUT, DXC, DXBb
     cdef int contiguous, bound_slots
     cdef int64_t bound_pixels
     cdef public int variant
@@ -546,14 +640,27 @@ cdef class ConvPlan:
         j.lo = geo["lo"]
         j.hi = geo["hi"]
         j.variant = variant
+        j.block_mode = int(geo.get("block_mode", 0))
+        j.AB = geo.get("AB", j.BC) or j.BC
+        if j.block_mode and (j.AB % j.BC or (j.C // j.G) % j.AB):
+            raise ValueError("AB must be a multiple of BC and divide the channels per group")
+        j.a_bs = (<int64_t> j.K * j.BCp) if j.block_mode else j.BCp
+        j.Lcol = <int64_t> j.GNB * j.K * j.BCp
         self.contiguous = int(all(int(chpos[c]) == c for c in range(j.C)))
         self.bound_slots = 0
         self.bound_pixels = -1
 
-    def bind(self, Q, PS, zrow, AP, S, OUT, DXC, int slots, int64_t pixels):
+    def bind(self, Q, PS, zrow, AP, S, OUT, DXC, int slots, int64_t pixels, A=None, DXB=None):
         """Use these scratch arrays (sized by :class:`qconv.cpu.CpuEngine` for ``slots`` threads and an input of
-        ``pixels`` = N*H*W) in the following :meth:`forward` calls."""
+        ``pixels`` = N*H*W) in the following :meth:`forward` calls. Block mode also needs ``A`` uint8
+        ``(slots*tile_cols*Lcol,)`` and ``DXB`` float32 ``(slots*tile_cols*GNB,)``."""
         cdef ConvJob *j = &self.job
+        if j.block_mode:
+            if (A is None or DXB is None or A.shape[0] < slots * j.tile_cols * j.Lcol
+                    or DXB.shape[0] < slots * j.tile_cols * j.GNB):
+                raise ValueError("block mode scratch (A, DXB) missing or too small")
+            self.Ab = A
+            self.DXBb = DXB
         if (AP.dtype != np.uintp or AP.shape[0] < slots * j.tile_cols * j.K or zrow.shape[0] < j.Ltot1
                 or Q.shape[0] < pixels * j.Ltot1 or PS.shape[0] < pixels * j.GNB
                 or S.shape[0] < slots * j.tile_cols * j.GNB or OUT.shape[0] < slots * j.tile_cols * j.ldo
@@ -561,7 +668,7 @@ cdef class ConvPlan:
             raise ValueError("scratch buffers too small")
         self.Q, self.PS, self.zrow, self.S, self.OUT, self.DXC = Q, PS, zrow, S, OUT, DXC
         self.APb = AP.view(np.uint8)
-        self.keep_scratch = (Q, PS, zrow, AP, S, OUT, DXC)
+        self.keep_scratch = (Q, PS, zrow, AP, S, OUT, DXC, A, DXB)
         self.bound_slots = slots
         self.bound_pixels = pixels
 
@@ -569,8 +676,12 @@ cdef class ConvPlan:
     def ldo(self):
         return self.job.ldo
 
+    @property
+    def lcol(self):
+        return self.job.Lcol
+
     def forward(self, x, int nchw_input, const float[::1] qs, const int32_t[::1] z, int qlo, int qhi,
-                const float[::1] dx, y, int nc4hw4_output, oscale, int ozp, int threads):
+                const float[::1] dx, y, int nc4hw4_output, oscale, int ozp, int threads, xp=None):
         """Run the conv. ``x``: float32 (or int8 for the static path) NCHW or NC4HW4 (pack 4), C-contiguous,
         validated by the engine; ``qs``/``z``/``dx`` per sample; ``y`` the output array (float32, or int8 when
         ``oscale`` is not None), NCHW or NC4HW4. Scratch must be bound (:meth:`bind`) for this input size."""
@@ -578,6 +689,8 @@ cdef class ConvPlan:
         cdef QuantJob q
         cdef int64_t N, H, W
         cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
+        cdef const float[:, ::1] xpv
+        cdef int64_t bad = 0
         if nchw_input:
             N, H, W = x.shape[0], x.shape[2], x.shape[3]
         else:
@@ -605,6 +718,21 @@ cdef class ConvPlan:
         j.out_int8 = oscale is not None
         j.oscale = oscale if oscale is not None else 1.0
         j.ozp = ozp
+        if j.block_mode:
+            if xp is None:
+                raise ValueError("block mode needs the pixel-major input xp")
+            xpv = xp
+            if xpv.shape[0] != N * H * W or xpv.shape[1] != j.C:
+                raise ValueError("xp must be (N*H*W, C)")
+            j.xp = &xpv[0, 0]
+            j.A = &self.Ab[0]
+            j.DXB = &self.DXBb[0]
+            j.zpu = j.abias
+            with nogil:
+                bad = _run(&j, threads)
+            if bad:
+                raise ValueError("x contains NaN or infinite values")
+            return y
         _fill_quant(&q, x, nchw_input, j.C, qs, z, qlo, qhi, self.chpos, j.Ltot1, j.GNB, j.BCp, j.variant,
                     &self.Q[0], &self.PS[0], self.contiguous, j.abias)
         with nogil:
@@ -726,6 +854,7 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
         a.offset = &off[0, 0]
     a.ldt = width
     a.dx = &dx[0]
+    a.dxb = NULL
     a.bias = &bias[0]
     a.out = &o[0, 0]
     a.ldo = width
@@ -766,3 +895,109 @@ def _test_store(const float[:, ::1] OUT, const int32_t[::1] oidx, int64_t p0, in
     with nogil:
         _store(&j, &OUT[0, 0], p0, OUT.shape[0])
     return y
+
+
+def _test_block_cols(const float[:, ::1] xp, dict geo, int64_t p0, int ncols, str kernel="scalar"):
+    """``(A (ncols, Lcol) uint8, S (ncols, GNB) int32, DXB (ncols, GNB) float32)`` of ``act_quant="block"`` for
+    columns ``p0 ..`` of the geometry ``geo`` (N, H, W, OH, OW, C, G, NB, BC, BCp, AB, KH, KW, sh, sw, ph, pw, dh,
+    dw, bits) from the pixel-major float input ``xp (N*H*W, C)``."""
+    cdef ConvJob j
+    memset(&j, 0, sizeof(ConvJob))
+    j.N, j.H, j.W, j.OH, j.OW = geo["N"], geo["H"], geo["W"], geo["OH"], geo["OW"]
+    j.OHW = j.OH * j.OW
+    j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo["KH"], geo["KW"], geo["sh"], geo["sw"],
+                                                      geo["ph"], geo["pw"], geo["dh"], geo["dw"])
+    j.K = j.KH * j.KW
+    j.C, j.G, j.NB, j.BC, j.BCp, j.AB = geo["C"], geo["G"], geo["NB"], geo["BC"], geo["BCp"], geo["AB"]
+    j.GNB = j.G * j.NB
+    j.abias = 128 if geo["bits"] == 8 else 0
+    j.Lcol = <int64_t> j.GNB * j.K * j.BCp
+    j.variant = KERNELS[kernel]
+    if not qc_kernel_supported(j.variant):
+        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
+    if (j.C % j.G or (j.C // j.G) % j.AB or j.AB % j.BC or j.NB * j.BC != j.C // j.G or j.BCp < j.BC
+            or xp.shape[0] != j.N * j.H * j.W or xp.shape[1] != j.C):
+        raise ValueError("bad geometry")
+    if p0 < 0 or ncols < 1 or p0 + ncols > j.N * j.OHW:
+        raise ValueError("columns out of range")
+    j.xp = &xp[0, 0]
+    Aa = np.zeros((ncols, j.Lcol), np.uint8)
+    Sa = np.zeros((ncols, j.GNB), np.int32)
+    Da = np.zeros((ncols, j.GNB), np.float32)
+    ptrs = np.zeros(ncols * j.K, np.uintp)
+    cdef uint8_t[:, ::1] Av = Aa
+    cdef int32_t[:, ::1] Sv = Sa
+    cdef float[:, ::1] Dv = Da
+    cdef uint8_t[::1] pv = ptrs.view(np.uint8)
+    cdef int bad
+    with nogil:
+        bad = _block_cols(&j, p0, ncols, &Av[0, 0], <const uint8_t **> &pv[0], &Sv[0, 0], &Dv[0, 0])
+    if bad:
+        raise ValueError("x contains NaN or infinite values")
+    return Aa, Sa, Da
+
+
+# ----------------------------------------------------------------------------------------------------
+# dynamic quantization parameters straight into the engine's per-sample arrays (no numpy scalar math per call)
+# ----------------------------------------------------------------------------------------------------
+def fill_tensor_params(const float[::1] x, int threads, str kernel, float[::1] qs, int32_t[::1] z, float[::1] dx):
+    """``act_quant="tensor"``: fill every entry of ``qs``/``z``/``dx`` with the per-tensor parameters of ``x``
+    (the arithmetic of :func:`qconv.cpu.engine.tensor_qparams`, in float32); False when ``x`` has NaN/inf."""
+    cdef float lo = 0, hi = 0, rng, q, d, v
+    cdef int32_t zz
+    cdef int64_t i
+    cdef int variant = KERNELS[kernel]
+    if x.shape[0] == 0:
+        raise ValueError("empty input")
+    with nogil:
+        _minmax(&x[0], x.shape[0], threads, &lo, &hi, variant)
+    if not (lo >= -3.4028234663852886e38 and hi <= 3.4028234663852886e38):
+        return False
+    if lo > 0:
+        lo = 0
+    if hi < 0:
+        hi = 0
+    rng = hi - lo
+    q = 1
+    d = 1
+    zz = 0
+    if rng > 0:
+        q = <float> 255.0 / rng
+        if q <= 3.4028234663852886e38:
+            d = rng / <float> 255.0
+            v = -lo * q
+            zz = <int32_t> roundf(v) - 128
+        else:
+            q = 1
+    for i in range(qs.shape[0]):
+        qs[i] = q
+        z[i] = zz
+        dx[i] = d
+    return True
+
+
+def fill_row_params(const float[:, :, ::1] x, int threads, str kernel, float[::1] qs, int32_t[::1] z,
+                    float[::1] dx):
+    """``act_quant="row"``: per sample ``n`` of ``x (A, N, M)``, ``a = max|x[:, n, :]|``, ``qs = 127/a``, ``dx = a/127``
+    (1 and 1 when ``a == 0`` or ``127/a`` overflows), ``z = 0``; False when ``x`` has NaN/inf."""
+    cdef int64_t N = x.shape[1], n
+    cdef float a, q
+    cdef int variant = KERNELS[kernel]
+    cdef float *amax = <float *> malloc(N * sizeof(float))
+    with nogil:
+        _absmax_rows(&x[0, 0, 0], x.shape[0], N, x.shape[2], threads, amax, variant)
+    for n in range(N):
+        a = amax[n]
+        if not (a <= 3.4028234663852886e38):
+            free(amax)
+            return False
+        qs[n] = 1
+        dx[n] = 1
+        z[n] = 0
+        if a > 0:
+            q = <float> 127.0 / a
+            if q <= 3.4028234663852886e38:
+                qs[n] = q
+                dx[n] = a / <float> 127.0
+    free(amax)
+    return True

@@ -50,6 +50,7 @@ typedef struct {
     const float *offset;     /* offset[k*ldt + 32*tile + j], or NULL (symmetric) */
     int64_t ldt;
     const float *dx;         /* dx[e] */
+    const float *dxb;        /* dxb[e*lds + k]: per (column, block) activation scale (act_quant="block"), or NULL */
     const float *bias;       /* bias[32*tile + j] */
     float *out;              /* out[e*ldo + 32*tile + j] */
     int64_t ldo;
@@ -112,6 +113,7 @@ static void qc_gemm_scalar(const qc_gemm_args *g)
                     const int32_t iv = (int32_t)((uint32_t)acc[j] - zc - (uint32_t)c8);
                     float f = sc[j] * (float)iv;
                     if (of) f += of[j] * sf;
+                    if (g->dxb) f *= g->dxb[(int64_t)e * g->lds + k];
                     if (add) f += out[j];
                     if (fin) {
                         float y = g->dx[e] * f + g->bias[to + j];
@@ -154,6 +156,11 @@ void qc_vnni_epi(const qc_gemm_args *g, int k, int e, __m512i c0, __m512i c1, __
     __m512 f0 = _mm512_fmadd_ps(s0, _mm512_cvtepi32_ps(i0), _mm512_mul_ps(o0, sf));
     __m512 f1 = _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(i1), _mm512_mul_ps(o1, sf));
     float *out = out0 + (int64_t)e * g->ldo;
+    if (g->dxb) {
+        const __m512 db = _mm512_set1_ps(g->dxb[(int64_t)e * g->lds + k]);
+        f0 = _mm512_mul_ps(f0, db);
+        f1 = _mm512_mul_ps(f1, db);
+    }
     if (k > 0 || !g->first) {
         f0 = _mm512_add_ps(f0, _mm512_loadu_ps(out));
         f1 = _mm512_add_ps(f1, _mm512_loadu_ps(out + 16));
@@ -250,34 +257,49 @@ void qc_vnni_pair(const qc_gemm_args *g, const int e0, const int NC, const int B
             const uint8_t *p0 = g->aptr[(int64_t)e0 * ldp + t] + koff;
             const uint8_t *p1 = g->aptr[(int64_t)(e0 + (NC > 1 ? 1 : 0)) * ldp + t] + koff;
             const int64_t wo = (int64_t)t * bq * (BITS == 8 ? 128 : 64);
-            for (int l = 0; l < bq; ++l) {
-                __m512i w0, w1, w2, w3;
-                if (BITS == 4) {
-                    _mm_prefetch((const char *)(wb + wo + 64 * (int64_t)l + QC_PREFETCH), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(wb2 + wo + 64 * (int64_t)l + QC_PREFETCH), _MM_HINT_T0);
+            /* one weight row l of both tiles into accumulators A0..A3 for column pointer P */
+#define QC_PAIR_ROW(l, P, A0, A1, A2, A3) do { \
+                __m512i w0, w1, w2, w3; \
+                if (BITS == 4) { \
+                    _mm_prefetch((const char *)(wb + wo + 64 * (int64_t)(l) + QC_PREFETCH), _MM_HINT_T0); \
+                    _mm_prefetch((const char *)(wb2 + wo + 64 * (int64_t)(l) + QC_PREFETCH), _MM_HINT_T0); \
+                    const __m512i b = _mm512_loadu_si512((const void *)(wb + wo + 64 * (int64_t)(l))); \
+                    const __m512i b2 = _mm512_loadu_si512((const void *)(wb2 + wo + 64 * (int64_t)(l))); \
+                    w0 = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4); \
+                    w1 = _mm512_and_si512(b, m4); \
+                    w2 = _mm512_and_si512(_mm512_srli_epi16(b2, 4), m4); \
+                    w3 = _mm512_and_si512(b2, m4); \
+                } else { \
+                    w0 = _mm512_loadu_si512((const void *)(wb + wo + 128 * (int64_t)(l))); \
+                    w1 = _mm512_loadu_si512((const void *)(wb + wo + 128 * (int64_t)(l) + 64)); \
+                    w2 = _mm512_loadu_si512((const void *)(wb2 + wo + 128 * (int64_t)(l))); \
+                    w3 = _mm512_loadu_si512((const void *)(wb2 + wo + 128 * (int64_t)(l) + 64)); \
+                } \
+                const __m512i av = _mm512_set1_epi32(qc_load_i32((P) + 4 * (l))); \
+                if (BITS == 8) { QC_DPBUSD(A0, av, w0); QC_DPBUSD(A1, av, w1); QC_DPBUSD(A2, av, w2); QC_DPBUSD(A3, av, w3); } \
+                else { QC_DPBUSD(A0, w0, av); QC_DPBUSD(A1, w1, av); QC_DPBUSD(A2, w2, av); QC_DPBUSD(A3, w3, av); } \
+                if (NC > 1) { \
+                    const __m512i av1 = _mm512_set1_epi32(qc_load_i32(p1 + 4 * (l))); \
+                    if (BITS == 8) { QC_DPBUSD(a10, av1, w0); QC_DPBUSD(a11, av1, w1); QC_DPBUSD(a12, av1, w2); QC_DPBUSD(a13, av1, w3); } \
+                    else { QC_DPBUSD(a10, w0, av1); QC_DPBUSD(a11, w1, av1); QC_DPBUSD(a12, w2, av1); QC_DPBUSD(a13, w3, av1); } \
+                } } while (0)
+            if (NC == 1) {
+                /* one column: rows alternate between two accumulator sets (a1x are free), so 8 independent
+                 * vpdpbusd chains hide the latency; summed after the loop (exact int32) */
+                int l = 0;
+                for (; l + 1 < bq; l += 2) {
+                    QC_PAIR_ROW(l, p0, a00, a01, a02, a03);
+                    QC_PAIR_ROW(l + 1, p0, a10, a11, a12, a13);
                 }
-                if (BITS == 8) {
-                    w0 = _mm512_loadu_si512((const void *)(wb + wo + 128 * (int64_t)l));
-                    w1 = _mm512_loadu_si512((const void *)(wb + wo + 128 * (int64_t)l + 64));
-                    w2 = _mm512_loadu_si512((const void *)(wb2 + wo + 128 * (int64_t)l));
-                    w3 = _mm512_loadu_si512((const void *)(wb2 + wo + 128 * (int64_t)l + 64));
-                } else {
-                    const __m512i b = _mm512_loadu_si512((const void *)(wb + wo + 64 * (int64_t)l));
-                    const __m512i b2 = _mm512_loadu_si512((const void *)(wb2 + wo + 64 * (int64_t)l));
-                    w0 = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
-                    w1 = _mm512_and_si512(b, m4);
-                    w2 = _mm512_and_si512(_mm512_srli_epi16(b2, 4), m4);
-                    w3 = _mm512_and_si512(b2, m4);
-                }
-                const __m512i av = _mm512_set1_epi32(qc_load_i32(p0 + 4 * l));
-                if (BITS == 8) { QC_DPBUSD(a00, av, w0); QC_DPBUSD(a01, av, w1); QC_DPBUSD(a02, av, w2); QC_DPBUSD(a03, av, w3); }
-                else { QC_DPBUSD(a00, w0, av); QC_DPBUSD(a01, w1, av); QC_DPBUSD(a02, w2, av); QC_DPBUSD(a03, w3, av); }
-                if (NC > 1) {
-                    const __m512i av1 = _mm512_set1_epi32(qc_load_i32(p1 + 4 * l));
-                    if (BITS == 8) { QC_DPBUSD(a10, av1, w0); QC_DPBUSD(a11, av1, w1); QC_DPBUSD(a12, av1, w2); QC_DPBUSD(a13, av1, w3); }
-                    else { QC_DPBUSD(a10, w0, av1); QC_DPBUSD(a11, w1, av1); QC_DPBUSD(a12, w2, av1); QC_DPBUSD(a13, w3, av1); }
-                }
+                if (l < bq) QC_PAIR_ROW(l, p0, a00, a01, a02, a03);
+            } else {
+                for (int l = 0; l < bq; ++l) QC_PAIR_ROW(l, p0, a00, a01, a02, a03);
             }
+#undef QC_PAIR_ROW
+        }
+        if (NC == 1) {
+            a00 = _mm512_add_epi32(a00, a10); a01 = _mm512_add_epi32(a01, a11);
+            a02 = _mm512_add_epi32(a02, a12); a03 = _mm512_add_epi32(a03, a13);
         }
         for (int h = 0; h < 2; ++h) {     /* the two channel tiles */
             const int64_t to = (int64_t)(tile + h) * QC_UNIT;
@@ -411,6 +433,7 @@ void qc_avx2_cols(const qc_gemm_args *g, const int e0, const int NC)
                     const __m256i iv = _mm256_sub_epi32(_mm256_sub_epi32(h, zc), c8);
                     __m256 f = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(iv), _mm256_mul_ps(of, _mm256_set1_ps((float)s)));
                     float *out = out0 + (int64_t)e * g->ldo + 8 * p;
+                    if (g->dxb) f = _mm256_mul_ps(f, _mm256_set1_ps(g->dxb[(int64_t)(e0 + e) * g->lds + k]));
                     if (add) f = _mm256_add_ps(f, _mm256_loadu_ps(out));
                     if (fin) {
                         f = _mm256_fmadd_ps(_mm256_set1_ps(g->dx[e0 + e]), f, _mm256_loadu_ps(g->bias + to + 8 * p));
