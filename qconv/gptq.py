@@ -18,7 +18,7 @@ import numpy as np
 from . import _validate as V
 from . import reference
 from .geometry import ConvSpec
-from .weights import METHODS, QuantizedWeight, _divisors, _mse_range, _quantize_blocks
+from .weights import METHODS, QuantizedWeight, _mse_range, _quantize_blocks, check_quantize_args
 
 
 def _columns(x, out_channels: int, in_per_group: int, kernel, groups: int, stride, padding, dilation):
@@ -41,22 +41,14 @@ def quantize_weight_calibrated(w, x, bits: int = 4, block_size: int = 0, symmetr
     damping of ``H`` as a fraction of its mean diagonal. ``max_columns``: im2col columns used (evenly
     subsampled beyond that).
     """
-    bits = V.check_bits(bits)
-    block_size = V.check_int(block_size, "block_size", minimum=0)
-    groups = V.check_int(groups, "groups", minimum=1)
     V.check_choice(range_method, "range_method", METHODS)
-    w = V.float_array(w, "w", ndim=(2, 4))
-    if w.ndim == 2:
-        w = w[:, :, None, None]
+    linear = isinstance(w, np.ndarray) and w.ndim == 2
+    w, bits, block_size, groups = check_quantize_args(w, bits, block_size, symmetric, groups)
+    if linear:
         x = V.float_array(x, "x", ndim=(2, 4))
         if x.ndim == 2:
             x = x[:, :, None, None]
     o, ipg = w.shape[0], w.shape[1]
-    if o % groups:
-        raise ValueError(f"groups={groups} must divide the {o} output channels")
-    if block_size and ipg % block_size:
-        raise ValueError(f"block_size={block_size} must divide the input channels per group ({ipg}); "
-                         f"valid block sizes: {_divisors(ipg)}")
     cols = _columns(x, o, ipg, w.shape[2:], groups, stride, padding, dilation)
     if cols.shape[0] > max_columns:
         cols = cols[np.linspace(0, cols.shape[0] - 1, max_columns).astype(np.int64)]

@@ -331,21 +331,9 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
     error is never above ``minmax``'s. Deterministic; costs about 25 (symmetric) or 100 (asymmetric)
     quantize-dequantize passes over the weights, vectorised over all blocks.
     """
-    bits = V.check_bits(bits)
-    block_size = V.check_int(block_size, "block_size", minimum=0)
-    groups = V.check_int(groups, "groups", minimum=1)
-    if not isinstance(symmetric, (bool, np.bool_)):
-        raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
     V.check_choice(method, "method", METHODS)
-    w = V.float_array(w, "w", ndim=(2, 4))
-    if w.ndim == 2:
-        w = w[:, :, None, None]
+    w, bits, block_size, groups = check_quantize_args(w, bits, block_size, symmetric, groups)
     o, ipg = w.shape[0], w.shape[1]
-    if o % groups:
-        raise ValueError(f"groups={groups} must divide the {o} output channels")
-    if block_size and ipg % block_size:
-        raise ValueError(f"block_size={block_size} must divide the input channels per group ({ipg}); "
-                         f"valid block sizes: {_divisors(ipg)}")
     n_blocks = ipg // block_size if block_size else 1
     blocks = w.reshape(o, n_blocks, -1)
     if symmetric:
@@ -356,6 +344,26 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
         lo, hi = _mse_range(blocks, lo, hi, bits, bool(symmetric))
     q, scales, offsets = _quantize_blocks(blocks, lo, hi, bits, bool(symmetric))
     return QuantizedWeight(q.astype(np.int8).reshape(w.shape), scales, offsets, bits, block_size, groups)
+
+
+def check_quantize_args(w, bits, block_size, symmetric, groups):
+    """Validate the arguments shared by the quantizers; returns ``(w float32 (O, I/groups, kh, kw), bits,
+    block_size, groups)`` (an ``(O, K)`` weight becomes ``(O, K, 1, 1)``)."""
+    bits = V.check_bits(bits)
+    block_size = V.check_int(block_size, "block_size", minimum=0)
+    groups = V.check_int(groups, "groups", minimum=1)
+    if not isinstance(symmetric, (bool, np.bool_)):
+        raise TypeError(f"symmetric must be a bool, got {symmetric!r}")
+    w = V.float_array(w, "w", ndim=(2, 4))
+    if w.ndim == 2:
+        w = w[:, :, None, None]
+    o, ipg = w.shape[0], w.shape[1]
+    if o % groups:
+        raise ValueError(f"groups={groups} must divide the {o} output channels")
+    if block_size and ipg % block_size:
+        raise ValueError(f"block_size={block_size} must divide the input channels per group ({ipg}); "
+                         f"valid block sizes: {_divisors(ipg)}")
+    return w, bits, block_size, groups
 
 
 def _quantize_blocks(blocks, lo, hi, bits: int, symmetric: bool):

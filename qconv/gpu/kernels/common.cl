@@ -59,3 +59,15 @@ inline float4 q4x4(uint word, uint shift) {
     const uint4 n = ((uint4)(word >> shift) >> (uint4)(0, 4, 8, 12)) & (uint4)(15u);
     return as_float4(n | (uint4)(0x4B000000u)) - (float4)(8388616.0f);
 }
+
+/* Channel counts: compile-time constants when specialised (-DG_IC/-DG_OC), else kernel arguments. */
+#ifdef G_IC
+#define IC G_IC
+#else
+#define IC a_ic
+#endif
+#ifdef G_OC
+#define OC G_OC
+#else
+#define OC a_oc
+#endif

@@ -29,16 +29,6 @@
 #error "QBITS must be defined (4 or 8)"
 #endif
 
-#ifdef G_IC
-#define IC G_IC
-#else
-#define IC a_ic
-#endif
-#ifdef G_OC
-#define OC G_OC
-#else
-#define OC a_oc
-#endif
 #ifdef G_GROUPS
 #define GROUPS G_GROUPS
 #else
