@@ -235,6 +235,17 @@ cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
 # ----------------------------------------------------------------------------------------------------
 # per-tile helpers: im2col blit, GEMM over output-channel tiles, store
 # ----------------------------------------------------------------------------------------------------
+cdef inline void _next_pixel(int64_t *n, int64_t *oy, int64_t *ox, int64_t OH, int64_t OW) noexcept nogil:
+    """Advance the output column ``(n, oy, ox)`` by one in row-major order."""
+    ox[0] += 1
+    if ox[0] == OW:
+        ox[0] = 0
+        oy[0] += 1
+        if oy[0] == OH:
+            oy[0] = 0
+            n[0] += 1
+
+
 cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP, int32_t *S) noexcept nogil:
     """Indirection table of columns ``p0 .. p0+ncols-1``: ``AP[e*K + tap]`` is the ``Q`` pixel row the tap reads
     (stride, padding and dilation applied) or ``zrow`` for out-of-image taps; ``S[e*GNB + b]`` the column's
@@ -281,14 +292,7 @@ cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP,
                     ap[ky * KW + kx] = zrow
         if GNB == 1:
             s[0] = acc
-        # next column: (n, oy, ox) in row-major order
-        ox = ox + 1
-        if ox == OW:
-            ox = 0
-            oy = oy + 1
-            if oy == OH:
-                oy = 0
-                n = n + 1
+        _next_pixel(&n, &oy, &ox, OH, OW)
 
 
 cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const uint8_t **AP, int32_t *S,
@@ -361,13 +365,7 @@ cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const 
         qc_block_sums(col, 1, Lcol, GNB, blen, 128, 0 if abias else 0x80, S + e * GNB, j.variant)
         for t in range(K):
             AP[e * K + t] = col + t * BCp
-        ox = ox + 1
-        if ox == OW:
-            ox = 0
-            oy = oy + 1
-            if oy == OH:
-                oy = 0
-                n = n + 1
+        _next_pixel(&n, &oy, &ox, OH, OW)
     free(px)
     return bad
 
