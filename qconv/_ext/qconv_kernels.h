@@ -142,19 +142,39 @@ static void qc_gemm_scalar(const qc_gemm_args *g)
  * +20% on block-32 GEMV here, while int8 streams do better with the hardware prefetcher alone */
 #define QC_PREFETCH 2048
 
+/* Per-(block, channel tile) epilogue tables of 32 output channels: weight-sum correction z = zpu * wsx
+ * (zero when the kernel needs none), scales s and offsets o. */
+typedef struct { __m512i z0, z1; __m512 s0, s1, o0, o1; } qc_vnni_tab;
+
+QC_TGT_VNNI static inline __attribute__((always_inline))
+qc_vnni_tab qc_vnni_tab_load(const qc_gemm_args *g, int64_t tt, __m512i zpu)
+{
+    qc_vnni_tab t;
+    t.z0 = t.z1 = _mm512_setzero_si512();
+    if (g->zpu) {
+        t.z0 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt)));
+        t.z1 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt + 16)));
+    }
+    t.s0 = _mm512_loadu_ps(g->scale + tt);
+    t.s1 = _mm512_loadu_ps(g->scale + tt + 16);
+    t.o0 = g->offset ? _mm512_loadu_ps(g->offset + tt) : _mm512_setzero_ps();
+    t.o1 = g->offset ? _mm512_loadu_ps(g->offset + tt + 16) : _mm512_setzero_ps();
+    return t;
+}
+
 /* Epilogue of one column for block k: int32 correction, scale/offset, accumulation over blocks,
  * and after the last block dx, bias and the activation clamp. */
 QC_TGT_VNNI static inline __attribute__((always_inline))
-void qc_vnni_epi(const qc_gemm_args *g, int k, int e, __m512i c0, __m512i c1, __m512i z0, __m512i z1,
-                 __m512 s0, __m512 s1, __m512 o0, __m512 o1, const float *bias, float *out0)
+void qc_vnni_epi(const qc_gemm_args *g, int k, int e, __m512i c0, __m512i c1, const qc_vnni_tab *tb,
+                 const float *bias, float *out0)
 {
     const int32_t s = g->colsum[(int64_t)e * g->lds + k];
     const __m512i c8 = _mm512_set1_epi32(g->bits == 4 ? 8 * s : 0);
     const __m512 sf = _mm512_set1_ps((float)s);
-    const __m512i i0 = _mm512_sub_epi32(_mm512_sub_epi32(c0, z0), c8);
-    const __m512i i1 = _mm512_sub_epi32(_mm512_sub_epi32(c1, z1), c8);
-    __m512 f0 = _mm512_fmadd_ps(s0, _mm512_cvtepi32_ps(i0), _mm512_mul_ps(o0, sf));
-    __m512 f1 = _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(i1), _mm512_mul_ps(o1, sf));
+    const __m512i i0 = _mm512_sub_epi32(_mm512_sub_epi32(c0, tb->z0), c8);
+    const __m512i i1 = _mm512_sub_epi32(_mm512_sub_epi32(c1, tb->z1), c8);
+    __m512 f0 = _mm512_fmadd_ps(tb->s0, _mm512_cvtepi32_ps(i0), _mm512_mul_ps(tb->o0, sf));
+    __m512 f1 = _mm512_fmadd_ps(tb->s1, _mm512_cvtepi32_ps(i1), _mm512_mul_ps(tb->o1, sf));
     float *out = out0 + (int64_t)e * g->ldo;
     if (g->dxb) {
         const __m512 db = _mm512_set1_ps(g->dxb[(int64_t)e * g->lds + k]);
@@ -188,7 +208,7 @@ void qc_vnni_epi(const qc_gemm_args *g, int k, int e, __m512i c0, __m512i c1, __
         const __m512i av = _mm512_set1_epi32(qc_load_i32(p##e + 4 * l)); \
         if (BITS == 8) { QC_DPBUSD(c##e##0, av, w0); QC_DPBUSD(c##e##1, av, w1); } \
         else { QC_DPBUSD(c##e##0, w0, av); QC_DPBUSD(c##e##1, w1, av); } }
-#define QC_V_EPI(e) if (NC > e) qc_vnni_epi(g, k, e0 + e, c##e##0, c##e##1, z0, z1, s0, s1, o0, o1, bias, out0);
+#define QC_V_EPI(e) if (NC > e) qc_vnni_epi(g, k, e0 + e, c##e##0, c##e##1, &tb, bias, out0);
 #define QC_V_ALL(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11)
 
 QC_TGT_VNNI static inline __attribute__((always_inline))
@@ -225,14 +245,7 @@ void qc_vnni_cols(const qc_gemm_args *g, const int e0, const int NC, const int B
                 }
             }
             const int64_t tt = (int64_t)k * g->ldt + to;
-            __m512i z0 = _mm512_setzero_si512(), z1 = _mm512_setzero_si512();
-            if (g->zpu) {
-                z0 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt)));
-                z1 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt + 16)));
-            }
-            const __m512 s0 = _mm512_loadu_ps(g->scale + tt), s1 = _mm512_loadu_ps(g->scale + tt + 16);
-            const __m512 o0 = g->offset ? _mm512_loadu_ps(g->offset + tt) : _mm512_setzero_ps();
-            const __m512 o1 = g->offset ? _mm512_loadu_ps(g->offset + tt + 16) : _mm512_setzero_ps();
+            const qc_vnni_tab tb = qc_vnni_tab_load(g, tt, zpu);
             QC_V_ALL(QC_V_EPI)
         }
     }
@@ -304,17 +317,10 @@ void qc_vnni_pair(const qc_gemm_args *g, const int e0, const int NC, const int B
         for (int h = 0; h < 2; ++h) {     /* the two channel tiles */
             const int64_t to = (int64_t)(tile + h) * QC_UNIT;
             const int64_t tt = (int64_t)k * g->ldt + to;
-            __m512i z0 = _mm512_setzero_si512(), z1 = _mm512_setzero_si512();
-            if (g->zpu) {
-                z0 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt)));
-                z1 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt + 16)));
-            }
-            const __m512 s0 = _mm512_loadu_ps(g->scale + tt), s1 = _mm512_loadu_ps(g->scale + tt + 16);
-            const __m512 o0 = g->offset ? _mm512_loadu_ps(g->offset + tt) : _mm512_setzero_ps();
-            const __m512 o1 = g->offset ? _mm512_loadu_ps(g->offset + tt + 16) : _mm512_setzero_ps();
-            qc_vnni_epi(g, k, e0, h ? a02 : a00, h ? a03 : a01, z0, z1, s0, s1, o0, o1, g->bias + to, g->out + to);
+            const qc_vnni_tab tb = qc_vnni_tab_load(g, tt, zpu);
+            qc_vnni_epi(g, k, e0, h ? a02 : a00, h ? a03 : a01, &tb, g->bias + to, g->out + to);
             if (NC > 1)
-                qc_vnni_epi(g, k, e0 + 1, h ? a12 : a10, h ? a13 : a11, z0, z1, s0, s1, o0, o1, g->bias + to,
+                qc_vnni_epi(g, k, e0 + 1, h ? a12 : a10, h ? a13 : a11, &tb, g->bias + to,
                             g->out + to);
         }
     }
