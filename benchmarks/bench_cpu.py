@@ -29,8 +29,8 @@ import warnings
 THREADS = 2
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
     os.environ[_var] = str(THREADS)
-# every OpenMP runtime in the process (qconv's and torch's) waits passively, as qconv does by default
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# every library runs with its own default thread-pool policy (libgomp's brief spin for qconv and torch,
+# onnxruntime's spinning pool); set OMP_WAIT_POLICY=PASSIVE in the environment to measure sleeping workers
 
 import numpy as np  # noqa: E402
 
@@ -145,8 +145,6 @@ def _ort_session(model, ort):
     so.intra_op_num_threads = THREADS
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    # no spinning thread pool: it would steal the 2 cores from the engines measured after it
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 

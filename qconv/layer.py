@@ -142,7 +142,7 @@ class Conv2d:
             if x.size == 0:
                 raise ValueError(f"x must not be empty, got shape {x.shape}")
         else:
-            x = V.float_array(x, "x")
+            x = V.float_array(x, "x", finite=not getattr(self.engine, "rejects_nonfinite", False))
         c = self.spec.in_channels
         if layout == "nchw":
             if x.ndim != 4:
@@ -191,7 +191,7 @@ class Linear(Conv2d):
                 raise ValueError(f"x must have shape (N, K), got {x.shape}")
             y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
             return y.reshape(y.shape[0], y.shape[1])
-        x = V.float_array(x, "x", ndim=2)
+        x = V.float_array(x, "x", ndim=2, finite=False)   # Conv2d.__call__ checks the values
         y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
         return y.reshape(y.shape[0], y.shape[1])
 

@@ -154,6 +154,13 @@ class QuantizedWeight:
         """``q`` viewed as ``(O, n_blocks, block_len)`` (no copy)."""
         return self.q.reshape(self.out_channels, self.n_blocks, self.block_len)
 
+    @property
+    def half_exact(self) -> bool:
+        """True when every scale and offset is a float16 value (``quantize_weight(scale_dtype="float16")``,
+        GGUF imports): engines may then store them in 2 bytes without changing a single result bit."""
+        return all(a is None or np.array_equal(a.astype(np.float16).astype(np.float32), a)
+                   for a in (self.scales, self.offsets))
+
     def weight_sums(self) -> np.ndarray:
         """int32 ``(O, n_blocks)``: sum of ``q`` over each block."""
         return self.blocks().sum(axis=2, dtype=np.int32)
@@ -306,6 +313,8 @@ def _param_array(a, name: str, shape: tuple[int, int]) -> np.ndarray:
 
 
 METHODS = ("minmax", "mse")
+SCALE_DTYPES = ("float32", "float16")
+_F16_MAX = 65504.0
 
 # Clip-ratio search of method="mse": a coarse grid, then a finer one around the best coarse ratio.
 _MSE_COARSE = np.linspace(0.30, 1.0, 15)
@@ -314,7 +323,7 @@ _MSE_WINDOW_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = True,
-                    groups: int = 1, method: str = "minmax") -> QuantizedWeight:
+                    groups: int = 1, method: str = "minmax", scale_dtype="float32") -> QuantizedWeight:
     """Quantize float weights per (output channel, block), rounding half away from zero.
 
     ``w``: float ``(O, I/groups, kh, kw)`` (conv) or ``(O, K)`` (linear, seen as a 1x1 conv).
@@ -330,8 +339,14 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
     finer ratios around the best. The min/max range is candidate 0 and wins ties, so every block's
     error is never above ``minmax``'s. Deterministic; costs about 25 (symmetric) or 100 (asymmetric)
     quantize-dequantize passes over the weights, vectorised over all blocks.
+
+    ``scale_dtype="float16"``: scales and offsets are rounded to float16 values (still stored as float32)
+    before ``q`` is chosen, as GGUF's Q4_0/Q4_1/Q8_0 store them. The CPU engine then keeps its per-block
+    tables in half the bytes (exactly; see :attr:`QuantizedWeight.half_exact`), which matters for
+    blockwise weights streamed from memory (block 32: tables are 25-33% of the bytes of a GEMV).
     """
     V.check_choice(method, "method", METHODS)
+    half = _scale_dtype_is_half(scale_dtype)
     w, bits, block_size, groups = check_quantize_args(w, bits, block_size, symmetric, groups)
     o, ipg = w.shape[0], w.shape[1]
     n_blocks = ipg // block_size if block_size else 1
@@ -342,7 +357,7 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
         lo, hi = blocks.min(axis=2), blocks.max(axis=2)
     if method == "mse":
         lo, hi = _mse_range(blocks, lo, hi, bits, bool(symmetric))
-    q, scales, offsets = _quantize_blocks(blocks, lo, hi, bits, bool(symmetric))
+    q, scales, offsets = _quantize_blocks(blocks, lo, hi, bits, bool(symmetric), half)
     return QuantizedWeight(q.astype(np.int8).reshape(w.shape), scales, offsets, bits, block_size, groups)
 
 
@@ -366,24 +381,52 @@ def check_quantize_args(w, bits, block_size, symmetric, groups):
     return w, bits, block_size, groups
 
 
-def _quantize_blocks(blocks, lo, hi, bits: int, symmetric: bool):
+def _quantize_blocks(blocks, lo, hi, bits: int, symmetric: bool, half: bool = False):
     """Quantize ``blocks (O, nb, L)`` to the range ``[lo, hi]`` per block (``lo`` None: symmetric, ``hi`` = absmax).
 
-    Returns ``(q float64 (O, nb, L) integer-valued, scales float32 (O, nb), offsets float32 or None)``.
+    Returns ``(q float64 (O, nb, L) integer-valued, scales float32 (O, nb), offsets float32 or None)``;
+    ``half``: scales and offsets are float16 values (``q`` is chosen for the rounded ones).
     """
     qmin, qmax = _QRANGE[(bits, symmetric)]
     if symmetric:
-        scales = (hi / np.float32(qmax)).astype(np.float32)
+        scales = _to_half(hi / np.float32(qmax), half, "scale")
         safe = np.where(scales > 0, scales, np.float32(1))
         q = round_half_away(blocks / safe[:, :, None])
         offsets = None
     else:
-        scales = ((hi - lo) / np.float32(2 ** bits - 1)).astype(np.float32)
+        scales = _to_half((hi - lo) / np.float32(2 ** bits - 1), half, "scale")
         safe = np.where(scales > 0, scales, np.float32(1))
-        q = round_half_away((blocks - lo[:, :, None]) / safe[:, :, None]) + qmin
-        offsets = np.where(scales > 0, lo - np.float32(qmin) * scales, lo).astype(np.float32)
+        offsets = _to_half(np.where(scales > 0, lo - np.float32(qmin) * scales, lo), half, "offset")
+        # q for the stored offset: (w - offset) / s, i.e. (w - lo) / s + qmin for float32 offsets
+        base = lo if not half else offsets + np.float32(qmin) * scales
+        q = round_half_away((blocks - base[:, :, None]) / safe[:, :, None]) + qmin
     q = np.where((scales > 0)[:, :, None], q, 0)
     return np.clip(q, qmin, qmax), scales, offsets
+
+
+def _scale_dtype_is_half(scale_dtype) -> bool:
+    try:
+        name = np.dtype(scale_dtype).name
+    except TypeError:
+        name = repr(scale_dtype)
+    V.check_choice(name, "scale_dtype", SCALE_DTYPES)
+    return name == "float16"
+
+
+def _to_half(a, half: bool, what: str) -> np.ndarray:
+    """float32 ``a``, rounded to float16 values when ``half``; scales must stay normal float16 numbers (a
+    subnormal scale would keep only a few significant bits)."""
+    a = np.asarray(a, np.float32)
+    if not half:
+        return a
+    if np.abs(a).max(initial=0) > _F16_MAX:
+        raise ValueError(f"scale_dtype='float16': a weight {what} exceeds the float16 range (65504); "
+                         "use scale_dtype='float32'")
+    h = a.astype(np.float16).astype(np.float32)
+    if what == "scale" and ((a != 0) & (np.abs(h) < np.float32(2.0 ** -14))).any():
+        raise ValueError("scale_dtype='float16': a weight scale is below the normal float16 range (6.1e-5); "
+                         "rescale the weights or use scale_dtype='float32'")
+    return h
 
 
 def _block_sq_error(blocks, lo, hi, bits, symmetric) -> np.ndarray:

@@ -297,3 +297,24 @@ def test_store(kernel, n, og, oh, ow, nc4hw4, int8, seed):
         from qconv.layouts.nc4hw4 import NC4HW4
         want = NC4HW4(4).pack_array(want)
     np.testing.assert_array_equal(y, want.astype(y.dtype))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(st.integers(1, 14), st.integers(1, 3), st.integers(1, 4), st.integers(1, 3), st.integers(1, 6),
+       st.sampled_from([8, 4]), st.booleans(), st.integers(0, 2**31))
+def test_gemm_kernel_half_tables(kernel, ncols, ntiles, nblocks, taps, bq, bits, asym, seed):
+    """float16 scale/offset tables (values that are float16 numbers) give the same bits as float32 tables."""
+    rng = np.random.default_rng(seed)
+    A, w, bstride, S, wsx, scale, off, dx, bias, zpu, _ = _gemm_case(rng, ncols, nblocks, taps * bq, bits, asym)
+    rep = lambda a: np.ascontiguousarray(np.tile(a, ntiles))  # noqa: E731  (the same tile ntiles times)
+    scale = rep(scale.astype(np.float16).astype(np.float32))
+    off = None if off is None else rep(off.astype(np.float16).astype(np.float32))
+    w_all = np.concatenate([w.reshape(nblocks, -1)] * ntiles, axis=1).reshape(-1)   # [block][tile][...]
+    args = (A, w_all, bstride * ntiles, S, rep(wsx), scale, off, dx, rep(bias), nblocks, taps, bq, bits, zpu,
+            -np.inf, np.inf, kernel)
+    kw = dict(ntiles=ntiles, w_tstride=bstride)
+    full = _cpu._test_gemm(*args, **kw)
+    half = _cpu._test_gemm(*args, half=True, **kw)
+    assert np.array_equal(full, half)
+    with pytest.raises(ValueError, match="float16"):
+        _cpu._test_gemm(*args[:5], args[5] + np.float32(1e-6), *args[6:], half=True, **kw)

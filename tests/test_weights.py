@@ -166,3 +166,32 @@ def test_mse_method_improves_int4_on_gaussian_weights():
     assert ((b.dequantize() - w) ** 2).sum() < 0.9 * ((a.dequantize() - w) ** 2).sum()
     with pytest.raises(ValueError, match="method"):
         quantize_weight(w, method="kmeans")
+
+
+@given(float_weights((6, 16, 3, 3)), st.sampled_from([(8, 0), (4, 0), (4, 8), (8, 4)]), st.booleans())
+def test_float16_scales(w, scheme, symmetric):
+    """scale_dtype="float16": scales/offsets are float16 values, q fits the rounded ones as well as minmax."""
+    bits, block = scheme
+    try:
+        q16 = quantize_weight(w, bits, block, symmetric, scale_dtype="float16")
+    except ValueError as exc:
+        assert "float16" in str(exc)
+        return
+    q32 = quantize_weight(w, bits, block, symmetric)
+    assert q16.half_exact and q16.scales.dtype == np.float32
+    err16 = np.abs(q16.dequantize() - w).max()
+    err32 = np.abs(q32.dequantize() - w).max()
+    # the rounded scale/offset move the grid by < 2^-11 relative: the error grows by at most that much
+    span = float(np.abs(w).max())
+    assert err16 <= err32 + 2.0 ** -10 * span * 16 + 1e-6
+
+
+def test_float16_scales_errors():
+    w = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError, match="scale_dtype"):
+        quantize_weight(w, scale_dtype="bfloat16")
+    with pytest.raises(ValueError, match="float16 range"):
+        quantize_weight(w * 1e8, scale_dtype="float16")
+    with pytest.raises(ValueError, match="normal float16"):
+        quantize_weight(w * 1e-6, scale_dtype="float16")
+    assert not quantize_weight(w * 0.1).half_exact

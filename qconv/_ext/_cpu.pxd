@@ -1,5 +1,5 @@
 # Declarations of the qconv CPU engine's native parts (see _cpu.pyx and qconv_kernels.h).
-from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
+from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t
 
 
 cdef extern from "qconv_kernels.h" nogil:
@@ -23,6 +23,8 @@ cdef extern from "qconv_kernels.h" nogil:
         const int32_t *wsx
         const float *scale
         const float *offset
+        const uint16_t *hscale
+        const uint16_t *hoffset
         int64_t ldt
         const float *dx
         const float *dxb
@@ -62,8 +64,10 @@ cdef struct ConvJob:
     const uint8_t *w
     int64_t w_gstride, w_bstride, w_tstride
     const int32_t *wsx     # (G, NB, OCp)
-    const float *scale     # (G, NB, OCp)
+    const float *scale     # (G, NB, OCp), or NULL with float16 tables
     const float *offset    # (G, NB, OCp) or NULL
+    const uint16_t *hscale   # the same tables as float16 bits (when the weight's scales/offsets are float16
+    const uint16_t *hoffset  # values), else NULL
     const float *bias      # (G, OCp)
     const int32_t *oidx    # (O,) row position of output channel o in the out scratch
     float lo, hi

@@ -21,7 +21,7 @@ import numpy as np
 
 cimport cython
 from cython.parallel cimport prange, threadid
-from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
+from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t
 from libc.string cimport memcpy, memset
 from libc.math cimport roundf
 from libc.stdlib cimport malloc, free
@@ -156,27 +156,23 @@ cdef struct QuantJob:
 
 
 cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
-    """Fill ``Q``/``PS`` from the input, one (n, h) row of pixels per work item.
+    """Fill ``Q``/``PS`` from the input, a run of image rows of one sample per work item.
 
     Float input: ``xq = clip(roundf(x*qs[n]) + z[n], qlo, qhi)`` (half away from zero on the float32 product,
-    then the zero point, as the oracle); int8 input (static path): ``xq = x``. Each row is quantized
-    channel-row by channel-row into a ``[C][W]`` buffer (vectorised), transposed into the pixel-major ``Q``
+    then the zero point, as the oracle); int8 input (static path): ``xq = x``. Each run is quantized
+    channel by channel into a ``[C][rows*W]`` buffer (vectorised), transposed into the pixel-major ``Q``
     (padded lanes = ``z + 128``), and ``PS`` is the per-block byte sum minus the padded zero points.
     """
-    cdef int64_t r, n, h, w, c, i, pix0, rows, rowlen, es, plane
+    cdef int64_t r, n, h, w, c, i, pix0, rows, rowlen, plane, rph, per_img, nh, L, npx
     cdef int32_t zn
     cdef uint8_t *tmp
     cdef uint8_t *qpix
     cdef const int8_t *xi
     cdef const float *xf
-    cdef int64_t *co
     if q.nc4hw4:
-        rows, rowlen, es = (q.C + 3) // 4, q.W * 4, 4
+        rows, rowlen = (q.C + 3) // 4, q.W * 4
     else:
-        rows, rowlen, es = q.C, q.W, 1
-    co = <int64_t *> malloc(q.C * sizeof(int64_t))
-    for c in range(q.C):
-        co[c] = (c // 4) * rowlen + c % 4 if q.nc4hw4 else c * rowlen
+        rows, rowlen = q.C, q.W
     # small inputs (GEMV rows) are quantized by one thread: no cross-thread barrier for tiny work
     cdef int nt = nthreads if q.N * q.H * q.W * q.C >= 16384 else 1
     if nt > q.N * q.H:
@@ -190,46 +186,55 @@ cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
                 memset(q.Q + r * q.Ltot1 + q.C, <int> ((q.z[r] + q.abias) & 255), q.Ltot1 - q.C)
             qc_block_sums(q.Q + r * q.Ltot1, 1, q.Ltot1, q.GNB, q.BCp, q.z[r] + 128, 0 if q.abias else 0x80,
                           q.PS + r * q.GNB, q.variant)
-        free(co)
         return
-    for r in prange(q.N * q.H, nogil=True, num_threads=nt, schedule="static"):
-        n = r // q.H
-        h = r % q.H
-        pix0 = r * q.W
+    # work item = a run of rph image rows of one sample: the quantizer sees rph*W contiguous values per channel
+    # (few calls, few masked tails) and the transpose writes rph*W consecutive pixels
+    rph = (512 + rowlen - 1) // rowlen
+    per_img = (q.H + rph - 1) // rph
+    if q.N * per_img < 2 * nt:               # keep every thread busy on small batches
+        per_img = min(q.H, (2 * nt + q.N - 1) // q.N)
+    rph = (q.H + per_img - 1) // per_img
+    per_img = (q.H + rph - 1) // rph
+    for r in prange(q.N * per_img, nogil=True, num_threads=nt, schedule="static"):
+        n = r // per_img
+        h = (r % per_img) * rph
+        nh = q.H - h if q.H - h < rph else rph
+        L = nh * rowlen                      # tmp bytes per channel (row) of this item
+        npx = nh * q.W
+        pix0 = n * q.H * q.W + h * q.W
         zn = q.z[n]
-        tmp = <uint8_t *> malloc(rows * rowlen)
+        tmp = <uint8_t *> malloc(rows * L)
         for c in range(rows):
-            # source row: channel c (NCHW) or channel quad c (NC4HW4) at (n, h)
+            # source run: channel c (NCHW) or channel quad c (NC4HW4), rows h .. h+nh-1 of sample n
             if q.nc4hw4:
                 plane = ((c * q.N + n) * q.H + h) * rowlen
             else:
                 plane = ((n * q.C + c) * q.H + h) * rowlen
             if q.int8_input:
                 xi = (<const int8_t *> q.x) + plane
-                for i in range(rowlen):
-                    tmp[c * rowlen + i] = <uint8_t> (xi[i] + q.abias)
+                for i in range(L):
+                    tmp[c * L + i] = <uint8_t> (xi[i] + q.abias)
             else:
                 xf = (<const float *> q.x) + plane
-                qc_quant(xf, rowlen, q.qs[n], zn, q.qlo, q.qhi, q.abias, tmp + c * rowlen, q.variant)
+                qc_quant(xf, L, q.qs[n], zn, q.qlo, q.qhi, q.abias, tmp + c * L, q.variant)
         if q.contiguous and not q.nc4hw4:
-            qc_transpose_u8(tmp, q.C, q.W, rowlen, q.Q + pix0 * q.Ltot1, q.Ltot1)
+            qc_transpose_u8(tmp, q.C, npx, L, q.Q + pix0 * q.Ltot1, q.Ltot1)
         elif q.contiguous:
             for c in range(rows):
-                for w in range(q.W):
-                    memcpy(q.Q + (pix0 + w) * q.Ltot1 + 4 * c, tmp + c * rowlen + 4 * w, 4)
+                for w in range(npx):
+                    memcpy(q.Q + (pix0 + w) * q.Ltot1 + 4 * c, tmp + c * L + 4 * w, 4)
         if q.contiguous and q.Ltot1 > q.C:
-            for w in range(q.W):
+            for w in range(npx):
                 memset(q.Q + (pix0 + w) * q.Ltot1 + q.C, <int> ((zn + q.abias) & 255), q.Ltot1 - q.C)
         if not q.contiguous:
-            for w in range(q.W):
+            for w in range(npx):
                 qpix = q.Q + (pix0 + w) * q.Ltot1
                 memset(qpix, <int> ((zn + q.abias) & 255), q.Ltot1)
                 for c in range(q.C):
-                    qpix[q.chpos[c]] = tmp[co[c] + w * es]
+                    qpix[q.chpos[c]] = tmp[(c // 4) * L + c % 4 + 4 * w] if q.nc4hw4 else tmp[c * L + w]
         free(tmp)
-        qc_block_sums(q.Q + pix0 * q.Ltot1, q.W, q.Ltot1, q.GNB, q.BCp, zn + 128, 0 if q.abias else 0x80,
+        qc_block_sums(q.Q + pix0 * q.Ltot1, npx, q.Ltot1, q.GNB, q.BCp, zn + 128, 0 if q.abias else 0x80,
                       q.PS + pix0 * q.GNB, q.variant)
-    free(co)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -388,8 +393,10 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     a.colsum = S + g * j.NB + k0
     a.lds = j.GNB
     a.wsx = j.wsx + tab
-    a.scale = j.scale + tab
+    a.scale = (j.scale + tab) if j.scale != NULL else NULL
     a.offset = (j.offset + tab) if j.offset != NULL else NULL
+    a.hscale = (j.hscale + tab) if j.hscale != NULL else NULL
+    a.hoffset = (j.hoffset + tab) if j.hoffset != NULL else NULL
     a.ldt = j.OCp
     a.dx = dxc
     a.bias = j.bias + <int64_t> g * j.OCp + <int64_t> t0 * QC_UNIT
@@ -583,7 +590,7 @@ cdef class ConvPlan:
 
     Built by :class:`qconv.cpu.CpuEngine`; the arrays are kept alive here and read by the nogil workers.
     ``w``: packed tiles (uint8 view of :class:`TiledWeightLayout`); ``wsx`` int32, ``scale``/``offset``
-    float32 ``(G, NB, OCp)``; ``bias`` float32 ``(G, OCp)``; ``oidx`` int32 ``(O,)``; ``chpos`` int32
+    float32 or float16 ``(G, NB, OCp)`` (both the same dtype); ``bias`` float32 ``(G, OCp)``; ``oidx`` int32 ``(O,)``; ``chpos`` int32
     ``(C,)``; ``geo``: dict of ints (see ``ConvJob``).
     """
     cdef ConvJob job
@@ -591,6 +598,7 @@ cdef class ConvPlan:
     cdef const uint8_t[::1] w
     cdef const int32_t[::1] wsx, oidx, chpos
     cdef const float[::1] scale, offset, bias
+    cdef const uint16_t[::1] hscale, hoffset
     cdef uint8_t[::1] Q, zrow, APb, Ab
     cdef int32_t[::1] PS, S
     cdef float[::1] OUT, DXC, DXBb
@@ -603,7 +611,6 @@ cdef class ConvPlan:
         self.keep = (w, wsx, scale, offset, bias, oidx, chpos)
         self.w = w
         self.wsx = wsx
-        self.scale = scale
         self.bias = bias
         self.oidx = oidx
         self.chpos = chpos
@@ -627,12 +634,22 @@ cdef class ConvPlan:
         j.w_gstride = geo["w_gstride"]
         j.w = &self.w[0]
         j.wsx = &self.wsx[0]
-        j.scale = &self.scale[0]
-        if offset is not None:
-            self.offset = offset
-            j.offset = &self.offset[0]
+        j.scale = j.offset = NULL
+        j.hscale = j.hoffset = NULL
+        if scale.dtype == np.float16:
+            if offset is not None and offset.dtype != np.float16:
+                raise TypeError("scale and offset tables must have the same dtype")
+            self.hscale = scale.view(np.uint16)
+            j.hscale = &self.hscale[0]
+            if offset is not None:
+                self.hoffset = offset.view(np.uint16)
+                j.hoffset = &self.hoffset[0]
         else:
-            j.offset = NULL
+            self.scale = scale
+            j.scale = &self.scale[0]
+            if offset is not None:
+                self.offset = offset
+                j.offset = &self.offset[0]
         j.bias = &self.bias[0]
         j.oidx = &self.oidx[0]
         j.lo = geo["lo"]
@@ -796,12 +813,13 @@ def _test_indirect(const uint8_t[:, ::1] Q, const int32_t[:, ::1] PS, dict geo, 
 def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride, const int32_t[:, ::1] S,
                const int32_t[:, ::1] wsx, const float[:, ::1] scale, offset, const float[::1] dx,
                const float[::1] bias, int nblocks, int taps, int bq, int bits, int zpu, float lo, float hi, str kernel,
-               int first=1, int last=1, out=None, int ntiles=1, int64_t w_tstride=0):
+               int first=1, int last=1, out=None, int ntiles=1, int64_t w_tstride=0, bint half=False):
     """One micro-kernel call on a materialised A: ``A`` uint8 ``(ncols, nblocks*taps*bq*4)`` (block-major, each
     block ``taps`` runs of ``4*bq`` bytes, read through an indirection table like the engine's), ``w`` the
     tiles of ``ntiles`` 32-channel tiles (tile ``t``, block ``k`` at ``t*w_tstride + k*w_bstride``), ``S`` int32
     ``(ncols, nblocks)``, ``wsx``/``scale``/``offset`` ``(nblocks, 32*ntiles)``, ``dx`` ``(ncols,)``, ``bias``
-    ``(32*ntiles,)``. Returns (or accumulates into ``out``) float32 ``(ncols, 32*ntiles)``."""
+    ``(32*ntiles,)``. ``half``: pass ``scale``/``offset`` to the kernel as float16 tables (they must be float16
+    values). Returns (or accumulates into ``out``) float32 ``(ncols, 32*ntiles)``."""
     cdef qc_gemm_args a
     cdef int ncols = A.shape[0]
     cdef const float[:, ::1] off
@@ -842,14 +860,25 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
     a.colsum = &S[0, 0]
     a.lds = nblocks
     a.wsx = &wsx[0, 0]
+    cdef const uint16_t[:, ::1] hs, ho
     a.scale = &scale[0, 0]
-    if offset is None:
-        a.offset = NULL
-    else:
+    a.offset = NULL
+    a.hscale = a.hoffset = NULL
+    if offset is not None:
         off = offset
         if off.shape[0] != nblocks or off.shape[1] != width:
             raise ValueError("offset must be (nblocks, 32*ntiles)")
         a.offset = &off[0, 0]
+    if half:
+        tabs = [np.asarray(scale)] + ([] if offset is None else [np.asarray(offset)])
+        if any(not np.array_equal(t.astype(np.float16).astype(np.float32), t) for t in tabs):
+            raise ValueError("half=True needs scale / offset values that are float16 numbers")
+        hs = np.ascontiguousarray(tabs[0].astype(np.float16)).view(np.uint16)
+        a.hscale = &hs[0, 0]
+        if offset is not None:
+            ho = np.ascontiguousarray(tabs[1].astype(np.float16)).view(np.uint16)
+            a.hoffset = &ho[0, 0]
+        a.scale = a.offset = NULL
     a.ldt = width
     a.dx = &dx[0]
     a.dxb = NULL

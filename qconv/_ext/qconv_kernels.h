@@ -48,6 +48,8 @@ typedef struct {
     const int32_t *wsx;      /* wsx[k*ldt + 32*tile + j]; unused when zpu == 0 */
     const float *scale;      /* scale[k*ldt + 32*tile + j] */
     const float *offset;     /* offset[k*ldt + 32*tile + j], or NULL (symmetric) */
+    const uint16_t *hscale;  /* or, when not NULL, the same tables as float16 bits (exact: the weight's scales */
+    const uint16_t *hoffset; /* and offsets are float16 values); scale/offset are then unused */
     int64_t ldt;
     const float *dx;         /* dx[e] */
     const float *dxb;        /* dxb[e*lds + k]: per (column, block) activation scale (act_quant="block"), or NULL */
@@ -63,6 +65,28 @@ typedef struct {
  * unsigned operand: sum u*q = acc - zpu*wsx - (int4 ? 8*S : 0) either way. */
 
 static inline int32_t qc_load_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+/* float16 bits -> float32 (exact; portable) */
+static inline float qc_half(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    uint32_t bits;
+    float f;
+    if (e == 0) {                       /* zero / subnormal: m * 2^-24 */
+        f = (float)m * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    bits = sign | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* table entry i of the scales / offsets (float32 or float16 tables); offsets are 0 when symmetric */
+static inline float qc_scale_at(const qc_gemm_args *g, int64_t i) { return g->hscale ? qc_half(g->hscale[i]) : g->scale[i]; }
+static inline float qc_offset_at(const qc_gemm_args *g, int64_t i)
+{
+    return g->hscale ? (g->hoffset ? qc_half(g->hoffset[i]) : 0.0f) : (g->offset ? g->offset[i] : 0.0f);
+}
 
 /* ------------------------------------------------------------------------------------------------ */
 /* scalar (portable) kernel                                                                           */
@@ -105,14 +129,13 @@ static void qc_gemm_scalar(const qc_gemm_args *g)
                 const float sf = (float)s;
                 const int32_t c8 = g->bits == 4 ? 8 * s : 0;
                 const int32_t *wsx = g->wsx + (int64_t)k * g->ldt + to;
-                const float *sc = g->scale + (int64_t)k * g->ldt + to;
-                const float *of = g->offset ? g->offset + (int64_t)k * g->ldt + to : NULL;
+                const int64_t tt = (int64_t)k * g->ldt + to;
                 const int add = k > 0 || !g->first, fin = k == g->nblocks - 1 && g->last;
                 for (int j = 0; j < QC_UNIT; ++j) {
                     const uint32_t zc = g->zpu ? (uint32_t)g->zpu * (uint32_t)wsx[j] : 0u;
                     const int32_t iv = (int32_t)((uint32_t)acc[j] - zc - (uint32_t)c8);
-                    float f = sc[j] * (float)iv;
-                    if (of) f += of[j] * sf;
+                    float f = qc_scale_at(g, tt + j) * (float)iv;
+                    if (g->offset || g->hoffset) f += qc_offset_at(g, tt + j) * sf;
                     if (g->dxb) f *= g->dxb[(int64_t)e * g->lds + k];
                     if (add) f += out[j];
                     if (fin) {
@@ -154,6 +177,13 @@ qc_vnni_tab qc_vnni_tab_load(const qc_gemm_args *g, int64_t tt, __m512i zpu)
     if (g->zpu) {
         t.z0 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt)));
         t.z1 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt + 16)));
+    }
+    if (g->hscale) {
+        t.s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g->hscale + tt)));
+        t.s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g->hscale + tt + 16)));
+        t.o0 = g->hoffset ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g->hoffset + tt))) : _mm512_setzero_ps();
+        t.o1 = g->hoffset ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g->hoffset + tt + 16))) : _mm512_setzero_ps();
+        return t;
     }
     t.s0 = _mm512_loadu_ps(g->scale + tt);
     t.s1 = _mm512_loadu_ps(g->scale + tt + 16);
@@ -338,14 +368,25 @@ void qc_vnni_pair(const qc_gemm_args *g, const int e0, const int NC, const int B
         if (g->ntiles % 2 == 0) break; \
         tile = g->ntiles - 1; \
         one.ntiles = 1; one.w = g->w + (int64_t)tile * g->w_tstride; \
-        one.wsx = g->wsx + tile * QC_UNIT; one.scale = g->scale + tile * QC_UNIT; \
+        one.wsx = g->wsx + tile * QC_UNIT; one.scale = g->scale ? g->scale + tile * QC_UNIT : NULL; \
         one.offset = g->offset ? g->offset + tile * QC_UNIT : NULL; \
+        one.hscale = g->hscale ? g->hscale + tile * QC_UNIT : NULL; \
+        one.hoffset = g->hoffset ? g->hoffset + tile * QC_UNIT : NULL; \
         one.bias = g->bias + tile * QC_UNIT; one.out = g->out + tile * QC_UNIT; \
         g = &one; \
     } \
+    /* column passes of at most QC_VNNI_NC, balanced (16 = 8 + 8, not 12 + 4: a narrow pass has too few \
+     * independent accumulators per weight load) */ \
     int e = 0; \
-    for (; e + QC_VNNI_NC <= g->ncols; e += QC_VNNI_NC) qc_vnni_cols(g, e, QC_VNNI_NC, BITS); \
-    switch (g->ncols - e) { \
+    const int npass = (g->ncols + QC_VNNI_NC - 1) / QC_VNNI_NC; \
+    for (int p = 0; p < npass; ++p) { \
+        const int nc = (g->ncols - e) / (npass - p); \
+        QC_VNNI_NCOLS(nc, e, BITS); \
+        e += nc; \
+    } } while (0)
+#define QC_VNNI_NCOLS(nc, e, BITS) do { \
+    switch (nc) { \
+    case 12: qc_vnni_cols(g, e, 12, BITS); break; \
     case 11: qc_vnni_cols(g, e, 11, BITS); break; \
     case 10: qc_vnni_cols(g, e, 10, BITS); break; \
     case 9: qc_vnni_cols(g, e, 9, BITS); break; \
@@ -369,7 +410,7 @@ static void qc_gemm_vnni(const qc_gemm_args *g) { if (g->bits == 8) qc_gemm_vnni
 /* int16 and multiplied with vpmaddwd: each int32 lane holds a partial sum of 2 of a channel's 4        */
 /* values; the two partials are added in the epilogue. 8 channels x up to 4 columns per pass.          */
 /* ------------------------------------------------------------------------------------------------ */
-#define QC_TGT_AVX2 __attribute__((target("avx2,fma")))
+#define QC_TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define QC_AVX2_NC 4
 
 /* 32 values (8 channels x 4) of tile row `row` at wk, channels [8*p, 8*p+8), widened to two int16 vectors. */
@@ -427,8 +468,15 @@ void qc_avx2_cols(const qc_gemm_args *g, const int e0, const int NC)
                 if (g->zpu)
                     zc = _mm256_mullo_epi32(_mm256_set1_epi32(g->zpu),
                                             _mm256_loadu_si256((const __m256i *)(g->wsx + tt + 8 * p)));
-                const __m256 sc = _mm256_loadu_ps(g->scale + tt + 8 * p);
-                const __m256 of = g->offset ? _mm256_loadu_ps(g->offset + tt + 8 * p) : _mm256_setzero_ps();
+                __m256 sc, of;
+                if (g->hscale) {
+                    sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hscale + tt + 8 * p)));
+                    of = g->hoffset ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hoffset + tt + 8 * p)))
+                                    : _mm256_setzero_ps();
+                } else {
+                    sc = _mm256_loadu_ps(g->scale + tt + 8 * p);
+                    of = g->offset ? _mm256_loadu_ps(g->offset + tt + 8 * p) : _mm256_setzero_ps();
+                }
 #pragma GCC unroll 4
                 for (int e = 0; e < NC; ++e) {
                     /* lanes (c0a c0b c1a c1b | c2a c2b c3a c3b) and (c4.. c7): pairwise add -> c0..c7 */
@@ -516,7 +564,10 @@ QC_TGT_512 static void qc_quant_avx512(const float *x, int64_t n, float qs, int3
         const __m512 r = _mm512_mask_add_ps(t, up, t, _mm512_or_ps(one, _mm512_and_ps(v, sign)));
         __m512i iv = _mm512_add_epi32(_mm512_cvttps_epi32(r), zv);
         iv = _mm512_min_epi32(_mm512_max_epi32(iv, lo), hi);
-        _mm512_mask_cvtepi32_storeu_epi8(dst + i, m, iv);
+        /* narrow in a register, then a plain store: the converting (masked) store to memory is slow on AMD */
+        const __m128i b = _mm512_cvtepi32_epi8(iv);
+        if (m == 0xFFFF) _mm_storeu_si128((__m128i *)(dst + i), b);
+        else _mm_mask_storeu_epi8(dst + i, m, b);
     }
 }
 
@@ -742,7 +793,7 @@ static inline int qc_kernel_supported(int variant)
 #ifdef QC_HAVE_X86
     __builtin_cpu_init();
     if (variant == QC_KERNEL_AVX2)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (variant == QC_KERNEL_AVX512VNNI)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
             && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")

@@ -152,6 +152,9 @@ class CpuEngine:
     default_act_quant = "tensor"
     default_linear_act_quant = "row"
     native_layouts = ("nchw", "nc4hw4")
+    # NaN / inf inputs are detected by the native quantization pass (a ValueError), so the layer skips its own
+    # numpy pass over the input
+    rejects_nonfinite = True
 
     def __init__(self, spec: ConvSpec, threads=None, kernel=None, tile_cols: int = 16,
                  input_qparams=None, output_qparams=None):
@@ -232,8 +235,10 @@ class CpuEngine:
         if w.bits == 4:
             ws = ws + 8 * lay.block_values
         self._wsx = table(ws.astype(np.int32), np.int32)
-        self._scale = table(w.scales, np.float32)
-        self._offset = None if w.offsets is None else table(w.offsets, np.float32)
+        # float16 tables when that is exact (bit-identical results, half the table bytes)
+        tdt = np.float16 if w.half_exact else np.float32
+        self._scale = table(w.scales, tdt)
+        self._offset = None if w.offsets is None else table(w.offsets, tdt)
         bias = np.zeros((g, ocp), np.float32)
         bias[:, :og] = spec.bias_or_zeros().reshape(g, og)
         self._bias = bias.reshape(-1)

@@ -117,11 +117,17 @@ def float_weights(draw, shape) -> np.ndarray:
 @st.composite
 def quantized_weights(draw, geometry: ConvGeometry | None = None, bits=(8, 4),
                       blocks: bool = True) -> QuantizedWeight:
-    """A :class:`QuantizedWeight` for ``geometry`` (drawn when None) under a drawn scheme."""
+    """A :class:`QuantizedWeight` for ``geometry`` (drawn when None) under a drawn scheme; one in four has
+    float16 scales and offsets (``scale_dtype="float16"``, the engines' compact tables) when they fit."""
     if geometry is None:
         geometry = draw(conv_geometries())
     scheme = draw(quant_schemes(geometry.in_per_group, bits=bits, blocks=blocks))
     w = draw(float_weights((geometry.o, geometry.in_per_group) + tuple(geometry.kernel)))
+    if draw(st.integers(0, 3)) == 0:
+        try:
+            return quantize_weight(w, groups=geometry.groups, scale_dtype="float16", **scheme)
+        except ValueError:   # scales outside the normal float16 range
+            pass
     return quantize_weight(w, groups=geometry.groups, **scheme)
 
 
