@@ -56,6 +56,7 @@ def _extensions():
         exts.append(Extension(
             name, [pyx],
             include_dirs=[np.get_include(), os.path.join("qconv", "_ext")],
+            depends=sorted(glob.glob(os.path.join("qconv", "_ext", "*.h"))),   # rebuild when a header changes
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
             extra_compile_args=compile_args, extra_link_args=link_args,
         ))

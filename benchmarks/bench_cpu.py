@@ -50,11 +50,19 @@ LINEARS = [  # name, O, K, N
     ("GEMV 4096->11008", 11008, 4096, 1),
     ("batch-8 4096->4096", 4096, 4096, 8),
 ]
-SCHEMES = [  # name, bits, block_size, symmetric
-    ("int8 per-channel sym", 8, 0, True),
-    ("int4 block-32 asym", 4, 32, False),
-    ("int4 per-channel sym", 4, 0, True),
+SCHEMES = [  # name, bits, block_size, symmetric, scale dtype
+    ("int8 per-channel sym", 8, 0, True, "float32"),
+    ("int4 block-32 asym", 4, 32, False, "float32"),
+    ("int4 block-32 asym f16", 4, 32, False, "float16"),
+    ("int4 per-channel sym", 4, 0, True, "float32"),
 ]
+# same weight scheme, dynamically quantized activations: the peers each qconv scheme must beat (engine prefixes)
+PEERS = {
+    "int8 per-channel sym": ("torch.ao dynamic", "onnxruntime ConvInteger", "onnxruntime MatMulInteger"),
+    "int4 block-32 asym": ("onnxruntime MatMulNBits b32",),
+    "int4 block-32 asym f16": ("onnxruntime MatMulNBits b32",),
+    "int4 per-channel sym": ("onnxruntime MatMulNBits per-channel",),
+}
 
 
 # --- measurement helpers -----------------------------------------------------------------------------------
@@ -171,20 +179,41 @@ def _onnx_model(kind, w, b, stride=1, pad=0, xshape=None, yshape=None):
     return model
 
 
-def _ort_dynamic(model, ort):
-    """onnxruntime's dynamic int8 quantization (ConvInteger / MatMulInteger)."""
+def _ort_dynamic(model, ort, per_channel=False):
+    """onnxruntime's dynamic int8 quantization (ConvInteger / MatMulInteger), per-tensor or per-channel weights."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "f.onnx"), os.path.join(tmp, "q.onnx")
         onnx.save(model, src)
-        quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+        quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=per_channel)
+        return _ort_session(onnx.load(dst), ort)
+
+
+def _ort_static(model, x, ort):
+    """onnxruntime's static int8 conv (QLinearConv, QOperator format, per-channel int8 weights, uint8 activations
+    calibrated on this very input: the most favourable static scales)."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class _One(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{"x": x}])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "f.onnx"), os.path.join(tmp, "q.onnx")
+        onnx.save(model, src)
+        quantize_static(src, dst, _One(), quant_format=QuantFormat.QOperator, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
         return _ort_session(onnx.load(dst), ort)
 
 
 def _ort_nbits(w, b, xshape, yshape, ort, block=32):
-    """onnxruntime MatMulNBits (com.microsoft): int4, block 32, asymmetric RTN with uint8 zero points,
-    ``accuracy_level=4`` (int8 activations, its fastest CPU path)."""
+    """onnxruntime MatMulNBits (com.microsoft): int4, ``block`` values per scale (``block = K``: per channel),
+    asymmetric RTN with 4-bit zero points, ``accuracy_level=4`` (int8 activations, its fastest CPU path)."""
     from onnx import TensorProto, helper, numpy_helper
     n_out, k = w.shape
     kb = -(-k // block)
@@ -286,21 +315,31 @@ def run(args):
 
             record(name, "float32", "onnxruntime " + ("Conv" if kind == "conv" else "MatMul"), None, ref, ops,
                    build=ort_run("f", lambda: _ort_session(model, ort)))
-            record(name, "int8 dyn (per-tensor)", "onnxruntime " + ("ConvInteger" if kind == "conv" else "MatMulInteger"),
-                   None, ref, ops, build=ort_run("q", lambda: _ort_dynamic(model, ort)))
+            oname = "onnxruntime " + ("ConvInteger" if kind == "conv" else "MatMulInteger")
+            record(name, "int8 dyn (per-tensor)", oname, None, ref, ops,
+                   build=ort_run("q", lambda: _ort_dynamic(model, ort)))
+            record(name, "int8 dyn (per-channel)", oname + " per-channel", None, ref, ops,
+                   build=ort_run("qc", lambda: _ort_dynamic(model, ort, per_channel=True)))
+            if kind == "conv":
+                record(name, "int8 static (per-channel)", "onnxruntime QLinearConv static", None, ref, ops,
+                       build=ort_run("s", lambda: _ort_static(model, x, ort)))
             if kind == "linear":
-                record(name, "int4 block-32 asym", "onnxruntime MatMulNBits", None, ref, ops,
+                record(name, "int4 block-32 asym", "onnxruntime MatMulNBits b32", None, ref, ops,
                        build=ort_run("n", lambda: _ort_nbits(wf, bf, x.shape, ref.shape, ort)))
+                record(name, "int4 per-channel asym", "onnxruntime MatMulNBits per-channel", None, ref, ops,
+                       build=ort_run("nc", lambda: _ort_nbits(wf, bf, x.shape, ref.shape, ort, block=i)))
         if torch is not None:
-            def torch_dyn():
+            def torch_dyn(per_channel=False):
                 import torch.ao.nn.quantized.dynamic as nnqd
-                from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
+                from torch.ao.quantization import (default_dynamic_qconfig, per_channel_dynamic_qconfig,
+                                                   quantize_dynamic)
+                qc = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
                 if kind == "conv":
                     m = torch.nn.Conv2d(i, o, k, stride, pad)
-                    spec, mapping = {torch.nn.Conv2d: default_dynamic_qconfig}, {torch.nn.Conv2d: nnqd.Conv2d}
+                    spec, mapping = {torch.nn.Conv2d: qc}, {torch.nn.Conv2d: nnqd.Conv2d}
                 else:
                     m = torch.nn.Linear(i, o)
-                    spec, mapping = {torch.nn.Linear: default_dynamic_qconfig}, {torch.nn.Linear: nnqd.Linear}
+                    spec, mapping = {torch.nn.Linear: qc}, {torch.nn.Linear: nnqd.Linear}
                 with torch.no_grad():
                     m.weight.copy_(torch.from_numpy(wf.reshape(m.weight.shape)))
                     m.bias.copy_(torch.from_numpy(bf))
@@ -311,27 +350,33 @@ def run(args):
                     with torch.inference_mode():
                         return qm(tx).numpy()
                 return f
-            record(name, "int8 dyn (torch.ao)", "torch.ao dynamic " + ("conv" if kind == "conv" else "linear"),
-                   None, ref, ops, build=torch_dyn)
+            tname = "torch.ao dynamic " + ("conv" if kind == "conv" else "linear")
+            record(name, "int8 dyn (torch.ao)", tname, None, ref, ops, build=torch_dyn)
+            if kind == "linear":   # fbgemm's dynamic conv has no per-channel weights
+                record(name, "int8 dyn per-channel (torch.ao)", tname + " per-channel", None, ref, ops,
+                       build=lambda: torch_dyn(per_channel=True))
 
         # qconv, every scheme
-        for sname, bits, bs, sym in SCHEMES:
-            def build(bits=bits, bs=bs, sym=sym):
-                w = qconv.quantize_weight(wf, bits=bits, block_size=bs, symmetric=sym)
+        for sname, bits, bs, sym, sdt in SCHEMES:
+            def build(bits=bits, bs=bs, sym=sym, sdt=sdt, threads=THREADS):
+                w = qconv.quantize_weight(wf, bits=bits, block_size=bs, symmetric=sym, scale_dtype=sdt)
                 if kind == "conv":
-                    layer = qconv.Conv2d(w, bf, stride, pad, device="cpu", threads=THREADS)
+                    layer = qconv.Conv2d(w, bf, stride, pad, device="cpu", threads=threads)
                 else:
-                    layer = qconv.Linear(w, bf, device="cpu", threads=THREADS)
+                    layer = qconv.Linear(w, bf, device="cpu", threads=threads)
                 build.layer = layer
                 return lambda: layer(x)
             record(name, sname, "qconv cpu", None, ref, ops, build=build)
             if rows[-1].get("engine") == "qconv cpu" and "ms" in rows[-1]:
                 rows[-1]["describe"] = build.layer.engine.describe()
+                rows[-1]["weight_bytes"] = build.layer.engine.nbytes
+            if kind == "conv" and not args.quick:   # 1 -> 2 thread scaling
+                record(name, sname, "qconv cpu 1 thread", None, ref, ops, build=lambda b=build: b(threads=1))
             if args.block:  # act_quant="block" (per pixel x 32-channel blocks) and, for linears, "tensor"
                 modes = [("block", 32)] + ([("tensor", 0)] if kind == "linear" else [])
                 for aq, ab in modes:
-                    def build_b(bits=bits, bs=bs, sym=sym, aq=aq, ab=ab):
-                        w = qconv.quantize_weight(wf, bits=bits, block_size=bs, symmetric=sym)
+                    def build_b(bits=bits, bs=bs, sym=sym, sdt=sdt, aq=aq, ab=ab):
+                        w = qconv.quantize_weight(wf, bits=bits, block_size=bs, symmetric=sym, scale_dtype=sdt)
                         if kind == "conv":
                             layer = qconv.Conv2d(w, bf, stride, pad, device="cpu", threads=THREADS, act_quant=aq,
                                                  act_block=ab)
@@ -342,12 +387,41 @@ def run(args):
     return rows
 
 
+# --- machine ceilings ----------------------------------------------------------------------------------------------
+def ceilings():
+    """Peak int8 multiply-add rate (1 and THREADS threads) and read bandwidth (a 12 MiB buffer that caches can
+    hold, a 512 MiB one that only DRAM can), measured now: the reference for the "% of peak" columns."""
+    from qconv._ext import _cpu
+    c = dict(simd=_cpu.probe_simd(), vnni_gops_1t=_cpu.probe_vnni_gops(1), vnni_gops=_cpu.probe_vnni_gops(THREADS))
+    for key, size in (("read_gbs_cache", 12 << 20), ("read_gbs_dram", 512 << 20)):
+        buf = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+        gbs, chk = _cpu.probe_read(buf, THREADS, reps=5)
+        if chk != int(np.bitwise_xor.reduce(buf.view(np.uint64))):
+            raise RuntimeError("read probe checksum mismatch")
+        c[key] = gbs
+        del buf
+    return c
+
+
 # --- report -------------------------------------------------------------------------------------------------------
-def report(rows, args):
+def _peer_rows(rows, r):
+    """Same-scheme peers (dynamic activations) of the qconv row ``r``, fastest first."""
+    peers = [b for b in rows if b["case"] == r["case"] and "ms" in b and b["engine"] != "qconv cpu"
+             and any(b["engine"].startswith(p) for p in PEERS.get(r["scheme"], ()))
+             and not b["engine"].startswith("qconv")]
+    return sorted(peers, key=lambda b: b["ms"])
+
+
+def report(rows, ceil, args):
     out = []
     out.append(f"qconv CPU benchmark: {platform.processor() or platform.machine()}, {THREADS} threads, "
                f"kernel {qconv.cpu.select_kernel()}, numpy {np.__version__}"
                + (" (quick)" if args.quick else ""))
+    out.append("")
+    out.append(f"Ceilings measured in this run: int8 multiply-add peak {ceil['vnni_gops_1t']:.0f} GOP/s on 1 thread, "
+               f"{ceil['vnni_gops']:.0f} GOP/s on {THREADS} ({'vpdpbusd' if ceil['simd'] else 'scalar'}); "
+               f"read bandwidth {ceil['read_gbs_cache']:.0f} GB/s (12 MiB, cache-resident), "
+               f"{ceil['read_gbs_dram']:.0f} GB/s (512 MiB, DRAM).")
     out.append("")
     out.append("| case | scheme | engine | median ms | GOP/s | rel. err vs float | peak RSS MB |")
     out.append("|---|---|---|---:|---:|---:|---:|")
@@ -358,18 +432,41 @@ def report(rows, args):
             out.append(f"| {r['case']} | {r['scheme']} | {r['engine']} | {r['ms']:.3f} | {r['gops']:.1f} | "
                        f"{r['rel_err']:.2e} | {r['peak_rss_mb']:.0f} |")
     out.append("")
-    # speed-ups of qconv against each baseline of the same case
-    baselines = []
-    for r in rows:
-        if r["engine"] != "qconv cpu" and r["engine"] not in baselines:
-            baselines.append(r["engine"])
-    out.append("qconv speed-up (baseline ms / qconv ms; > 1 means qconv is faster):")
+    convs = {c[0] for c in CONVS}
+    out.append("qconv against the fastest peer with the same weight scheme and dynamically quantized activations "
+               "(ratio = peer ms / qconv ms, > 1: qconv is faster); convs: GOP/s as % of the int8 peak and the "
+               "1 -> 2 thread speed-up; linears: weight bytes streamed per second:")
     out.append("")
-    cols = ["numpy", "torch float", "torch.ao dyn", "ORT float", "ORT int8", "ORT NBits"]
-    match = {"numpy": ("numpy",), "torch float": ("torch conv2d", "torch linear"),
-             "torch.ao dyn": ("torch.ao",), "ORT float": ("onnxruntime Conv", "onnxruntime MatMul"),
+    out.append("| case | scheme | qconv ms | rel. err | best same-scheme peer | peer ms | peer rel. err | ratio "
+               "| % peak / GB/s | 1->2 threads |")
+    out.append("|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if r["engine"] != "qconv cpu" or "ms" not in r:
+            continue
+        peers = _peer_rows(rows, r)
+        p = peers[0] if peers else None
+        if r["case"] in convs:
+            eff = f"{100 * r['gops'] / ceil['vnni_gops']:.0f}%"
+            one = [b for b in rows if b["case"] == r["case"] and b["scheme"] == r["scheme"]
+                   and b["engine"] == "qconv cpu 1 thread" and "ms" in b]
+            scal = f"{one[0]['ms'] / r['ms']:.2f}x" if one else "-"
+        else:
+            eff = f"{r.get('weight_bytes', 0) / r['ms'] / 1e6:.0f} GB/s"
+            scal = "-"
+        out.append(f"| {r['case']} | {r['scheme']} | {r['ms']:.3f} | {r['rel_err']:.1e} | "
+                   + (f"{p['engine']} | {p['ms']:.3f} | {p['rel_err']:.1e} | {p['ms'] / r['ms']:.2f} | "
+                      if p else "(none) | | | | ")
+                   + f"{eff} | {scal} |")
+    out.append("")
+    out.append("qconv speed-up against every baseline (baseline ms / qconv ms; > 1 means qconv is faster):")
+    out.append("")
+    cols = ["numpy", "torch float", "torch.ao dyn", "ORT float", "ORT int8", "ORT QLinear static", "ORT NBits b32"]
+    match = {"numpy": ("numpy im2col+BLAS", "numpy BLAS"), "torch float": ("torch conv2d", "torch linear"),
+             "torch.ao dyn": ("torch.ao dynamic conv", "torch.ao dynamic linear"),
+             "ORT float": ("onnxruntime Conv", "onnxruntime MatMul"),
              "ORT int8": ("onnxruntime ConvInteger", "onnxruntime MatMulInteger"),
-             "ORT NBits": ("onnxruntime MatMulNBits",)}
+             "ORT QLinear static": ("onnxruntime QLinearConv static",),
+             "ORT NBits b32": ("onnxruntime MatMulNBits b32",)}
     out.append("| case | scheme | qconv ms | " + " | ".join(f"x {c}" for c in cols) + " |")
     out.append("|---|---|---:|" + "---:|" * len(cols))
     for r in rows:
@@ -377,10 +474,7 @@ def report(rows, args):
             continue
         cells = []
         for c in cols:
-            base = [b for b in rows if b["case"] == r["case"] and "ms" in b and b["engine"] != "qconv cpu"
-                    and any(b["engine"] == m or (m.endswith("numpy") or m in ("torch.ao",)) and b["engine"].startswith(m)
-                            for m in match[c])]
-            base = [b for b in base if not (c == "ORT float" and ("Integer" in b["engine"] or "NBits" in b["engine"]))]
+            base = [b for b in rows if b["case"] == r["case"] and "ms" in b and b["engine"] in match[c]]
             cells.append(f"{base[0]['ms'] / r['ms']:.2f}" if base else "-")
         out.append(f"| {r['case']} | {r['scheme']} | {r['ms']:.3f} | " + " | ".join(cells) + " |")
     blk = [r for r in rows if r["engine"] == "qconv cpu act_quant=block" and "ms" in r]
@@ -394,7 +488,7 @@ def report(rows, args):
             same = [b for b in rows if b["case"] == r["case"] and b["scheme"] == r["scheme"] and "ms" in b]
             dflt = [b["ms"] for b in same if b["engine"] == "qconv cpu"]
             tens = [b["ms"] for b in same if b["engine"] == "qconv cpu act_quant=tensor"] or (
-                dflt if any(c[0] == r["case"] for c in CONVS) else [])
+                dflt if r["case"] in convs else [])
             out.append(f"| {r['case']} | {r['scheme']} | {r['ms']:.3f} | "
                        + (f"{r['ms'] / dflt[0]:.2f}" if dflt else "-") + " | "
                        + (f"{r['ms'] / tens[0]:.2f}" if tens else "-") + " |")
@@ -402,7 +496,7 @@ def report(rows, args):
     print(text)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(dict(threads=THREADS, quick=args.quick, rows=rows), fh, indent=1)
+            json.dump(dict(threads=THREADS, quick=args.quick, ceilings=ceil, rows=rows), fh, indent=1)
 
 
 def main(argv=None):
@@ -414,8 +508,9 @@ def main(argv=None):
     p.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains this")
     args = p.parse_args(argv)
     import qconv.cpu  # noqa: F401,F811  (fail early when the extension is not built)
+    ceil = ceilings()
     rows = run(args)
-    report(rows, args)
+    report(rows, ceil, args)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ message naming the argument and the offending value, before any native code runs
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -94,6 +95,11 @@ def memory_limit() -> int:
             return int(float(env))
         except ValueError:
             raise ValueError(f"QCONV_MAX_BYTES must be a number of bytes, got {env!r}") from None
+    return _half_physical_memory()
+
+
+@functools.lru_cache(maxsize=1)
+def _half_physical_memory() -> int:
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

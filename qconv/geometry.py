@@ -81,6 +81,15 @@ class ConvSpec:
 
     def out_hw(self, h: int, w: int) -> tuple[int, int]:
         """Output ``(OH, OW)`` for an ``h x w`` input; ``ValueError`` when either would be <= 0."""
+        cache = self.__dict__.setdefault("_out_hw_cache", {})   # on the per-call path of small layers
+        hw = cache.get((h, w))
+        if hw is None:
+            hw = cache[(h, w)] = self._out_hw(h, w)
+            if len(cache) > 64:
+                cache.pop(next(iter(cache)))
+        return hw
+
+    def _out_hw(self, h: int, w: int) -> tuple[int, int]:
         out = []
         for size, k, s, p, d, name in zip((h, w), self.kernel_size, self.stride, self.padding, self.dilation,
                                           ("height", "width")):

@@ -318,3 +318,14 @@ def test_gemm_kernel_half_tables(kernel, ncols, ntiles, nblocks, taps, bq, bits,
     assert np.array_equal(full, half)
     with pytest.raises(ValueError, match="float16"):
         _cpu._test_gemm(*args[:5], args[5] + np.float32(1e-6), *args[6:], half=True, **kw)
+
+
+def test_ceiling_probes():
+    """The benchmark's ceiling probes read every byte (checksum) and report a positive rate."""
+    buf = np.random.default_rng(0).integers(0, 256, 1 << 16, dtype=np.uint8)
+    for threads in (1, 2):
+        gbs, chk = _cpu.probe_read(buf, threads, reps=1)
+        assert gbs > 0 and chk == int(np.bitwise_xor.reduce(buf.view(np.uint64)))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        _cpu.probe_read(buf[:100], 1)
+    assert _cpu.probe_vnni_gops(1, seconds=0.01) > 0

@@ -21,7 +21,7 @@ import numpy as np
 
 cimport cython
 from cython.parallel cimport prange, threadid
-from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t
+from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy, memset
 from libc.math cimport roundf
 from libc.stdlib cimport malloc, free
@@ -56,6 +56,67 @@ cdef extern from *:
     #endif
     """
     int _openmp "_qc_openmp"() nogil
+
+
+cdef extern from "qconv_probe.h" nogil:
+    int32_t qc_probe_vnni(int64_t n)
+    uint64_t qc_probe_read(const uint8_t *p, int64_t nbytes)
+    int qc_probe_simd()
+
+
+# ----------------------------------------------------------------------------------------------------
+# machine ceilings (for the benchmark's "% of peak" columns; not used by the engine)
+# ----------------------------------------------------------------------------------------------------
+def probe_vnni_gops(int threads=1, double seconds=0.25):
+    """Peak int8 multiply-add rate in GOP/s (2 ops per multiply-add): ``threads`` threads each issue independent
+    512-bit ``vpdpbusd`` (12 accumulators) for about ``seconds``. Without AVX-512 VNNI a scalar loop runs
+    (:func:`probe_simd` says which)."""
+    import time
+    cdef int64_t n = 20000, i
+    cdef int32_t sink = 0
+    cdef double t = 0
+    while True:
+        t0 = time.perf_counter()
+        with nogil:
+            for i in prange(threads, num_threads=threads, schedule="static"):
+                sink += qc_probe_vnni(n)
+        t = time.perf_counter() - t0
+        if t >= seconds or n > (1 << 40):
+            break
+        n = <int64_t> (n * min(16.0, 1.2 * seconds / max(t, 1e-6)))
+    # 12 vpdpbusd x 64 multiply-adds per step (the scalar loop counts the same number of additions)
+    return threads * n * 12 * 64 * 2 / t / 1e9 + 0 * sink
+
+
+def probe_simd():
+    """True when the probes use AVX-512 VNNI (else scalar loops)."""
+    return bool(qc_probe_simd())
+
+
+def probe_read(const uint8_t[::1] buf, int threads=1, int reps=3):
+    """``(GB/s, checksum)``: best of ``reps`` passes of ``threads`` threads reading ``buf`` (its length a multiple
+    of ``256*threads``) with 512-bit loads; ``checksum`` is the XOR of all 64-bit words of ``buf``."""
+    import time
+    cdef int64_t nbytes = buf.shape[0], chunk, t
+    cdef uint64_t x = 0
+    cdef uint64_t *part
+    if threads < 1 or nbytes == 0 or nbytes % (256 * threads):
+        raise ValueError("buf length must be a positive multiple of 256 * threads")
+    chunk = nbytes // threads
+    part = <uint64_t *> malloc(threads * sizeof(uint64_t))
+    best = 0.0
+    for _ in range(max(reps, 1)):
+        t0 = time.perf_counter()
+        with nogil:
+            for t in prange(threads, num_threads=threads, schedule="static"):
+                part[t] = qc_probe_read(&buf[0] + t * chunk, chunk)
+        dt = time.perf_counter() - t0
+        best = max(best, nbytes / dt / 1e9)
+    x = 0
+    for t in range(threads):
+        x ^= part[t]
+    free(part)
+    return best, int(x)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -600,8 +661,8 @@ cdef class ConvPlan:
     cdef const float[::1] scale, offset, bias
     cdef const uint16_t[::1] hscale, hoffset
     cdef uint8_t[::1] Q, zrow, APb, Ab
-    cdef int32_t[::1] PS, S
-    cdef float[::1] OUT, DXC, DXBb
+    cdef int32_t[::1] PS, S, zb
+    cdef float[::1] OUT, DXC, DXBb, qsb, dxb
     cdef int contiguous, bound_slots
     cdef int64_t bound_pixels
     cdef public int variant
@@ -665,11 +726,15 @@ cdef class ConvPlan:
         self.bound_slots = 0
         self.bound_pixels = -1
 
-    def bind(self, Q, PS, zrow, AP, S, OUT, DXC, int slots, int64_t pixels, A=None, DXB=None):
+    def bind(self, Q, PS, zrow, AP, S, OUT, DXC, qs, z, dx, int slots, int64_t pixels, A=None, DXB=None):
         """Use these scratch arrays (sized by :class:`qconv.cpu.CpuEngine` for ``slots`` threads and an input of
-        ``pixels`` = N*H*W) in the following :meth:`forward` calls. Block mode also needs ``A`` uint8
+        ``pixels`` = N*H*W) in the following :meth:`act_params` / :meth:`forward` calls; ``qs``/``z``/``dx``: the
+        per-sample activation parameters, float32 / int32 / float32 ``(N,)``. Block mode also needs ``A`` uint8
         ``(slots*tile_cols*Lcol,)`` and ``DXB`` float32 ``(slots*tile_cols*GNB,)``."""
         cdef ConvJob *j = &self.job
+        if qs.shape[0] < 1 or z.shape[0] != qs.shape[0] or dx.shape[0] != qs.shape[0]:
+            raise ValueError("qs, z, dx must have one entry per sample")
+        self.qsb, self.zb, self.dxb = qs, z, dx
         if j.block_mode:
             if (A is None or DXB is None or A.shape[0] < slots * j.tile_cols * j.Lcol
                     or DXB.shape[0] < slots * j.tile_cols * j.GNB):
@@ -683,7 +748,7 @@ cdef class ConvPlan:
             raise ValueError("scratch buffers too small")
         self.Q, self.PS, self.zrow, self.S, self.OUT, self.DXC = Q, PS, zrow, S, OUT, DXC
         self.APb = AP.view(np.uint8)
-        self.keep_scratch = (Q, PS, zrow, AP, S, OUT, DXC, A, DXB)
+        self.keep_scratch = (Q, PS, zrow, AP, S, OUT, DXC, qs, z, dx, A, DXB)
         self.bound_slots = slots
         self.bound_pixels = pixels
 
@@ -695,12 +760,39 @@ cdef class ConvPlan:
     def lcol(self):
         return self.job.Lcol
 
-    def forward(self, x, int nchw_input, const float[::1] qs, const int32_t[::1] z, int qlo, int qhi,
-                const float[::1] dx, y, int nc4hw4_output, oscale, int ozp, int threads, xp=None):
+    def act_params(self, x, int nchw_input, int row_mode, int threads):
+        """Dynamic activation parameters of float32 ``x`` (NCHW, or NC4HW4 pack 4) into the bound ``qs``/``z``/``dx``:
+        per tensor (``row_mode`` 0, asymmetric, as :func:`fill_tensor_params`) or per sample (1, symmetric, as
+        :func:`fill_row_params`). Returns False when ``x`` has NaN or inf."""
+        cdef const uint8_t[::1] xb = x.reshape(-1).view(np.uint8)
+        cdef const float *xf = <const float *> &xb[0]
+        cdef int64_t n = x.shape[0] if nchw_input else x.shape[1], A, M
+        cdef bint ok
+        cdef int variant = self.job.variant
+        if self.bound_slots == 0 or self.qsb.shape[0] < n:
+            raise ValueError("qs, z, dx are not bound for this batch")
+        if x.dtype != np.float32 or x.size == 0:
+            raise ValueError("x must be a non-empty float32 array")
+        A = 1 if nchw_input else x.shape[0]
+        M = x.size // (A * n)
+        with nogil:
+            if row_mode:
+                ok = _fill_rows(xf, A, n, M, threads, variant, &self.qsb[0], &self.zb[0], &self.dxb[0])
+            else:
+                ok = _fill_tensor(xf, A * n * M, threads, variant, &self.qsb[0], &self.zb[0], &self.dxb[0],
+                                  self.qsb.shape[0])
+        return bool(ok)
+
+    def forward(self, x, int nchw_input, int qlo, int qhi, y, int nc4hw4_output, oscale, int ozp, int threads,
+                xp=None):
         """Run the conv. ``x``: float32 (or int8 for the static path) NCHW or NC4HW4 (pack 4), C-contiguous,
-        validated by the engine; ``qs``/``z``/``dx`` per sample; ``y`` the output array (float32, or int8 when
-        ``oscale`` is not None), NCHW or NC4HW4. Scratch must be bound (:meth:`bind`) for this input size."""
+        validated by the engine; the bound ``qs``/``z``/``dx`` hold its per-sample parameters; ``y`` the output
+        array (float32, or int8 when ``oscale`` is not None), NCHW or NC4HW4. Scratch must be bound
+        (:meth:`bind`) for this input size."""
         cdef ConvJob j = self.job
+        cdef const float[::1] qs = self.qsb
+        cdef const int32_t[::1] z = self.zb
+        cdef const float[::1] dx = self.dxb
         cdef QuantJob q
         cdef int64_t N, H, W
         cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
@@ -967,17 +1059,14 @@ def _test_block_cols(const float[:, ::1] xp, dict geo, int64_t p0, int ncols, st
 # ----------------------------------------------------------------------------------------------------
 # dynamic quantization parameters straight into the engine's per-sample arrays (no numpy scalar math per call)
 # ----------------------------------------------------------------------------------------------------
-def fill_tensor_params(const float[::1] x, int threads, str kernel, float[::1] qs, int32_t[::1] z, float[::1] dx):
-    """``act_quant="tensor"``: fill every entry of ``qs``/``z``/``dx`` with the per-tensor parameters of ``x``
-    (the arithmetic of :func:`qconv.cpu.engine.tensor_qparams`, in float32); False when ``x`` has NaN/inf."""
+cdef bint _fill_tensor(const float *x, int64_t n, int threads, int variant, float *qs, int32_t *z, float *dx,
+                       int64_t N) noexcept nogil:
+    """``act_quant="tensor"``: the per-tensor parameters of ``x[0:n]`` into ``qs/z/dx[0:N]`` (the arithmetic of
+    :func:`qconv.cpu.engine.tensor_qparams`, in float32); False when ``x`` has NaN/inf."""
     cdef float lo = 0, hi = 0, rng, q, d, v
     cdef int32_t zz
     cdef int64_t i
-    cdef int variant = KERNELS[kernel]
-    if x.shape[0] == 0:
-        raise ValueError("empty input")
-    with nogil:
-        _minmax(&x[0], x.shape[0], threads, &lo, &hi, variant)
+    _minmax(x, n, threads, &lo, &hi, variant)
     if not (lo >= -3.4028234663852886e38 and hi <= 3.4028234663852886e38):
         return False
     if lo > 0:
@@ -996,28 +1085,27 @@ def fill_tensor_params(const float[::1] x, int threads, str kernel, float[::1] q
             zz = <int32_t> roundf(v) - 128
         else:
             q = 1
-    for i in range(qs.shape[0]):
+    for i in range(N):
         qs[i] = q
         z[i] = zz
         dx[i] = d
     return True
 
 
-def fill_row_params(const float[:, :, ::1] x, int threads, str kernel, float[::1] qs, int32_t[::1] z,
-                    float[::1] dx):
+cdef bint _fill_rows(const float *x, int64_t A, int64_t N, int64_t M, int threads, int variant, float *qs,
+                     int32_t *z, float *dx) noexcept nogil:
     """``act_quant="row"``: per sample ``n`` of ``x (A, N, M)``, ``a = max|x[:, n, :]|``, ``qs = 127/a``, ``dx = a/127``
     (1 and 1 when ``a == 0`` or ``127/a`` overflows), ``z = 0``; False when ``x`` has NaN/inf."""
-    cdef int64_t N = x.shape[1], n
+    cdef int64_t n
     cdef float a, q
-    cdef int variant = KERNELS[kernel]
+    cdef bint ok = True
     cdef float *amax = <float *> malloc(N * sizeof(float))
-    with nogil:
-        _absmax_rows(&x[0, 0, 0], x.shape[0], N, x.shape[2], threads, amax, variant)
+    _absmax_rows(x, A, N, M, threads, amax, variant)
     for n in range(N):
         a = amax[n]
         if not (a <= 3.4028234663852886e38):
-            free(amax)
-            return False
+            ok = False
+            break
         qs[n] = 1
         dx[n] = 1
         z[n] = 0
@@ -1027,4 +1115,31 @@ def fill_row_params(const float[:, :, ::1] x, int threads, str kernel, float[::1
                 qs[n] = q
                 dx[n] = a / <float> 127.0
     free(amax)
-    return True
+    return ok
+
+
+def fill_tensor_params(const float[::1] x, int threads, str kernel, float[::1] qs, int32_t[::1] z, float[::1] dx):
+    """``act_quant="tensor"``: fill every entry of ``qs``/``z``/``dx`` with the per-tensor parameters of ``x``
+    (the arithmetic of :func:`qconv.cpu.engine.tensor_qparams`, in float32); False when ``x`` has NaN/inf."""
+    cdef bint ok
+    cdef int variant = KERNELS[kernel]
+    if x.shape[0] == 0:
+        raise ValueError("empty input")
+    if z.shape[0] < qs.shape[0] or dx.shape[0] < qs.shape[0]:
+        raise ValueError("qs, z, dx must have the same length")
+    with nogil:
+        ok = _fill_tensor(&x[0], x.shape[0], threads, variant, &qs[0], &z[0], &dx[0], qs.shape[0])
+    return bool(ok)
+
+
+def fill_row_params(const float[:, :, ::1] x, int threads, str kernel, float[::1] qs, int32_t[::1] z,
+                    float[::1] dx):
+    """``act_quant="row"``: per sample ``n`` of ``x (A, N, M)``, ``a = max|x[:, n, :]|``, ``qs = 127/a``, ``dx = a/127``
+    (1 and 1 when ``a == 0`` or ``127/a`` overflows), ``z = 0``; False when ``x`` has NaN/inf."""
+    cdef bint ok
+    cdef int variant = KERNELS[kernel]
+    if qs.shape[0] < x.shape[1] or z.shape[0] < x.shape[1] or dx.shape[0] < x.shape[1]:
+        raise ValueError("qs, z, dx need one entry per sample")
+    with nogil:
+        ok = _fill_rows(&x[0, 0, 0], x.shape[0], x.shape[1], x.shape[2], threads, variant, &qs[0], &z[0], &dx[0])
+    return bool(ok)

@@ -303,8 +303,8 @@ class CpuEngine:
         else:
             self._scratch.move_to_end(key)
         if self._bound is not s:
-            self._plan.bind(s["Q"], s["PS"], s["zrow"], s["AP"], s["S"], s["OUT"], s["DXC"], self.threads,
-                            n * h * w, s.get("A"), s.get("DXB"))
+            self._plan.bind(s["Q"], s["PS"], s["zrow"], s["AP"], s["S"], s["OUT"], s["DXC"], s["qs"], s["z"],
+                            s["dx"], self.threads, n * h * w, s.get("A"), s.get("DXB"))
             self._bound = s
         return s
 
@@ -322,17 +322,11 @@ class CpuEngine:
             s["z"].fill(0)
             s["dx"].fill(1)
             return -127, 127
-        # the arithmetic of tensor_qparams / row_qparams, done natively (saves ~10-25 us of numpy per call)
-        if self.spec.act_quant == "tensor":
-            ok = _cpu.fill_tensor_params(x.reshape(-1), self.threads, self.kernel, s["qs"], s["z"], s["dx"])
-            qlo = -128
-        else:
-            view = x.reshape(1, n, -1) if nchw else x.reshape(x.shape[0], n, -1)
-            ok = _cpu.fill_row_params(view, self.threads, self.kernel, s["qs"], s["z"], s["dx"])
-            qlo = -127
-        if not ok:
+        # the arithmetic of tensor_qparams / row_qparams, done natively into the bound qs / z / dx
+        row = self.spec.act_quant != "tensor"
+        if not self._plan.act_params(x, int(nchw), int(row), self.threads):
             raise ValueError("x contains NaN or infinite values")
-        return qlo, 127
+        return (-127 if row else -128), 127
 
     def _pixel_major(self, x, nchw, n, h, w, s):
         """float32 ``(N*H*W, C)`` view or copy of the input (block mode reads columns from it)."""
@@ -380,8 +374,8 @@ class CpuEngine:
             s = self._get_scratch(n, h, w)
             qlo, qhi = self._act_params(x, nchw, n, s)
             xp = self._pixel_major(x, nchw, n, h, w, s) if self._block_mode else None
-            self._plan.forward(x, int(nchw), s["qs"], s["z"], qlo, qhi, s["dx"], y, int(not nchw),
-                               None if oscale is None else float(oscale), ozp, s["run_threads"], xp)
+            self._plan.forward(x, int(nchw), qlo, qhi, y, int(not nchw), None if oscale is None else float(oscale),
+                               ozp, s["run_threads"], xp)
         return y
 
     __call__ = forward
