@@ -49,7 +49,9 @@ LINEARS = [  # name, O, K, N
     ("GEMV 4096->4096", 4096, 4096, 1),
     ("GEMV 4096->11008", 11008, 4096, 1),
     ("batch-8 4096->4096", 4096, 4096, 8),
+    ("GEMV 8192->28672", 28672, 8192, 1),   # weights larger than the L3 cache: DRAM streaming
 ]
+BIG = 1 << 26   # linears with more weights than this skip the float and int8-per-tensor baselines (GBs of floats)
 SCHEMES = [  # name, bits, block_size, symmetric, scale dtype
     ("int8 per-channel sym", 8, 0, True, "float32"),
     ("int4 block-32 asym", 4, 32, False, "float32"),
@@ -288,12 +290,13 @@ def run(args):
             ops = 2.0 * n * o * i
 
         # float baselines (once per case)
+        big = kind == "linear" and o * i > BIG
         if kind == "conv":
             record(name, "float32", "numpy im2col+BLAS", lambda: numpy_conv(x, wf, bf, stride, pad), ref, ops)
-        else:
+        elif not big:
             wt = np.ascontiguousarray(wf.T)
             record(name, "float32", "numpy BLAS", lambda: x @ wt + bf, ref, ops)
-        if torch is not None:
+        if torch is not None and not big:
             tx, tw, tb = torch.from_numpy(x), torch.from_numpy(wf), torch.from_numpy(bf)
             with torch.inference_mode():
                 if kind == "conv":
@@ -303,7 +306,7 @@ def run(args):
                     record(name, "float32", "torch linear", lambda: torch.nn.functional.linear(tx, tw, tb).numpy(),
                            ref, ops)
         if ort is not None:
-            model = _onnx_model(kind, wf, bf, stride, pad, x.shape, ref.shape)
+            model = None if big else _onnx_model(kind, wf, bf, stride, pad, x.shape, ref.shape)
             sess = {}
 
             def ort_run(key, make):
@@ -313,13 +316,14 @@ def run(args):
                     return lambda: s.run(None, {"x": x})[0]
                 return build
 
-            record(name, "float32", "onnxruntime " + ("Conv" if kind == "conv" else "MatMul"), None, ref, ops,
-                   build=ort_run("f", lambda: _ort_session(model, ort)))
-            oname = "onnxruntime " + ("ConvInteger" if kind == "conv" else "MatMulInteger")
-            record(name, "int8 dyn (per-tensor)", oname, None, ref, ops,
-                   build=ort_run("q", lambda: _ort_dynamic(model, ort)))
-            record(name, "int8 dyn (per-channel)", oname + " per-channel", None, ref, ops,
-                   build=ort_run("qc", lambda: _ort_dynamic(model, ort, per_channel=True)))
+            if not big:
+                record(name, "float32", "onnxruntime " + ("Conv" if kind == "conv" else "MatMul"), None, ref, ops,
+                       build=ort_run("f", lambda: _ort_session(model, ort)))
+                oname = "onnxruntime " + ("ConvInteger" if kind == "conv" else "MatMulInteger")
+                record(name, "int8 dyn (per-tensor)", oname, None, ref, ops,
+                       build=ort_run("q", lambda: _ort_dynamic(model, ort)))
+                record(name, "int8 dyn (per-channel)", oname + " per-channel", None, ref, ops,
+                       build=ort_run("qc", lambda: _ort_dynamic(model, ort, per_channel=True)))
             if kind == "conv":
                 record(name, "int8 static (per-channel)", "onnxruntime QLinearConv static", None, ref, ops,
                        build=ort_run("s", lambda: _ort_static(model, x, ort)))
@@ -351,7 +355,8 @@ def run(args):
                         return qm(tx).numpy()
                 return f
             tname = "torch.ao dynamic " + ("conv" if kind == "conv" else "linear")
-            record(name, "int8 dyn (torch.ao)", tname, None, ref, ops, build=torch_dyn)
+            if not big:
+                record(name, "int8 dyn (torch.ao)", tname, None, ref, ops, build=torch_dyn)
             if kind == "linear":   # fbgemm's dynamic conv has no per-channel weights
                 record(name, "int8 dyn per-channel (torch.ao)", tname + " per-channel", None, ref, ops,
                        build=lambda: torch_dyn(per_channel=True))
@@ -369,7 +374,7 @@ def run(args):
             record(name, sname, "qconv cpu", None, ref, ops, build=build)
             if rows[-1].get("engine") == "qconv cpu" and "ms" in rows[-1]:
                 rows[-1]["describe"] = build.layer.engine.describe()
-                rows[-1]["weight_bytes"] = build.layer.engine.nbytes
+                rows[-1]["weight_bytes"] = build.layer.engine.streamed_bytes
             if kind == "conv" and not args.quick:   # 1 -> 2 thread scaling
                 record(name, sname, "qconv cpu 1 thread", None, ref, ops, build=lambda b=build: b(threads=1))
             if args.block:  # act_quant="block" (per pixel x 32-channel blocks) and, for linears, "tensor"

@@ -139,3 +139,20 @@ def test_bad_arrays():
 
 def test_registered():
     assert TiledWeightLayout in all_specs()
+
+
+@given(TiledWeightLayout.hypothesis_case())
+def test_strides_address_the_runs(case):
+    """``group_stride``/``block_stride``/``oc_tile_stride`` (what the kernels use) address each (group, block,
+    tile) run of ``blockL`` tile rows in the packed bytes, for both orders."""
+    spec, q = case
+    flat = spec.pack_array(q).reshape(-1).view(np.uint8)
+    packed = spec.pack_array(q).view(np.uint8)
+    run = spec.block_l * spec.tile_bytes
+    assert flat.size == spec.nbytes
+    for g in range(spec.groups):
+        for k in range(spec.n_blocks):
+            for t in range(spec.oc_tiles):
+                at = g * spec.group_stride + k * spec.block_stride + t * spec.oc_tile_stride
+                want = packed[g, k, t] if spec.order == "block" else packed[g, t, k]
+                assert np.array_equal(flat[at:at + run], want.reshape(-1))

@@ -25,7 +25,7 @@ cdef extern from "qconv_kernels.h" nogil:
         const float *offset
         const uint16_t *hscale
         const uint16_t *hoffset
-        int64_t ldt
+        int64_t ldt, ldtt
         const float *dx
         const float *dxb
         const float *bias
@@ -63,9 +63,9 @@ cdef struct ConvJob:
     # weights and fused tables (prepared once per layer)
     const uint8_t *w
     int64_t w_gstride, w_bstride, w_tstride
-    const int32_t *wsx     # (G, NB, OCp)
-    const float *scale     # (G, NB, OCp), or NULL with float16 tables
-    const float *offset    # (G, NB, OCp) or NULL
+    const int32_t *wsx     # (G, OCU, NB, UNIT): tile-major, like the weight tiles
+    const float *scale     # (G, OCU, NB, UNIT), or NULL with float16 tables
+    const float *offset    # (G, OCU, NB, UNIT) or NULL
     const uint16_t *hscale   # the same tables as float16 bits (when the weight's scales/offsets are float16
     const uint16_t *hoffset  # values), else NULL
     const float *bias      # (G, OCp)

@@ -441,7 +441,8 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     """Blocks ``k0 .. k0+nk-1`` of channel tiles ``t0 .. t0+nt-1`` of group ``g`` for ``ncols`` columns (table
     ``AP``) into ``OUT``: the float partial sums start at block 0 and are finished after the last block."""
     cdef qc_gemm_args a
-    cdef int64_t tab = (<int64_t> g * j.NB + k0) * j.OCp + <int64_t> t0 * QC_UNIT
+    # tables are tile-major like the weights: (G, OCU, NB, UNIT)
+    cdef int64_t tab = (<int64_t> g * j.OCU + t0) * j.NB * QC_UNIT + <int64_t> k0 * QC_UNIT
     a.aptr = AP
     a.ldp = j.K
     a.a_off = (<int64_t> g * j.NB + k0) * j.a_bs
@@ -458,7 +459,8 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     a.offset = (j.offset + tab) if j.offset != NULL else NULL
     a.hscale = (j.hscale + tab) if j.hscale != NULL else NULL
     a.hoffset = (j.hoffset + tab) if j.hoffset != NULL else NULL
-    a.ldt = j.OCp
+    a.ldt = QC_UNIT
+    a.ldtt = <int64_t> j.NB * QC_UNIT
     a.dx = dxc
     a.bias = j.bias + <int64_t> g * j.OCp + <int64_t> t0 * QC_UNIT
     a.out = OUT + <int64_t> g * j.OCp + <int64_t> t0 * QC_UNIT
@@ -650,8 +652,8 @@ cdef class ConvPlan:
     """Prepared weights + geometry of one conv; :meth:`forward` runs quantization and the tiled GEMM.
 
     Built by :class:`qconv.cpu.CpuEngine`; the arrays are kept alive here and read by the nogil workers.
-    ``w``: packed tiles (uint8 view of :class:`TiledWeightLayout`); ``wsx`` int32, ``scale``/``offset``
-    float32 or float16 ``(G, NB, OCp)`` (both the same dtype); ``bias`` float32 ``(G, OCp)``; ``oidx`` int32 ``(O,)``; ``chpos`` int32
+    ``w``: packed tiles (uint8 view of a tile-major :class:`TiledWeightLayout`); ``wsx`` int32, ``scale``/``offset``
+    float32 or float16 ``(G, OCU, NB, UNIT)`` (tile-major like the weights; both the same dtype); ``bias`` float32 ``(G, OCp)``; ``oidx`` int32 ``(O,)``; ``chpos`` int32
     ``(C,)``; ``geo``: dict of ints (see ``ConvJob``).
     """
     cdef ConvJob job
@@ -972,6 +974,7 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
             a.hoffset = &ho[0, 0]
         a.scale = a.offset = NULL
     a.ldt = width
+    a.ldtt = QC_UNIT
     a.dx = &dx[0]
     a.dxb = NULL
     a.bias = &bias[0]

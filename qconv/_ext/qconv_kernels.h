@@ -45,12 +45,12 @@ typedef struct {
     int64_t w_tstride;       /* bytes between channel tiles */
     const int32_t *colsum;   /* S[e*lds + k] */
     int64_t lds;
-    const int32_t *wsx;      /* wsx[k*ldt + 32*tile + j]; unused when zpu == 0 */
-    const float *scale;      /* scale[k*ldt + 32*tile + j] */
-    const float *offset;     /* offset[k*ldt + 32*tile + j], or NULL (symmetric) */
+    const int32_t *wsx;      /* wsx[k*ldt + tile*ldtt + j]; unused when zpu == 0 */
+    const float *scale;      /* scale[k*ldt + tile*ldtt + j] */
+    const float *offset;     /* offset[k*ldt + tile*ldtt + j], or NULL (symmetric) */
     const uint16_t *hscale;  /* or, when not NULL, the same tables as float16 bits (exact: the weight's scales */
     const uint16_t *hoffset; /* and offsets are float16 values); scale/offset are then unused */
-    int64_t ldt;
+    int64_t ldt, ldtt;       /* table strides between blocks and between channel tiles */
     const float *dx;         /* dx[e] */
     const float *dxb;        /* dxb[e*lds + k]: per (column, block) activation scale (act_quant="block"), or NULL */
     const float *bias;       /* bias[32*tile + j] */
@@ -128,8 +128,8 @@ static void qc_gemm_scalar(const qc_gemm_args *g)
                 const int32_t s = g->colsum[(int64_t)e * g->lds + k];
                 const float sf = (float)s;
                 const int32_t c8 = g->bits == 4 ? 8 * s : 0;
-                const int32_t *wsx = g->wsx + (int64_t)k * g->ldt + to;
-                const int64_t tt = (int64_t)k * g->ldt + to;
+                const int64_t tt = (int64_t)k * g->ldt + (int64_t)tile * g->ldtt;
+                const int32_t *wsx = g->wsx + tt;
                 const int add = k > 0 || !g->first, fin = k == g->nblocks - 1 && g->last;
                 for (int j = 0; j < QC_UNIT; ++j) {
                     const uint32_t zc = g->zpu ? (uint32_t)g->zpu * (uint32_t)wsx[j] : 0u;
@@ -248,10 +248,11 @@ void qc_vnni_cols(const qc_gemm_args *g, const int e0, const int NC, const int B
     const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i zpu = _mm512_set1_epi32(g->zpu);
     const int bq = g->bq;
-    /* blocks outer, channel tiles inner: weights and tables ([block][tile]) stream sequentially */
-    for (int k = 0; k < g->nblocks; ++k) {
-        const int64_t koff = g->a_off + (int64_t)k * g->a_bstride;
-        for (int tile = 0; tile < g->ntiles; ++tile) {
+    /* channel tiles outer, blocks inner: with tile-major weights and tables ([tile][block]) both stream
+     * sequentially; a channel's blocks are accumulated in the same order (k = 0, 1, ...) either way */
+    for (int tile = 0; tile < g->ntiles; ++tile) {
+        for (int k = 0; k < g->nblocks; ++k) {
+            const int64_t koff = g->a_off + (int64_t)k * g->a_bstride;
             const int64_t to = (int64_t)tile * QC_UNIT;
             const float *bias = g->bias + to;
             float *out0 = g->out + to;
@@ -274,31 +275,70 @@ void qc_vnni_cols(const qc_gemm_args *g, const int e0, const int NC, const int B
                     QC_V_ALL(QC_V_STEP)
                 }
             }
-            const int64_t tt = (int64_t)k * g->ldt + to;
+            const int64_t tt = (int64_t)k * g->ldt + (int64_t)tile * g->ldtt;
             const qc_vnni_tab tb = qc_vnni_tab_load(g, tt, zpu);
             QC_V_ALL(QC_V_EPI)
         }
     }
 }
 
-/* One or two columns: dependent vpdpbusd chains would make this latency-bound, so two channel tiles are done
- * together (4 accumulators per column, two weight streams). Same arithmetic per column as qc_vnni_cols. */
+/* Float epilogue of block k for one column and the 16 channels at table index tt, with the float partial sum F
+ * kept in a register: F = (s*I + o*S) [* dxb] (+ F when add), I = acc - zpu*wsx - 8S (int4) exact in int32:
+ * the operations of qc_vnni_epi, in the same order. */
 QC_TGT_VNNI static inline __attribute__((always_inline))
-void qc_vnni_pair(const qc_gemm_args *g, const int e0, const int NC, const int BITS, const int tile, const int k)
+__m512 qc_vnni_facc(const qc_gemm_args *g, int k, int e, __m512 F, __m512i acc, __m512i z, __m512 s, __m512 o,
+                    int add)
+{
+    const int32_t cs = g->colsum[(int64_t)e * g->lds + k];
+    const __m512i i = _mm512_sub_epi32(_mm512_sub_epi32(acc, z), _mm512_set1_epi32(g->bits == 4 ? 8 * cs : 0));
+    __m512 f = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(i), _mm512_mul_ps(o, _mm512_set1_ps((float)cs)));
+    if (g->dxb) f = _mm512_mul_ps(f, _mm512_set1_ps(g->dxb[(int64_t)e * g->lds + k]));
+    return add ? _mm512_add_ps(f, F) : f;
+}
+
+/* dx, bias and the clamp (when g->last) on 16 finished channels of column e, then the store */
+QC_TGT_VNNI static inline __attribute__((always_inline))
+void qc_vnni_fin(const qc_gemm_args *g, int e, __m512 F, const float *bias, float *out)
+{
+    if (g->last) {
+        F = _mm512_fmadd_ps(_mm512_set1_ps(g->dx[e]), F, _mm512_loadu_ps(bias));
+        F = _mm512_min_ps(_mm512_max_ps(F, _mm512_set1_ps(g->lo)), _mm512_set1_ps(g->hi));
+    }
+    _mm512_storeu_ps(out, F);
+}
+
+/* One or two columns (GEMV), two channel tiles (64 channels), every block. Dependent vpdpbusd chains would make
+ * one tile latency-bound, so two tiles are done together (4 accumulators per column, two weight streams); the
+ * float partial sums stay in registers over the blocks (no round trip through `out`), and with tile-major
+ * weights each tile's blocks are one sequential stream. Same arithmetic per column as qc_vnni_cols. */
+QC_TGT_VNNI static inline __attribute__((always_inline))
+void qc_vnni_pair(const qc_gemm_args *g, const int NC, const int BITS, const int tile)
 {
     const int64_t ldp = g->ldp;
     const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i zpu = _mm512_set1_epi32(g->zpu);
     const int bq = g->bq;
-    {
+    const int64_t to = (int64_t)tile * QC_UNIT;
+    __m512 f00, f01, f02, f03, f10, f11, f12, f13;    /* column e, channels 16*h .. of the pair */
+    f00 = f01 = f02 = f03 = f10 = f11 = f12 = f13 = _mm512_setzero_ps();
+    if (!g->first) {
+        const float *o0 = g->out + to, *o1 = g->out + g->ldo + to;
+        f00 = _mm512_loadu_ps(o0); f01 = _mm512_loadu_ps(o0 + 16);
+        f02 = _mm512_loadu_ps(o0 + 32); f03 = _mm512_loadu_ps(o0 + 48);
+        if (NC > 1) {
+            f10 = _mm512_loadu_ps(o1); f11 = _mm512_loadu_ps(o1 + 16);
+            f12 = _mm512_loadu_ps(o1 + 32); f13 = _mm512_loadu_ps(o1 + 48);
+        }
+    }
+    for (int k = 0; k < g->nblocks; ++k) {
         const int64_t koff = g->a_off + (int64_t)k * g->a_bstride;
         const uint8_t *wb = g->w + (int64_t)tile * g->w_tstride + (int64_t)k * g->w_bstride;
         const uint8_t *wb2 = wb + g->w_tstride;
         __m512i a00 = _mm512_setzero_si512(), a01 = a00, a02 = a00, a03 = a00;
         __m512i a10 = a00, a11 = a00, a12 = a00, a13 = a00;
         for (int t = 0; t < g->taps; ++t) {
-            const uint8_t *p0 = g->aptr[(int64_t)e0 * ldp + t] + koff;
-            const uint8_t *p1 = g->aptr[(int64_t)(e0 + (NC > 1 ? 1 : 0)) * ldp + t] + koff;
+            const uint8_t *p0 = g->aptr[t] + koff;
+            const uint8_t *p1 = g->aptr[(NC > 1 ? ldp : 0) + t] + koff;
             const int64_t wo = (int64_t)t * bq * (BITS == 8 ? 128 : 64);
             /* one weight row l of both tiles into accumulators A0..A3 for column pointer P */
 #define QC_PAIR_ROW(l, P, A0, A1, A2, A3) do { \
@@ -344,15 +384,28 @@ void qc_vnni_pair(const qc_gemm_args *g, const int e0, const int NC, const int B
             a00 = _mm512_add_epi32(a00, a10); a01 = _mm512_add_epi32(a01, a11);
             a02 = _mm512_add_epi32(a02, a12); a03 = _mm512_add_epi32(a03, a13);
         }
-        for (int h = 0; h < 2; ++h) {     /* the two channel tiles */
-            const int64_t to = (int64_t)(tile + h) * QC_UNIT;
-            const int64_t tt = (int64_t)k * g->ldt + to;
-            const qc_vnni_tab tb = qc_vnni_tab_load(g, tt, zpu);
-            qc_vnni_epi(g, k, e0, h ? a02 : a00, h ? a03 : a01, &tb, g->bias + to, g->out + to);
-            if (NC > 1)
-                qc_vnni_epi(g, k, e0 + 1, h ? a12 : a10, h ? a13 : a11, &tb, g->bias + to,
-                            g->out + to);
+        const int add = k > 0 || !g->first;
+        const int64_t tt = (int64_t)k * g->ldt + (int64_t)tile * g->ldtt;
+        const qc_vnni_tab t0 = qc_vnni_tab_load(g, tt, zpu), t1 = qc_vnni_tab_load(g, tt + g->ldtt, zpu);
+        f00 = qc_vnni_facc(g, k, 0, f00, a00, t0.z0, t0.s0, t0.o0, add);
+        f01 = qc_vnni_facc(g, k, 0, f01, a01, t0.z1, t0.s1, t0.o1, add);
+        f02 = qc_vnni_facc(g, k, 0, f02, a02, t1.z0, t1.s0, t1.o0, add);
+        f03 = qc_vnni_facc(g, k, 0, f03, a03, t1.z1, t1.s1, t1.o1, add);
+        if (NC > 1) {
+            f10 = qc_vnni_facc(g, k, 1, f10, a10, t0.z0, t0.s0, t0.o0, add);
+            f11 = qc_vnni_facc(g, k, 1, f11, a11, t0.z1, t0.s1, t0.o1, add);
+            f12 = qc_vnni_facc(g, k, 1, f12, a12, t1.z0, t1.s0, t1.o0, add);
+            f13 = qc_vnni_facc(g, k, 1, f13, a13, t1.z1, t1.s1, t1.o1, add);
         }
+    }
+    const float *bias = g->bias + to;
+    float *o0 = g->out + to;
+    qc_vnni_fin(g, 0, f00, bias, o0); qc_vnni_fin(g, 0, f01, bias + 16, o0 + 16);
+    qc_vnni_fin(g, 0, f02, bias + 32, o0 + 32); qc_vnni_fin(g, 0, f03, bias + 48, o0 + 48);
+    if (NC > 1) {
+        float *o1 = o0 + g->ldo;
+        qc_vnni_fin(g, 1, f10, bias, o1); qc_vnni_fin(g, 1, f11, bias + 16, o1 + 16);
+        qc_vnni_fin(g, 1, f12, bias + 32, o1 + 32); qc_vnni_fin(g, 1, f13, bias + 48, o1 + 48);
     }
 }
 
@@ -361,17 +414,17 @@ void qc_vnni_pair(const qc_gemm_args *g, const int e0, const int NC, const int B
     if (g->ncols <= 2 && g->ntiles >= 2) { \
         one = *g; \
         int tile = 0; \
-        for (int k = 0; k < g->nblocks; ++k) \
-            for (tile = 0; tile + 2 <= g->ntiles; tile += 2) { \
-                if (g->ncols == 1) qc_vnni_pair(g, 0, 1, BITS, tile, k); else qc_vnni_pair(g, 0, 2, BITS, tile, k); \
-            } \
+        for (tile = 0; tile + 2 <= g->ntiles; tile += 2) { \
+            if (g->ncols == 1) qc_vnni_pair(g, 1, BITS, tile); else qc_vnni_pair(g, 2, BITS, tile); \
+        } \
         if (g->ntiles % 2 == 0) break; \
         tile = g->ntiles - 1; \
+        const int64_t tt = (int64_t)tile * g->ldtt; \
         one.ntiles = 1; one.w = g->w + (int64_t)tile * g->w_tstride; \
-        one.wsx = g->wsx + tile * QC_UNIT; one.scale = g->scale ? g->scale + tile * QC_UNIT : NULL; \
-        one.offset = g->offset ? g->offset + tile * QC_UNIT : NULL; \
-        one.hscale = g->hscale ? g->hscale + tile * QC_UNIT : NULL; \
-        one.hoffset = g->hoffset ? g->hoffset + tile * QC_UNIT : NULL; \
+        one.wsx = g->wsx + tt; one.scale = g->scale ? g->scale + tt : NULL; \
+        one.offset = g->offset ? g->offset + tt : NULL; \
+        one.hscale = g->hscale ? g->hscale + tt : NULL; \
+        one.hoffset = g->hoffset ? g->hoffset + tt : NULL; \
         one.bias = g->bias + tile * QC_UNIT; one.out = g->out + tile * QC_UNIT; \
         g = &one; \
     } \
@@ -442,7 +495,7 @@ void qc_avx2_cols(const qc_gemm_args *g, const int e0, const int NC)
         for (int k = 0; k < g->nblocks; ++k) {
             const uint8_t *wk = g->w + (int64_t)tile * g->w_tstride + (int64_t)k * g->w_bstride;
             const int64_t koff = g->a_off + (int64_t)k * g->a_bstride;
-            const int64_t tt = (int64_t)k * g->ldt + to;
+            const int64_t tt = (int64_t)k * g->ldt + (int64_t)tile * g->ldtt;
             const int add = k > 0 || !g->first, fin = k == g->nblocks - 1 && g->last;
             for (int p = 0; p < 4; ++p) {              /* channels 8p .. 8p+7 */
                 __m256i acc[QC_AVX2_NC][2];

@@ -217,7 +217,8 @@ class CpuEngine:
                 wof = np.arange(nf) * fine // wb
                 w = QuantizedWeight(w.q, w.scales[:, wof], None if w.offsets is None else w.offsets[:, wof],
                                     w.bits, fine, w.groups)
-        lay = TiledWeightLayout.for_weight(w, unit=UNIT, src_unit=SRC_UNIT, pack=SRC_UNIT)
+        # tile-major: each channel tile's blocks are one run (the GEMV keeps a tile's sums in registers over them)
+        lay = TiledWeightLayout.for_weight(w, unit=UNIT, src_unit=SRC_UNIT, pack=SRC_UNIT, order="tile")
         self.layout = lay
         if lay.block_values > MAX_BLOCK_VALUES[w.bits]:
             raise ValueError(f"a block of {lay.block_values} reduction values is too long for exact int32 "
@@ -227,9 +228,10 @@ class CpuEngine:
         self._w = lay.pack_array(w.q).reshape(-1).view(np.uint8)
 
         def table(values, dtype):
-            t = np.zeros((g, nb, ocp), dtype)
-            t[:, :, :og] = np.asarray(values).reshape(g, og, nb).transpose(0, 2, 1)
-            return t.reshape(-1)
+            """(O, NB) per-channel-and-block values -> tile-major (G, OCU, NB, UNIT), padded channels 0"""
+            t = np.zeros((g, ocp, nb), dtype)
+            t[:, :og, :] = np.asarray(values).reshape(g, og, nb)
+            return np.ascontiguousarray(t.reshape(g, ocp // UNIT, UNIT, nb).transpose(0, 1, 3, 2)).reshape(-1)
 
         ws = w.weight_sums().astype(np.int64)
         if w.bits == 4:
@@ -261,6 +263,15 @@ class CpuEngine:
                    AB=spec.act_block if self._block_mode else 0)
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
                                    self._chpos, geo, _cpu.KERNELS[self.kernel])
+
+    @property
+    def streamed_bytes(self) -> int:
+        """Bytes of prepared weights and tables one call reads: the tiles, scales, offsets and bias, plus the weight
+        sums when the kernel needs them (int8 weights, or a non-zero activation zero point)."""
+        arrays = [self._w, self._scale, self._bias] + ([self._offset] if self._offset is not None else [])
+        if self.spec.weight.bits == 8 or self.spec.act_quant == "tensor" or self.input_qparams is not None:
+            arrays.append(self._wsx)
+        return int(sum(a.nbytes for a in arrays))
 
     @property
     def nbytes(self) -> int:

@@ -7,6 +7,9 @@ times ``K = kh*kw`` taps is stored as
     int4:  [G][NB][ceil(Og/UNIT)][blockL][UNIT*SRC_UNIT/2]         (half-split nibbles, see below)
 
 ``G == 1`` gives MNN's ``[blocks][ceil(O/UNIT)][blockL][UNIT][SRC_UNIT]`` with a leading axis of one.
+``order="tile"`` swaps the two middle axes, ``[G][ceil(Og/UNIT)][NB][blockL]...``: each output-channel tile's
+blocks are then one contiguous run (what a GEMV that keeps a tile's partial sums in registers over the
+blocks streams); the CPU engine uses it. ``order="block"`` (the default) is MNN's.
 Inside block ``b`` the reduction index of (channel ``c`` of the block, tap ``kpos = ky*kw + kx``) is
 
     l = kpos * ICL + c,   lq = l // SRC_UNIT (0 <= lq < blockL),   li = l % SRC_UNIT
@@ -28,6 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
+ORDERS = ("block", "tile")
+
+
 def _up(a: int, b: int) -> int:
     return -(-a // b) * b
 
@@ -39,7 +45,8 @@ class TiledWeightLayout:
     ``out_channels``: ``O`` (all groups); ``in_channels``: input channels per group (``I/groups``);
     ``taps``: ``kh*kw``; ``n_blocks``: blocks per output channel (must divide ``in_channels``);
     ``bits``: 8 or 4; ``groups``; ``unit`` (UNIT, output channels per tile), ``src_unit`` (SRC_UNIT, reduction
-    values per output channel and tile row) and ``pack`` (P, the activation channel pack).
+    values per output channel and tile row), ``pack`` (P, the activation channel pack) and ``order``
+    (``"block"``: MNN's block-major order, ``"tile"``: tile-major).
     """
 
     out_channels: int
@@ -51,8 +58,11 @@ class TiledWeightLayout:
     unit: int = 32
     src_unit: int = 4
     pack: int = 4
+    order: str = "block"
 
     def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
         for name in ("out_channels", "in_channels", "taps", "n_blocks", "groups", "unit", "src_unit", "pack"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
@@ -68,10 +78,11 @@ class TiledWeightLayout:
             raise ValueError("int4 tiles need an even UNIT*SRC_UNIT")
 
     @classmethod
-    def for_weight(cls, weight, unit: int = 32, src_unit: int = 4, pack: int = 4) -> "TiledWeightLayout":
+    def for_weight(cls, weight, unit: int = 32, src_unit: int = 4, pack: int = 4,
+                   order: str = "block") -> "TiledWeightLayout":
         """The layout of a :class:`~qconv.weights.QuantizedWeight`."""
         return cls(weight.out_channels, int(weight.q.shape[1]), weight.taps, weight.n_blocks, weight.bits,
-                   weight.groups, unit, src_unit, pack)
+                   weight.groups, unit, src_unit, pack, order)
 
     # --- constants the kernels read ---------------------------------------------------------------
     @property
@@ -118,23 +129,26 @@ class TiledWeightLayout:
 
     @property
     def oc_tile_stride(self) -> int:
-        """Bytes between consecutive output-channel tiles of a block."""
-        return self.block_l * self.tile_bytes
+        """Bytes between consecutive output-channel tiles (same group and block)."""
+        run = self.block_l * self.tile_bytes
+        return run if self.order == "block" else self.n_blocks * run
 
     @property
     def block_stride(self) -> int:
         """Bytes between consecutive blocks (same group and output-channel tile)."""
-        return self.oc_tiles * self.oc_tile_stride
+        run = self.block_l * self.tile_bytes
+        return self.oc_tiles * run if self.order == "block" else run
 
     @property
     def group_stride(self) -> int:
         """Bytes between consecutive groups."""
-        return self.n_blocks * self.block_stride
+        return self.n_blocks * self.oc_tiles * self.block_l * self.tile_bytes
 
     @property
     def packed_shape(self) -> tuple:
         tail = (self.unit, self.src_unit) if self.bits == 8 else (self.unit * self.src_unit // 2,)
-        return (self.groups, self.n_blocks, self.oc_tiles, self.block_l) + tail
+        mid = (self.n_blocks, self.oc_tiles) if self.order == "block" else (self.oc_tiles, self.n_blocks)
+        return (self.groups,) + mid + (self.block_l,) + tail
 
     @property
     def packed_dtype(self):
@@ -167,7 +181,8 @@ class TiledWeightLayout:
             kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
             bits = draw(st.sampled_from([8, 4]))
             spec = cls(og * groups, bc * nb, kh * kw, nb, bits, groups, draw(st.sampled_from([4, 8, 16, 32])),
-                       draw(st.sampled_from([4, 8, 16])), draw(st.sampled_from([4, 8, 16])))
+                       draw(st.sampled_from([4, 8, 16])), draw(st.sampled_from([4, 8, 16])),
+                       draw(st.sampled_from(ORDERS)))
             lo, hi = (-8, 7) if bits == 4 else (-128, 127)
             rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
             return spec, rng.integers(lo, hi + 1, (og * groups, bc * nb, kh, kw)).astype(np.int8)
@@ -200,10 +215,12 @@ class TiledWeightLayout:
         flat = np.zeros((g, nb, ocp, bl * su), np.int8)
         flat[..., :k * icl] = full.reshape(g, nb, ocp, k * icl)
         tiles = flat.reshape(g, nb, ocp // u, u, bl, su).transpose(0, 1, 2, 4, 3, 5)
+        if self.order == "tile":
+            tiles = tiles.swapaxes(1, 2)
         tiles = np.ascontiguousarray(tiles)
         if self.bits == 8:
             return tiles
-        t = (tiles.reshape(g, nb, ocp // u, bl, u * su).astype(np.int16) + 8).astype(np.uint8)
+        t = (tiles.reshape(tiles.shape[:4] + (u * su,)).astype(np.int16) + 8).astype(np.uint8)
         h = u * su // 2
         return np.ascontiguousarray((t[..., :h] << 4) | t[..., h:])
 
@@ -220,6 +237,8 @@ class TiledWeightLayout:
             raise ValueError(f"shape {shape} does not match this layout")
         g, og, nb, bc, k = self.groups, self.group_out_channels, self.n_blocks, self.block_channels, self.taps
         icl, ocp, bl, u, su = self.block_icl, self.oc_padded, self.block_l, self.unit, self.src_unit
+        if self.order == "tile":
+            packed = packed.swapaxes(1, 2)            # back to [G][NB][tiles]
         if self.bits == 4:
             hi = (packed >> 4).astype(np.int16) - 8
             lo = (packed & 15).astype(np.int16) - 8
