@@ -174,7 +174,7 @@ def torch_baselines(case, scheme, data, args):
     wf = torch.from_numpy(qw.dequantize()).to(dev)
     xt = torch.from_numpy(x).to(dev)
     if kind == "conv":
-        bias = torch.from_numpy(spec.bias).to(dev)
+        bias = torch.from_numpy(spec.bias.copy()).to(dev)
         out["torch_conv_fp32_us"] = cuda_median_us(lambda: F.conv2d(xt, wf, bias, s, p))
     else:
         x2 = xt.reshape(n, c).to(torch.bfloat16)

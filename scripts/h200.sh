@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run on the lent NVIDIA H200 (the `device` tool): install the carried wheels (.whl/), register NVIDIA's
 # OpenCL ICD, build qconv in place, run the OpenCL tests on the GPU, then the GPU benchmark.
-# Usage there: bash scripts/h200.sh [tests|bench|all] [extra bench args...]
+# Usage there: [RUNS=2] bash scripts/h200.sh [tests|bench|all] [extra bench args...]
+# RUNS=2 runs the benchmark twice with one tuning cache ($OUT/tune-cache): the second run's setup column
+# shows the cache skipping the tuning. Outputs: $OUT/bench_gpu_run<i>.{json,txt}.
 set -uo pipefail
 what="${1:-all}"; shift || true
 OUT="${OUT:-/tmp/qconv-out}"; mkdir -p "$OUT"
@@ -21,5 +23,8 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
         tests/test_gpu_*.py tests/test_opencl_layouts.py 2>&1 | tail -15
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-    timeout 420 python3 benchmarks/bench_gpu.py --device "$dev" --baselines --json "$OUT/bench_gpu.json" "$@" 2>&1 | tee "$OUT/bench_gpu.txt"
+    for i in $(seq 1 "${RUNS:-1}"); do
+        timeout 420 python3 benchmarks/bench_gpu.py --device "$dev" --baselines --json "$OUT/bench_gpu_run$i.json" "$@" \
+            2>&1 | tee "$OUT/bench_gpu_run$i.txt"
+    done
 fi

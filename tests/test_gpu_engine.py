@@ -97,6 +97,32 @@ def test_1x1_matches_reference(cl_device, data):
     assert_matches_reference(y, x, weight, bias, act_quant=None, activation=act)
 
 
+@settings(_PROP, max_examples=12)
+@given(data=st.data())
+def test_gemm_matches_reference(cl_device, data):
+    """The tiled GEMM (both weight layouts): odd channel counts, strides, padding, dilation, blocks."""
+    pointwise = data.draw(st.booleans())
+    geo = data.draw(conv_geometries(pointwise=pointwise, max_channels=40 if pointwise else 14,
+                                    max_out_channels=70, max_spatial=9, max_kernel=3, max_batch=3))
+    weight = data.draw(quantized_weights(geo))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    bias = rng.standard_normal(geo.o).astype(np.float32) if data.draw(st.booleans()) else None
+    act = data.draw(st.sampled_from([None, "relu", "relu6"]))
+    layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
+    variant = data.draw(st.sampled_from(sorted(gpu.GEMM_VARIANTS)))
+    x = data.draw(activations((geo.n, geo.c, geo.h, geo.w)))
+    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
+    try:
+        eng = gpu.OpenCLEngine(spec, device=cl_device, tune="none", variant=variant, image=False)
+    except ValueError as exc:  # split-K sums do not fit the K tiles of a small kernel: an unsplit tile
+        assert "do not fit" in str(exc)
+        variant = data.draw(st.sampled_from(sorted(v for v, t in gpu.GEMM_VARIANTS.items() if t[4] == 1)))
+        eng = gpu.OpenCLEngine(spec, device=cl_device, tune="none", variant=variant, image=False)
+    y = _forward(eng, x, layout)
+    assert eng.plans[(layout, geo.n, geo.h, geo.w)].cand.program == "conv_gemm"
+    assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, act_quant=None)
+
+
 def _image_ok(device):
     _, dev = gpu.resolve(device)
     return bool(dev.image_support)
@@ -134,6 +160,39 @@ def test_general_split_k(cl_device, variant, lws, bits, block, sym):
         eng = _engine(w, b, 1, 1, 1, "relu", cl_device, variant=variant, local_size=lws)
         for layout in ("nchw", "nc4hw4"):
             assert_matches_reference(_forward(eng, x, layout), x, w, b, 1, 1, 1, "relu", act_quant=None)
+
+
+@pytest.mark.parametrize("variant", list(gpu.GEMM_VARIANTS))
+def test_every_gemm_variant(cl_device, variant):
+    """Both weight layouts, tiles larger than the problem, K tiles past I, fewer K tiles than split-K slices."""
+    rng = np.random.default_rng(19)
+    cases = [((13, 10, 3), (2, 1), (1, 2), (2, 1), (2, 10, 11, 9), (4, 5, False), "nc4hw4"),
+             ((9, 70, 1), 1, 0, 1, (11, 70, 1, 1), (8, 35, False), "nchw")]
+    for (o, i, k), s, p, d, xshape, (bits, block, sym), layout in cases:
+        w = _weight(rng, o, i, k, bits, block, sym)
+        b = rng.standard_normal(o).astype(np.float32)
+        x = rng.standard_normal(xshape).astype(np.float32)
+        eng = _engine(w, b, s, p, d, "relu6", cl_device, variant=variant, image=False)
+        assert_matches_reference(_forward(eng, x, layout), x, w, b, s, p, d, "relu6", act_quant=None)
+        assert eng.plans[(layout,) + xshape[:1] + xshape[2:]].variant == variant
+
+
+def test_gemm_candidates(cl_device):
+    """Batched ungrouped problems get GEMM candidates; grouped convs and ic_pack=1 cannot use it."""
+    rng = np.random.default_rng(20)
+    w = _weight(rng, 16, 8, 3, 4, 0, False)
+    eng = _engine(w, None, 1, 1, 1, None, cl_device, tune="fast")
+    names = [c.variant for c in eng._plan_for("nchw", 2, 8, 8)[0].cand]
+    assert sum(v in gpu.GEMM_VARIANTS for v in names) == 2 and len(names) == 5
+    with pytest.raises(ValueError, match="do not fit"):  # a strided 1x1 conv: K tiles of 4, too small
+        _engine(_weight(rng, 16, 8, 1), None, 2, device=cl_device, variant="gemm_128x32k2")
+    assert not any(c.variant in gpu.GEMM_VARIANTS for c in eng._plan_for("nchw", 1, 2, 2)[0].cand)
+    with pytest.raises(ValueError, match="ungrouped"):
+        _engine(_weight(rng, 4, 4, 3, groups=2), device=cl_device, variant="gemm_64x64")
+    with pytest.raises(ValueError, match="ungrouped"):
+        _engine(w, device=cl_device, variant="gemm_64x64", ic_pack=1)
+    with pytest.raises(ValueError, match="fixed local size"):
+        _engine(w, device=cl_device, variant="gemm_64x64", local_size=(4, 4))
 
 
 @pytest.mark.parametrize("groups,o,i", [(3, 6, 9), (5, 5, 5), (4, 8, 4), (2, 10, 14)])

@@ -1,6 +1,6 @@
 """``OpenCLEngine``: weight-quantized conv on an OpenCL device (the engine protocol of ``docs/DESIGN.md``).
 
-Two kernel families (``kernels/*.cl``):
+Three kernel families (``kernels/*.cl``):
 
 * ``conv_general``: any kernel size, stride, padding, dilation and groups, with the seven output blockings
   ``c4h1w1 c4h1w2 c4h4w1 c8h2w1 c8h4w1 c4h1w4 c8h1w4``; weights in :class:`OpenCLConvWeightLayout`.
@@ -8,6 +8,10 @@ Two kernel families (``kernels/*.cl``):
   linear layer with N = 1), 1, 2 or 4 output channels per work-item from a buffer
   (:class:`OpenCL1x1BufferLayout`) or 1 or 2 from an Image2D (:class:`OpenCL1x1ImageLayout`), 1, 2 or 4
   rows per work-item, split-K over the work-group.
+* ``conv_gemm``: ungrouped convs of either path as a tiled implicit GEMM (``gemm_<TM>x<TN>``: TM output
+  channels x TN pixels per work-group, weights decoded once per tile into local memory); it reads the
+  path's own weights (``OpenCLConvWeightLayout`` with ``ic_pack=4``, or ``OpenCL1x1BufferLayout``), so
+  the tuner picks between it and the per-item kernels without a second copy. For batched layers.
 
 Activations and accumulation are float32 (``act_quant=None``); weights stay int8/int4 in device memory
 and are dequantised in registers (``w = q*scale + offset``). Inputs and outputs are float32 NCHW
@@ -34,6 +38,13 @@ GENERAL_VARIANTS = {  # name -> (CB blocks of 4 output channels, HB rows, WB col
     "c4h1w1": (1, 1, 1), "c4h1w2": (1, 1, 2), "c4h4w1": (1, 4, 1), "c8h2w1": (2, 2, 1),
     "c8h4w1": (2, 4, 1), "c4h1w4": (1, 1, 4), "c8h1w4": (2, 1, 4),
     "c4h2w4": (1, 2, 4), "c8h2w4": (2, 2, 4), "c16h1w4": (4, 1, 4), "c8h1w8": (2, 1, 8),
+}
+GEMM_VARIANTS = {  # name -> (TM output channels, TN pixels per work-group, RM, RN per work-item, KS split-K)
+    "gemm_128x128": (128, 128, 8, 8, 1), "gemm_128x64": (128, 64, 8, 4, 1), "gemm_64x128": (64, 128, 4, 8, 1),
+    "gemm_64x64": (64, 64, 4, 4, 1), "gemm_128x32": (128, 32, 8, 4, 1), "gemm_64x32": (64, 32, 4, 4, 1),
+    "gemm_128x8": (128, 8, 8, 2, 1), "gemm_64x8": (64, 8, 4, 2, 1),
+    "gemm_128x32k2": (128, 32, 8, 4, 2), "gemm_64x32k2": (64, 32, 4, 4, 2), "gemm_128x8k2": (128, 8, 8, 2, 2),
+    "gemm_64x8k4": (64, 8, 4, 2, 4),
 }
 _INT32_MAX = 2**31 - 1
 _launch_lock = threading.Lock()
@@ -86,7 +97,8 @@ class OpenCLEngine:
     :func:`qconv.gpu.context.resolve`. Options:
 
     * ``tune``: ``"none" | "fast" | "full"`` (default ``$QCONV_TUNE``, else ``"fast"``);
-    * ``variant``: force a kernel variant (``"c8h4w1"``..., or ``"buf_c4_r2"``, ``"img_c2_r1"``... for 1x1);
+    * ``variant``: force a kernel variant (``"c8h4w1"``..., or ``"buf_c4_r2"``, ``"img_c2_r1"``... for 1x1;
+      ``"gemm_128x32"``, ``"gemm_64x8k4"``... for either path of an ungrouped conv, with a fixed local size);
     * ``local_size``: force the local size (a tuple; with ``variant`` or the heuristic variant; general
       path: ``(l0, l1)`` or ``(l0, l1, split)`` with split-K over input channels);
     * ``image``: 1x1 weights in an Image2D: ``None`` (auto: integrated GPUs, when it fits), ``True`` (when
@@ -127,9 +139,18 @@ class OpenCLEngine:
 
         if variant is not None:
             names = GENERAL_VARIANTS if self.path == "general" else {**onex1_variants(False), **onex1_variants(True)}
+            names = {**names, **GEMM_VARIANTS}
             if variant not in names:
                 raise ValueError(f"variant {variant!r} does not exist for the {self.path} path; choose from "
                                  f"{sorted(names)}")
+            if variant in GEMM_VARIANTS:
+                if w.groups != 1 or (self.path == "general" and ic_pack != 4):
+                    raise ValueError(f"variant {variant!r} needs an ungrouped conv (and ic_pack=4)")
+                if local_size is not None:
+                    raise ValueError(f"variant {variant!r} has a fixed local size; do not pass local_size")
+                if not self._gemm_fits(variant):
+                    raise ValueError(f"variant {variant!r}: its tiles do not fit {self.device.name}'s local "
+                                     f"memory for this kernel size (or its split-K sums its weight tiles)")
         self.forced_variant = variant
         if local_size is not None:
             local_size = tuple(int(v) for v in local_size)
@@ -173,6 +194,8 @@ class OpenCLEngine:
                 if image is False:
                     raise ValueError(f"variant {variant!r} needs image weights, but image=False")
                 self.forced_variant = "buf" + variant[3:]  # image did not fit / no image support: buffer
+            elif variant in GEMM_VARIANTS and self.image:
+                raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
             elif variant is not None and variant.startswith("buf") and self.image:
                 raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
         self._base_options = self._make_base_options()
@@ -285,6 +308,9 @@ class OpenCLEngine:
         o4 = _cdiv(wt.out_channels, 4)
         ipg = wt.q.shape[1]
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
+        gemm = self._gemm_names(layout, n, h, w, oh, ow)
+        if self.forced_variant in GEMM_VARIANTS:
+            return [self._gemm_candidate(self.forced_variant, layout, n, h, w, oh, ow)]
         names = self._general_order(oh, ow, o4, n)
         if self.forced_variant:
             names = [self.forced_variant]
@@ -306,7 +332,7 @@ class OpenCLEngine:
             cands.append(self._candidate("conv_general", name, tuple(opts), (g0, g1), scalars,
                                          self._local_sizes_2d(g0, g1, _cdiv(ipg, 4), cb * hb * wb * 4),
                                          cb * hb * wb * 4))
-        return cands
+        return self._with_gemm(cands, gemm, layout, n, h, w, oh, ow)
 
     def _general_order(self, oh, ow, o4, n=1):
         """Variants, the heuristic's favourite first."""
@@ -366,6 +392,9 @@ class OpenCLEngine:
         ocp = _cdiv(wt.out_channels, 4) * 4
         kch = _cdiv(wt.q.shape[1], self.layout.ic_pack)
         variants = onex1_variants(self.image)
+        gemm = self._gemm_names(layout, n, h, w, h, w)
+        if self.forced_variant in GEMM_VARIANTS:
+            return [self._gemm_candidate(self.forced_variant, layout, n, h, w, h, w)]
         names = self._onex1_order(m, variants)
         if self.forced_variant:
             names = [self.forced_variant]
@@ -379,7 +408,7 @@ class OpenCLEngine:
             scalars = [m, hw, wt.q.shape[1], wt.out_channels]
             cands.append(self._candidate("conv_1x1", name, tuple(opts), (g0, g2), scalars,
                                          self._local_sizes_1x1(g0, g2, kch, nb * nc), nb * nc))
-        return cands
+        return self._with_gemm(cands, gemm, layout, n, h, w, h, w)
 
     def _onex1_order(self, m, variants):
         nb = 1 if m == 1 else 2 if m < 8 else 4
@@ -420,6 +449,62 @@ class OpenCLEngine:
             ok = [None] + ok
         return ok or [None]
 
+    def _gemm_names(self, layout, n, h, w, oh, ow):
+        """GEMM tiles worth timing for this problem, best guess first ([] when the GEMM does not apply)."""
+        wt = self.spec.weight
+        p = n * oh * ow
+        if (wt.groups != 1 or self.image or self.forced_lws is not None or self.forced_variant is not None
+                or p < 8 or (self.path == "general" and self.layout.ic_pack != 4)):
+            return []
+        if p <= 8:
+            names = ["gemm_64x8k4", "gemm_64x8", "gemm_128x8k2"]
+        elif p <= 32:
+            names = ["gemm_128x32k2", "gemm_64x8k4", "gemm_64x32k2"]
+        else:
+            names = ["gemm_128x32", "gemm_64x64", "gemm_128x64"]
+        if self.tune == "full":
+            names += [v for v in GEMM_VARIANTS if v not in names and GEMM_VARIANTS[v][1] <= max(8, _pow2ceil(p))]
+        return [v for v in names if self._gemm_fits(v)]
+
+    def _gemm_fits(self, variant) -> bool:
+        """The variant's local tiles fit the device (and its split-K sums fit its weight tiles)."""
+        tm, tn, _, _, ks = GEMM_VARIANTS[variant]
+        kt = 32 if self.path == "1x1" else 4 * self.spec.kernel_size[0] * self.spec.kernel_size[1]
+        fits = ks * kt * (tm + tn + 8) <= int(self.device.local_mem_size) // 4
+        return fits and (ks == 1 or tm * tn <= kt * (tm + 4))
+
+    def _with_gemm(self, cands, gemm, layout, n, h, w, oh, ow):
+        """``cands`` plus the GEMM candidates. On a GPU they come first when tuning (one local size each,
+        so the time budget never skips them) and, untuned, for big problems (the heuristic's choice)."""
+        if not gemm:
+            return cands
+        if self.tune == "fast":
+            gemm = gemm[:2]
+        extra = [self._gemm_candidate(v, layout, n, h, w, oh, ow) for v in gemm]
+        big = n * oh * ow * self.spec.out_channels >= 262144
+        return extra + cands if self.is_gpu and (self.tune != "none" or big) else cands + extra
+
+    def _gemm_candidate(self, name, layout, n, h, w, oh, ow):
+        s, wt = self.spec, self.spec.weight
+        tm, tn, rm, rn, ks = GEMM_VARIANTS[name]
+        opts = list(self._base_options) + [f"-DTM={tm}", f"-DTN={tn}", f"-DRM={rm}", f"-DRN={rn}", f"-DKS={ks}"]
+        opts += self._layout_options(layout, h * w == 1)
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
+        geo = [("IC", wt.q.shape[1]), ("OC", wt.out_channels)]
+        if self.path == "1x1":
+            opts.append("-DWL_1X1")
+            if layout == "nchw" and h * w == 1:
+                opts.append("-DB_KFAST")
+        else:
+            geo += [("GROUPS", 1), ("KH", kh), ("KW", kw), ("SH", sh), ("SW", sw), ("PH", ph), ("PW", pw),
+                    ("DH", dh), ("DW", dw)]
+        opts += [f"-DG_{k}={v}" for k, v in geo if not any(o.startswith(f"-DG_{k}=") for o in opts)]
+        if wt.n_blocks > 1 and wt.block_channels % 4 == 0 and "-DBLOCK_ALIGN4" not in opts:
+            opts.append("-DBLOCK_ALIGN4")
+        lws = (tn // rn, tm // rm, ks)
+        gsize = (_cdiv(n * oh * ow, tn) * lws[0], _cdiv(wt.out_channels, tm) * lws[1], ks)
+        return self._candidate("conv_gemm", name, tuple(opts), gsize, [n, h, w, oh, ow], [lws])
+
     def _candidate(self, program, name, opts, gsize, scalars, local_sizes, per_item=0):
         """A tuning candidate; ``launch(queue, lws, bufs=None, wait_for=None)`` enqueues the kernel."""
         engine = self
@@ -429,6 +514,12 @@ class OpenCLEngine:
         def launch(queue, lws, bufs=None, wait_for=None):
             cl = import_pyopencl()
             xbuf, ybuf = bufs if bufs is not None else state["bufs"]
+            if program == "conv_gemm":
+                kernel = get_kernel(engine.ctx, program, opts, program)
+                args = [xbuf, engine._wq, engine._ws, engine._wo, engine._bias, ybuf, *scal]
+                with _launch_lock:
+                    kernel.set_args(*args)
+                    return cl.enqueue_nd_range_kernel(queue, kernel, gsize, lws, wait_for=wait_for)
             if program == "conv_general":
                 split = 1 if lws is None or len(lws) < 3 else lws[2]
                 kopts = opts + (f"-DSPLIT={split}",) if split > 1 else opts

@@ -68,6 +68,29 @@ inline float4 qgroup(uint4 wv, int v) {
 #endif
 }
 
+#if QBITS == 4 && !defined(LANE_SCALE) && GPS % 2 == 0
+#define Q4_CLASSES /* whole words per scale group: the shift-free decode below */
+#endif
+#ifdef Q4_CLASSES
+/* The 8 int4 codes of a word with one AND/OR each (no shifts but one): code e sits at bits 4e (e < 5) of
+ * w or at bits 4(e-3) of w >> 12 (e >= 5); or'ed into the mantissa of 2**23 it is 2**23 + n*16**c exactly
+ * (class c = e for e < 5, e - 3 above), and subtracting 2**23 + 8*16**c leaves q*16**c exactly. Sums of
+ * one class are scaled by 16**-c once (exact powers of two). */
+#define Q4_CLASS(l) ((l) % 8 < 5 ? (l) % 8 : (l) % 8 - 3)
+inline void q4x8_classes(uint w, float *q) {
+    const uint m = 0x4B000000u;
+    const uint w2 = w >> 12;
+    q[0] = as_float((w & 0xFu) | m) - 8388616.0f;
+    q[1] = as_float((w & 0xF0u) | m) - 8388736.0f;
+    q[2] = as_float((w & 0xF00u) | m) - 8390656.0f;
+    q[3] = as_float((w & 0xF000u) | m) - 8421376.0f;
+    q[4] = as_float((w & 0xF0000u) | m) - 8912896.0f;
+    q[5] = as_float((w2 & 0xF00u) | m) - 8390656.0f;
+    q[6] = as_float((w2 & 0xF000u) | m) - 8421376.0f;
+    q[7] = as_float((w2 & 0xF0000u) | m) - 8912896.0f;
+}
+#endif
+
 /* input channels 4*c4 .. 4*c4+3 of row m (= n*HW + p) */
 inline float4 load_row4(__global const float *x, int c4, int m, int M, int HW, int CIN) {
 #ifdef IN_NCHW
@@ -187,10 +210,20 @@ __kernel void conv_1x1(const int gws0, const int gws2,
 #else
 #pragma unroll
                 for (int g = 0; g < NG / GPS; ++g) {
+#ifdef Q4_CLASSES
+                    /* int4, 8 lanes per word: q * 16**class, summed per class, classes joined once */
+                    float qs[GPS * 4];
+#pragma unroll
+                    for (int wi = 0; wi < GPS / 2; ++wi) {
+                        const int gw = g * GPS / 2 + wi;
+                        q4x8_classes(gw == 0 ? wv.x : gw == 1 ? wv.y : gw == 2 ? wv.z : wv.w, qs + 8 * wi);
+                    }
+#else
                     float4 qv[GPS];
 #pragma unroll
                     for (int v = 0; v < GPS; ++v)
                         qv[v] = qgroup(wv, g * GPS + v);
+#endif
 #ifndef NBLK1
                     /* clamped: groups past I (zero inputs) must not read past the scales */
                     const int blk = min((k * KC + g * GPS * 4) / BLOCK_CH, IC / BLOCK_CH - 1);
@@ -201,10 +234,25 @@ __kernel void conv_1x1(const int gws0, const int gws2,
 #endif
 #pragma unroll
                     for (int b = 0; b < NB; ++b) {
+#ifdef Q4_CLASSES
+                        float dc[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (int v = 0; v < GPS; ++v) {
+                            const float4 xv = xs[b][g * GPS + v];
+                            const int l = 4 * v;
+                            dc[Q4_CLASS(l)] = fma(qs[l], xv.x, dc[Q4_CLASS(l)]);
+                            dc[Q4_CLASS(l + 1)] = fma(qs[l + 1], xv.y, dc[Q4_CLASS(l + 1)]);
+                            dc[Q4_CLASS(l + 2)] = fma(qs[l + 2], xv.z, dc[Q4_CLASS(l + 2)]);
+                            dc[Q4_CLASS(l + 3)] = fma(qs[l + 3], xv.w, dc[Q4_CLASS(l + 3)]);
+                        }
+                        const float d = dc[0] + 0x1p-4f * dc[1] + 0x1p-8f * dc[2] + 0x1p-12f * dc[3]
+                                        + 0x1p-16f * dc[4];
+#else
                         float d = 0.0f;
 #pragma unroll
                         for (int v = 0; v < GPS; ++v)
                             d += dot(qv[v], xs[b][g * GPS + v]);
+#endif
 #ifdef NBLK1
                         acc[b][c] += d;
 #elif defined(ASYM)

@@ -29,52 +29,6 @@
 #error "QBITS must be defined (4 or 8)"
 #endif
 
-#ifdef G_GROUPS
-#define GROUPS G_GROUPS
-#else
-#define GROUPS a_groups
-#endif
-#ifdef G_KH
-#define KH G_KH
-#else
-#define KH a_kh
-#endif
-#ifdef G_KW
-#define KW G_KW
-#else
-#define KW a_kw
-#endif
-#ifdef G_SH
-#define SH G_SH
-#else
-#define SH a_sh
-#endif
-#ifdef G_SW
-#define SW G_SW
-#else
-#define SW a_sw
-#endif
-#ifdef G_PH
-#define PH G_PH
-#else
-#define PH a_ph
-#endif
-#ifdef G_PW
-#define PW G_PW
-#else
-#define PW a_pw
-#endif
-#ifdef G_DH
-#define DH G_DH
-#else
-#define DH a_dh
-#endif
-#ifdef G_DW
-#define DW G_DW
-#else
-#define DW a_dw
-#endif
-
 #ifndef CB
 #define CB 1
 #endif
