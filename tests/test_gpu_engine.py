@@ -215,6 +215,50 @@ def test_ic_pack_1_mnn_layout(cl_device, k):
     assert_matches_reference(eng.forward(x), x, w, None, 1, pad, 1, act_quant=None)
 
 
+@settings(_PROP, max_examples=10)
+@given(data=st.data())
+def test_gemv_kernel_matches_reference(cl_device, data):
+    """gemv_1x1 (one row): every U, split-K local sizes, both layouts, odd channel counts, all schemes."""
+    geo = data.draw(conv_geometries(pointwise=True, max_channels=72, max_out_channels=13, max_spatial=1,
+                                    max_batch=1))
+    weight = data.draw(quantized_weights(geo))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    bias = rng.standard_normal(geo.o).astype(np.float32) if data.draw(st.booleans()) else None
+    act = data.draw(st.sampled_from([None, "relu", "relu6"]))
+    layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
+    variant = data.draw(st.sampled_from(sorted(gpu.GEMV_VARIANTS)))
+    lws = data.draw(st.sampled_from([None, (1, 2, 1), (4, 4, 1), (8, 1, 1), (2, 8, 1)]))
+    x = data.draw(activations((1, geo.c, 1, 1)))
+    spec = ConvSpec(weight, bias, 1, 0, 1, act, None)
+    try:
+        eng = gpu.OpenCLEngine(spec, device=cl_device, tune="none", image=False, variant=variant, local_size=lws)
+    except ValueError as exc:  # scale blocks not aligned to 4 input channels
+        assert weight.block_size % 4 and "multiple of 4" in str(exc)
+        return
+    y = _forward(eng, x, layout)
+    assert eng.plans[(layout, 1, 1, 1)].variant == variant
+    assert_matches_reference(y, x, weight, bias, act_quant=None, activation=act)
+
+
+def test_gemv_candidates(cl_device):
+    """gemv_1x1 is offered for one row on buffer weights only; forced, other shapes use the 1x1 kernels."""
+    rng = np.random.default_rng(3)
+    w = _weight(rng, 12, 64, 1, 4, 32, False)
+    eng = _engine(w, device=cl_device, image=False)
+    assert "gemv_u4" in {c.variant for c in eng._plan_for("nchw", 1, 1, 1)[0].cand}
+    assert not any(c.variant in gpu.GEMV_VARIANTS for c in eng._plan_for("nchw", 2, 1, 1)[0].cand)
+    assert not any(c.variant in gpu.GEMV_VARIANTS for c in eng._plan_for("nchw", 1, 2, 1)[0].cand)
+    forced = _engine(w, device=cl_device, image=False, variant="gemv_u8")
+    x = rng.standard_normal((3, 64, 1, 1)).astype(np.float32)
+    assert_matches_reference(forced.forward(x), x, w, act_quant=None)
+    assert forced.plans[("nchw", 3, 1, 1)].variant not in gpu.GEMV_VARIANTS
+    if _engine(w, device=cl_device, image=True).image:
+        with pytest.raises(ValueError, match="buffer"):
+            _engine(w, device=cl_device, image=True, variant="gemv_u4")
+    with pytest.raises(ValueError, match="multiple of 4"):
+        _engine(_weight(rng, 4, 12, 1, 8, 6, True), device=cl_device, variant="gemv_u4")
+
+
 @pytest.mark.parametrize("bits,block,sym", [(8, 0, True), (4, 32, False), (4, 0, True), (8, 64, False)])
 def test_gemv_long_k_split(cl_device, bits, block, sym):
     """A linear layer 1000+ wide: many K chunks, split over the work-group."""
@@ -225,6 +269,10 @@ def test_gemv_long_k_split(cl_device, bits, block, sym):
         for lws in ((4, 16, 1), (1, 32, 1)):
             eng = _engine(w, None, device=cl_device, variant="buf_c4_r2", local_size=lws)
             assert_matches_reference(eng.forward(x), x, w, act_quant=None)
+    x = rng.standard_normal((1, 1024, 1, 1)).astype(np.float32)
+    for variant, lws in (("gemv_u8", (4, 16, 1)), ("gemv_u4", (8, 4, 1))):
+        eng = _engine(w, None, device=cl_device, variant=variant, local_size=lws, image=False)
+        assert_matches_reference(eng.forward(x), x, w, act_quant=None)
 
 
 def test_image_fallback_to_buffer(cl_device):

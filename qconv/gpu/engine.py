@@ -46,6 +46,9 @@ GEMM_VARIANTS = {  # name -> (TM output channels, TN pixels per work-group, RM, 
     "gemm_128x32k2": (128, 32, 8, 4, 2), "gemm_64x32k2": (64, 32, 4, 4, 2), "gemm_128x8k2": (128, 8, 8, 2, 2),
     "gemm_64x8k4": (64, 8, 4, 2, 4),
 }
+GEMV_VARIANTS = {  # name -> U: 16-byte weight chunks per item loaded before any is used (gemv_1x1, N=H=W=1)
+    "gemv_u4": 4, "gemv_u8": 8,
+}
 _INT32_MAX = 2**31 - 1
 _launch_lock = threading.Lock()
 
@@ -140,6 +143,8 @@ class OpenCLEngine:
         if variant is not None:
             names = GENERAL_VARIANTS if self.path == "general" else {**onex1_variants(False), **onex1_variants(True)}
             names = {**names, **GEMM_VARIANTS}
+            if self.path == "1x1":
+                names = {**names, **GEMV_VARIANTS}
             if variant not in names:
                 raise ValueError(f"variant {variant!r} does not exist for the {self.path} path; choose from "
                                  f"{sorted(names)}")
@@ -194,11 +199,13 @@ class OpenCLEngine:
                 if image is False:
                     raise ValueError(f"variant {variant!r} needs image weights, but image=False")
                 self.forced_variant = "buf" + variant[3:]  # image did not fit / no image support: buffer
-            elif variant in GEMM_VARIANTS and self.image:
+            elif (variant in GEMM_VARIANTS or variant in GEMV_VARIANTS) and self.image:
                 raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
             elif variant is not None and variant.startswith("buf") and self.image:
                 raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
         self._base_options = self._make_base_options()
+        if variant in GEMV_VARIANTS and "-DLANE_SCALE" in self._base_options:
+            raise ValueError(f"variant {variant!r} needs scale blocks of a multiple of 4 input channels")
 
     # {{{ preparation
 
@@ -395,8 +402,11 @@ class OpenCLEngine:
         gemm = self._gemm_names(layout, n, h, w, h, w)
         if self.forced_variant in GEMM_VARIANTS:
             return [self._gemm_candidate(self.forced_variant, layout, n, h, w, h, w)]
+        gemv = self._gemv_names(m)
+        if self.forced_variant in GEMV_VARIANTS and gemv:
+            return [self._gemv_candidate(self.forced_variant, layout)]
         names = self._onex1_order(m, variants)
-        if self.forced_variant:
+        if self.forced_variant in variants:
             names = [self.forced_variant]
         elif self.tune == "fast":
             names = names[:3]
@@ -408,7 +418,75 @@ class OpenCLEngine:
             scalars = [m, hw, wt.q.shape[1], wt.out_channels]
             cands.append(self._candidate("conv_1x1", name, tuple(opts), (g0, g2), scalars,
                                          self._local_sizes_1x1(g0, g2, kch, nb * nc), nb * nc))
+        if gemv and self.forced_variant is None:
+            # tuned on a GPU right after the heuristic's favourite (the tuner keeps it only when faster,
+            # and the fast level's time budget still reaches both); untuned, the 1x1 kernels stay first
+            extra = [self._gemv_candidate(v, layout) for v in gemv]
+            cands = cands[:1] + extra + cands[1:] if self.is_gpu and self.tune != "none" else cands + extra
         return self._with_gemm(cands, gemm, layout, n, h, w, h, w)
+
+    def _gemv_names(self, m):
+        """gemv_1x1 variants for this problem ([] unless one row, buffer weights, 4-aligned scale blocks)."""
+        if m != 1 or self.image or "-DLANE_SCALE" in self._base_options:
+            return []
+        if self.forced_variant is not None:
+            return [self.forced_variant] if self.forced_variant in GEMV_VARIANTS else []
+        return list(GEMV_VARIANTS) if self.tune == "full" else ["gemv_u4"]
+
+    def _gemv_local_sizes(self, ocp, kch, ngr):
+        if self.forced_lws is not None:
+            return [self.forced_lws[:2]]
+        maxwg = int(self.device.max_work_group_size)
+        mi = self.device.max_work_item_sizes
+        local_floats = int(self.device.local_mem_size) // 4 - 256 - ngr
+        p0, pk = _pow2ceil(ocp), _pow2floor(kch)
+        if self.tune == "full":
+            sizes = [(a, b) for a in (16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64)]
+        else:
+            sizes = [(32, 16), (128, 4), (64, 8)]  # the H200's picks (8192->28672: 32x16)
+        ok = []
+        for a, b in sizes:
+            a, b = min(a, p0), min(b, pk)
+            if a * b <= min(maxwg, 1024) and a <= mi[0] and b <= mi[1] and a * b <= local_floats:
+                ok.append((a, b))
+        return list(dict.fromkeys(ok)) or [(1, 1)]
+
+    def _gemv_candidate(self, name, layout):
+        """gemv_1x1 (one row): NDRange (ceil(OCp / l0) * l0, SPLIT), local size (l0, SPLIT)."""
+        wt = self.spec.weight
+        ocp = _cdiv(wt.out_channels, 4) * 4
+        kc = self.layout.ic_pack
+        kch = _cdiv(wt.q.shape[1], kc)
+        asym = wt.offsets is not None
+        if wt.n_blocks == 1:
+            ngr = kch
+        else:
+            sg = next(o for o in self._base_options if o.startswith("-DSG="))
+            ngr = kch * (kc // int(sg[5:]))
+        ngr = ngr if asym else 0
+        opts = tuple(self._base_options) + (f"-DU={GEMV_VARIANTS[name]}",) + tuple(
+            self._layout_options(layout, True))
+        scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
+        engine = self
+
+        def launch(queue, lws, bufs=None, wait_for=None):
+            cl = import_pyopencl()
+            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
+            lws = (1, 1) if lws is None else lws  # sx lives after l0 * SPLIT floats: the size must be known
+            split = lws[1]
+            kernel = get_kernel(engine.ctx, "conv_1x1", opts + (f"-DSPLIT={split}",), "gemv_1x1")
+            gws, local, nloc = (_roundup(ocp, lws[0]), split), tuple(lws), lws[0] * split
+            args = [np.int32(ocp), xbuf, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
+                    cl.LocalMemory(4 * (nloc + ngr)), *scal]
+            with _launch_lock:
+                kernel.set_args(*args)
+                return cl.enqueue_nd_range_kernel(queue, kernel, gws, local, wait_for=wait_for)
+
+        state = {"bufs": None}
+        c = tuning.Candidate(name, "conv_1x1", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
+                             self._gemv_local_sizes(ocp, kch, ngr), launch)
+        c.info["state"] = state
+        return c
 
     def _onex1_order(self, m, variants):
         nb = 1 if m == 1 else 2 if m < 8 else 4

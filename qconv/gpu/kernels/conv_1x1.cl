@@ -354,3 +354,169 @@ __kernel void conv_1x1(const int gws0, const int gws2,
 #endif
     }
 }
+
+/* ---------------------------------------------------------------------------------------------------
+ * gemv_1x1: the N = H = W = 1 case (a linear layer on one row) as a weight stream.
+ *
+ * NDRange (2-D): dim 0: one output channel per item, rounded up to the local size (adjacent items read
+ * adjacent 16-byte chunks of one K row: a sub-group of 32 reads 512 contiguous bytes per load); dim 1:
+ * split-K lanes, exactly the local size SPLIT (lane lk takes chunks lk, lk + SPLIT, ...). Each item issues
+ * U independent chunk loads (and their scales) before decoding any, so U x 16 bytes per item are in
+ * flight. Per scale group: acc += s * sum(q x) + a * sum(x); the sums of x per scale group (ASYM only)
+ * are computed once per work-group into local memory. Partial sums are reduced in local memory in a
+ * fixed order (lane 0 first). The input and output rows are contiguous in both NCHW and NC4HW4 when
+ * M = 1 (NC4HW4 also writes its padding lanes, as 0).
+ *
+ * Build options: those of conv_1x1 (QBITS, KC, SG / NBLK1, ASYM, IC_LEAVE, ...; not LANE_SCALE, not
+ * USE_IMAGE), U (chunks per item in flight), SPLIT.
+ */
+#ifndef U
+#define U 4
+#endif
+#define NSG (NG / GPS) /* scale groups per chunk */
+
+#ifdef IC_LEAVE
+#define GEMV_X4(c4) load_row4(x, (c4), 0, 1, 1, IC)
+#else
+#define GEMV_X4(c4) vload4((c4), x)
+#endif
+
+__kernel void gemv_1x1(const int gws0,
+                       __global const float *x,
+                       __global const uint4 *wq,
+                       __global const SCALE_T *ws,
+                       __global const SCALE_T *wo,
+                       __global const float *bias,
+                       __global float *y,
+                       __local float *red,
+                       const int a_ic, const int a_oc) {
+    const int og = get_global_id(0);
+    const int lid0 = get_local_id(0);
+    const int l0 = get_local_size(0);
+    const int lk = get_local_id(1);
+    const int OCP = CDIV(OC, 4) * 4;
+    const int KCH = CDIV(IC, KC);
+    const int o = min(og, gws0 - 1); /* items past gws0 compute a copy of the last channel, store nothing */
+
+#ifdef ASYM
+    /* sums of x per scale group, once per work-group */
+    __local float *sx = red + l0 * SPLIT;
+    {
+        const int lin = lk * l0 + lid0;
+        const int ngr = KCH * NSG;
+        for (int g = lin; g < ngr; g += l0 * SPLIT) {
+            float s = 0.0f;
+#pragma unroll
+            for (int v = 0; v < GPS; ++v) {
+                const float4 xv = GEMV_X4(g * GPS + v);
+                s += (xv.x + xv.y) + (xv.z + xv.w);
+            }
+            sx[g] = s;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#endif
+
+    float acc = 0.0f;
+#if defined(ASYM) && defined(NBLK1)
+    float accx = 0.0f;
+#endif
+
+    int k = lk;
+    for (; k < KCH; k += U * SPLIT) {
+        uint4 wv[U];
+#ifndef NBLK1
+        float sv[U][NSG];
+#ifdef ASYM
+        float av[U][NSG];
+#endif
+#endif
+        /* issue every load of the U chunks first (chunks past K: a valid chunk, skipped below) */
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            const int kj = min(k + j * SPLIT, KCH - 1);
+            wv[j] = wq[kj * OCP + o];
+#ifndef NBLK1
+#pragma unroll
+            for (int g = 0; g < NSG; ++g) {
+                const int blk = min((kj * KC + g * GPS * 4) / BLOCK_CH, IC / BLOCK_CH - 1);
+                sv[j][g] = LOAD_S1(ws, blk * OCP + o);
+#ifdef ASYM
+                av[j][g] = LOAD_S1(wo, blk * OCP + o);
+#endif
+            }
+#endif
+        }
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            const int kj = k + j * SPLIT;
+            if (j > 0 && kj >= KCH)
+                break;
+#pragma unroll
+            for (int g = 0; g < NSG; ++g) {
+                float4 xs[GPS];
+#pragma unroll
+                for (int v = 0; v < GPS; ++v)
+                    xs[v] = GEMV_X4(kj * NG + g * GPS + v);
+#ifdef Q4_CLASSES
+                float qs[GPS * 4];
+#pragma unroll
+                for (int wi = 0; wi < GPS / 2; ++wi) {
+                    const int gw = g * GPS / 2 + wi;
+                    q4x8_classes(gw == 0 ? wv[j].x : gw == 1 ? wv[j].y : gw == 2 ? wv[j].z : wv[j].w, qs + 8 * wi);
+                }
+                float dc[5] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int v = 0; v < GPS; ++v) {
+                    const int l = 4 * v;
+                    dc[Q4_CLASS(l)] = fma(qs[l], xs[v].x, dc[Q4_CLASS(l)]);
+                    dc[Q4_CLASS(l + 1)] = fma(qs[l + 1], xs[v].y, dc[Q4_CLASS(l + 1)]);
+                    dc[Q4_CLASS(l + 2)] = fma(qs[l + 2], xs[v].z, dc[Q4_CLASS(l + 2)]);
+                    dc[Q4_CLASS(l + 3)] = fma(qs[l + 3], xs[v].w, dc[Q4_CLASS(l + 3)]);
+                }
+                const float d = dc[0] + 0x1p-4f * dc[1] + 0x1p-8f * dc[2] + 0x1p-12f * dc[3] + 0x1p-16f * dc[4];
+#else
+                float d = 0.0f;
+#pragma unroll
+                for (int v = 0; v < GPS; ++v)
+                    d += dot(qgroup(wv[j], g * GPS + v), xs[v]);
+#endif
+#ifdef NBLK1
+                acc += d;
+#ifdef ASYM
+                accx += sx[kj * NSG + g];
+#endif
+#elif defined(ASYM)
+                acc += sv[j][g] * d + av[j][g] * sx[kj * NSG + g];
+#else
+                acc += sv[j][g] * d;
+#endif
+            }
+        }
+    }
+#ifdef NBLK1
+#ifdef ASYM
+    acc = LOAD_S1(ws, o) * acc + LOAD_S1(wo, o) * accx;
+#else
+    acc = LOAD_S1(ws, o) * acc;
+#endif
+#endif
+
+#if SPLIT > 1
+    red[lk * l0 + lid0] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lk != 0)
+        return;
+    for (int j = 1; j < SPLIT; ++j)
+        acc += red[j * l0 + lid0];
+#endif
+    if (og >= gws0)
+        return;
+    const float v = ACTIVATE(acc + bias[og]);
+#ifdef OUT_NCHW
+    if (og < OC)
+        y[og] = v;
+#else
+    y[og] = og < OC ? v : 0.0f;
+#endif
+}
