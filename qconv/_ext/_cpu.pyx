@@ -481,8 +481,8 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
 
 cdef inline void _gemm_range(const ConvJob *j, const uint8_t **AP, const int32_t *S, const float *dxc, float *OUT,
                              int ncols, int g, int t0, int nt) noexcept nogil:
-    """Every block of channel tiles ``t0 .. t0+nt-1`` (the kernels run blocks outer, tiles inner, so weights and
-    tables laid out ``[block][tile]`` are read as one sequential stream per block)."""
+    """Every block of channel tiles ``t0 .. t0+nt-1`` (the kernels run tiles outer, blocks inner: the tile-major
+    weights and tables of each tile are one sequential stream)."""
     _gemm(j, AP, S, dxc, OUT, ncols, g, 0, j.NB, t0, nt)
 
 

@@ -1,8 +1,9 @@
 """``CpuEngine``: the weight-quantized conv on the CPU (Cython + SIMD micro-kernels, OpenMP threads).
 
-Per layer (constructor): the weights go into :class:`~qconv.layouts.gemm_tiles.TiledWeightLayout` tiles
-(UNIT=32 output channels x SRC_UNIT=4; int4 stays packed as half-split nibbles), and the fused tables are
-built: weight sums (``wsx``), scales, offsets and bias, all ``(groups, n_blocks, OCp)``.
+Per layer (constructor): the weights go into tile-major :class:`~qconv.layouts.gemm_tiles.TiledWeightLayout`
+tiles (UNIT=32 output channels x SRC_UNIT=4; int4 stays packed as half-split nibbles), and the fused tables are
+built in the same order: weight sums (``wsx``), scales and offsets ``(groups, OCU, n_blocks, UNIT)`` (scales and
+offsets as float16 when the weight is ``half_exact``: exact, half the bytes), bias ``(groups, OCp)``.
 
 Per call: the input is quantized dynamically (``act_quant="tensor"``: per-tensor asymmetric, ``"row"``:
 per-sample symmetric; bit-exact with :func:`qconv.reference.quantize_activation`) into an int8
