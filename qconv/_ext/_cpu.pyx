@@ -652,9 +652,10 @@ cdef class ConvPlan:
     """Prepared weights + geometry of one conv; :meth:`forward` runs quantization and the tiled GEMM.
 
     Built by :class:`qconv.cpu.CpuEngine`; the arrays are kept alive here and read by the nogil workers.
-    ``w``: packed tiles (uint8 view of a tile-major :class:`TiledWeightLayout`); ``wsx`` int32, ``scale``/``offset``
-    float32 or float16 ``(G, OCU, NB, UNIT)`` (tile-major like the weights; both the same dtype); ``bias`` float32 ``(G, OCp)``; ``oidx`` int32 ``(O,)``; ``chpos`` int32
-    ``(C,)``; ``geo``: dict of ints (see ``ConvJob``).
+    ``w``: packed tiles (uint8 view of a tile-major :class:`TiledWeightLayout`); ``wsx`` int32 and
+    ``scale``/``offset`` float32 or float16 (both the same dtype), all ``(G, OCU, NB, UNIT)`` (tile-major like the
+    weights); ``bias`` float32 ``(G, OCp)``; ``oidx`` int32 ``(O,)``; ``chpos`` int32 ``(C,)``; ``geo``: dict of
+    ints (see ``ConvJob``).
     """
     cdef ConvJob job
     cdef object keep, keep_scratch

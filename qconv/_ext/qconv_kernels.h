@@ -82,7 +82,10 @@ static inline float qc_half(uint16_t h)
 }
 
 /* table entry i of the scales / offsets (float32 or float16 tables); offsets are 0 when symmetric */
-static inline float qc_scale_at(const qc_gemm_args *g, int64_t i) { return g->hscale ? qc_half(g->hscale[i]) : g->scale[i]; }
+static inline float qc_scale_at(const qc_gemm_args *g, int64_t i)
+{
+    return g->hscale ? qc_half(g->hscale[i]) : g->scale[i];
+}
 static inline float qc_offset_at(const qc_gemm_args *g, int64_t i)
 {
     return g->hscale ? (g->hoffset ? qc_half(g->hoffset[i]) : 0.0f) : (g->offset ? g->offset[i] : 0.0f);
@@ -179,10 +182,12 @@ qc_vnni_tab qc_vnni_tab_load(const qc_gemm_args *g, int64_t tt, __m512i zpu)
         t.z1 = _mm512_mullo_epi32(zpu, _mm512_loadu_si512((const void *)(g->wsx + tt + 16)));
     }
     if (g->hscale) {
-        t.s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g->hscale + tt)));
-        t.s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g->hscale + tt + 16)));
-        t.o0 = g->hoffset ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g->hoffset + tt))) : _mm512_setzero_ps();
-        t.o1 = g->hoffset ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g->hoffset + tt + 16))) : _mm512_setzero_ps();
+#define QC_H16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))   /* 16 float16 -> float32 */
+        t.s0 = QC_H16(g->hscale + tt);
+        t.s1 = QC_H16(g->hscale + tt + 16);
+        t.o0 = g->hoffset ? QC_H16(g->hoffset + tt) : _mm512_setzero_ps();
+        t.o1 = g->hoffset ? QC_H16(g->hoffset + tt + 16) : _mm512_setzero_ps();
+#undef QC_H16
         return t;
     }
     t.s0 = _mm512_loadu_ps(g->scale + tt);
