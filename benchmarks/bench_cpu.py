@@ -12,7 +12,8 @@ Reported per engine: median ms, GOP/s (2*MACs), relative L2 error against the fl
 original float weights, and peak RSS of the process during that engine's run (VmHWM, reset per row).
 A second table gives qconv's speed-up against each baseline of the same case.
 
-    python benchmarks/bench_cpu.py [--quick] [--json out.json] [--cases SUBSTRING]
+    python benchmarks/bench_cpu.py [--quick] [--json out.json] [--cases SUBSTRING] [--block]
+    python benchmarks/bench_cpu.py --summarize run1.json run2.json ...   # median table over runs
 """
 from __future__ import annotations
 
@@ -504,6 +505,61 @@ def report(rows, ceil, args):
             json.dump(dict(threads=THREADS, quick=args.quick, ceilings=ceil, rows=rows), fh, indent=1)
 
 
+def summarize(paths):
+    """Markdown table over several ``--json`` runs: per qconv row the median ms, the ratio against the fastest
+    same-scheme dynamic peer of each run (median, and min-max over the runs), % of the int8 peak (convs) or
+    GB/s (linears), and the 1 -> 2 thread speed-up (median)."""
+    runs = [json.load(open(p)) for p in paths]
+    med = lambda v: float(np.median(v)) if v else None  # noqa: E731
+    out = [f"{len(runs)} runs; ratio = fastest same-scheme dynamic peer ms / qconv ms (> 1: qconv is faster), "
+           "median [min-max] over the runs", "",
+           "| case | scheme | qconv ms | fastest same-scheme peer | ratio | x ORT QLinearConv static "
+           "| % int8 peak / GB/s | 1->2 threads |",
+           "|---|---|---:|---|---:|---:|---:|---:|"]
+    first = runs[0]["rows"]
+    for r in first:
+        if r["engine"] != "qconv cpu" or "ms" not in r:
+            continue
+        ms, ratio, eff, scal, names, static = [], [], [], [], [], []
+        for run in runs:
+            rows = run["rows"]
+            q = [b for b in rows if b["case"] == r["case"] and b["scheme"] == r["scheme"]
+                 and b["engine"] == "qconv cpu" and "ms" in b]
+            if not q:
+                continue
+            q = q[0]
+            ms.append(q["ms"])
+            peers = _peer_rows(rows, q)
+            if peers:
+                ratio.append(peers[0]["ms"] / q["ms"])
+                names.append(peers[0]["engine"])
+            static += [b["ms"] / q["ms"] for b in rows if b["case"] == q["case"] and "ms" in b
+                       and b["engine"] == "onnxruntime QLinearConv static"]
+            if r["case"] in {c[0] for c in CONVS}:
+                eff.append(100 * q["gops"] / run["ceilings"]["vnni_gops"])
+                one = [b for b in rows if b["case"] == q["case"] and b["scheme"] == q["scheme"]
+                       and b["engine"] == "qconv cpu 1 thread" and "ms" in b]
+                if one:
+                    scal.append(one[0]["ms"] / q["ms"])
+            else:
+                eff.append(q.get("weight_bytes", 0) / q["ms"] / 1e6)
+        conv = r["case"] in {c[0] for c in CONVS}
+        peer = max(set(names), key=names.count) if names else "none (no int4 conv peer)"
+        rat = f"{med(ratio):.2f} [{min(ratio):.2f}-{max(ratio):.2f}]" if ratio else ""
+        effs = (f"{med(eff):.0f}%" if conv else f"{med(eff):.0f} GB/s") if eff else ""
+        out.append(f"| {r['case']} | {r['scheme']} | {med(ms):.3f} | {peer} | {rat} | "
+                   + (f"{med(static):.2f}" if static else "-") + f" | {effs} | "
+                   + (f"{med(scal):.2f}x" if scal else "-") + " |")
+    c = [run["ceilings"] for run in runs]
+    out.append("")
+    out.append("Ceilings (median over the runs): int8 multiply-add peak "
+               f"{med([x['vnni_gops_1t'] for x in c]):.0f} GOP/s (1 thread) / {med([x['vnni_gops'] for x in c]):.0f} "
+               f"GOP/s ({THREADS}); read {med([x['read_gbs_cache'] for x in c]):.0f} GB/s (12 MiB) / "
+               f"{med([x['read_gbs_dram'] for x in c]):.0f} GB/s (512 MiB) [DRAM min-max "
+               f"{min(x['read_gbs_dram'] for x in c):.0f}-{max(x['read_gbs_dram'] for x in c):.0f}].")
+    print("\n".join(out))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
@@ -511,7 +567,12 @@ def main(argv=None):
     p.add_argument("--block", action="store_true",
                    help='also time act_quant="block" (act_block=32), and "tensor" for the linears')
     p.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains this")
+    p.add_argument("--summarize", nargs="+", metavar="JSON",
+                   help="print the same-scheme summary over these --json runs (no benchmarking)")
     args = p.parse_args(argv)
+    if args.summarize:
+        summarize(args.summarize)
+        return
     import qconv.cpu  # noqa: F401,F811  (fail early when the extension is not built)
     ceil = ceilings()
     rows = run(args)
