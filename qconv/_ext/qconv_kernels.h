@@ -197,39 +197,49 @@ qc_vnni_tab qc_vnni_tab_load(const qc_gemm_args *g, int64_t tt, __m512i zpu)
     return t;
 }
 
-/* Epilogue of one column for block k: int32 correction, scale/offset, accumulation over blocks,
- * and after the last block dx, bias and the activation clamp. */
+/* Float epilogue of block k for one column and the 16 channels at table index tt, with the float partial sum F
+ * kept in a register: F = (s*I + o*S) [* dxb] (+ F when add), I = acc - zpu*wsx - 8S (int4) exact in int32
+ * (see the file comment). Every kernel computes a block in this order (the scalar and AVX2 ones too). */
+QC_TGT_VNNI static inline __attribute__((always_inline))
+__m512 qc_vnni_facc(const qc_gemm_args *g, int k, int e, __m512 F, __m512i acc, __m512i z, __m512 s, __m512 o,
+                    int add)
+{
+    const int32_t cs = g->colsum[(int64_t)e * g->lds + k];
+    const __m512i i = _mm512_sub_epi32(_mm512_sub_epi32(acc, z), _mm512_set1_epi32(g->bits == 4 ? 8 * cs : 0));
+    __m512 f = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(i), _mm512_mul_ps(o, _mm512_set1_ps((float)cs)));
+    if (g->dxb) f = _mm512_mul_ps(f, _mm512_set1_ps(g->dxb[(int64_t)e * g->lds + k]));
+    return add ? _mm512_add_ps(f, F) : f;
+}
+
+/* dx, bias and the clamp (when g->last) on 16 finished channels of column e, then the store */
+QC_TGT_VNNI static inline __attribute__((always_inline))
+void qc_vnni_fin(const qc_gemm_args *g, int e, __m512 F, const float *bias, float *out)
+{
+    if (g->last) {
+        F = _mm512_fmadd_ps(_mm512_set1_ps(g->dx[e]), F, _mm512_loadu_ps(bias));
+        F = _mm512_min_ps(_mm512_max_ps(F, _mm512_set1_ps(g->lo)), _mm512_set1_ps(g->hi));
+    }
+    _mm512_storeu_ps(out, F);
+}
+
+/* Epilogue of one column for block k with the partial sums in `out` between blocks (32 channels). */
 QC_TGT_VNNI static inline __attribute__((always_inline))
 void qc_vnni_epi(const qc_gemm_args *g, int k, int e, __m512i c0, __m512i c1, const qc_vnni_tab *tb,
                  const float *bias, float *out0)
 {
-    const int32_t s = g->colsum[(int64_t)e * g->lds + k];
-    const __m512i c8 = _mm512_set1_epi32(g->bits == 4 ? 8 * s : 0);
-    const __m512 sf = _mm512_set1_ps((float)s);
-    const __m512i i0 = _mm512_sub_epi32(_mm512_sub_epi32(c0, tb->z0), c8);
-    const __m512i i1 = _mm512_sub_epi32(_mm512_sub_epi32(c1, tb->z1), c8);
-    __m512 f0 = _mm512_fmadd_ps(tb->s0, _mm512_cvtepi32_ps(i0), _mm512_mul_ps(tb->o0, sf));
-    __m512 f1 = _mm512_fmadd_ps(tb->s1, _mm512_cvtepi32_ps(i1), _mm512_mul_ps(tb->o1, sf));
     float *out = out0 + (int64_t)e * g->ldo;
-    if (g->dxb) {
-        const __m512 db = _mm512_set1_ps(g->dxb[(int64_t)e * g->lds + k]);
-        f0 = _mm512_mul_ps(f0, db);
-        f1 = _mm512_mul_ps(f1, db);
+    const int add = k > 0 || !g->first;
+    __m512 f0 = add ? _mm512_loadu_ps(out) : _mm512_setzero_ps();
+    __m512 f1 = add ? _mm512_loadu_ps(out + 16) : _mm512_setzero_ps();
+    f0 = qc_vnni_facc(g, k, e, f0, c0, tb->z0, tb->s0, tb->o0, add);
+    f1 = qc_vnni_facc(g, k, e, f1, c1, tb->z1, tb->s1, tb->o1, add);
+    if (k == g->nblocks - 1) {
+        qc_vnni_fin(g, e, f0, bias, out);
+        qc_vnni_fin(g, e, f1, bias + 16, out + 16);
+    } else {
+        _mm512_storeu_ps(out, f0);
+        _mm512_storeu_ps(out + 16, f1);
     }
-    if (k > 0 || !g->first) {
-        f0 = _mm512_add_ps(f0, _mm512_loadu_ps(out));
-        f1 = _mm512_add_ps(f1, _mm512_loadu_ps(out + 16));
-    }
-    if (k == g->nblocks - 1 && g->last) {
-        const __m512 d = _mm512_set1_ps(g->dx[e]);
-        const __m512 lo = _mm512_set1_ps(g->lo), hi = _mm512_set1_ps(g->hi);
-        f0 = _mm512_fmadd_ps(d, f0, _mm512_loadu_ps(bias));
-        f1 = _mm512_fmadd_ps(d, f1, _mm512_loadu_ps(bias + 16));
-        f0 = _mm512_min_ps(_mm512_max_ps(f0, lo), hi);
-        f1 = _mm512_min_ps(_mm512_max_ps(f1, lo), hi);
-    }
-    _mm512_storeu_ps(out, f0);
-    _mm512_storeu_ps(out + 16, f1);
 }
 
 /* vpdpbusd through inline asm: with the intrinsic, gcc 12 copies and spills the accumulators every step.
@@ -285,31 +295,6 @@ void qc_vnni_cols(const qc_gemm_args *g, const int e0, const int NC, const int B
             QC_V_ALL(QC_V_EPI)
         }
     }
-}
-
-/* Float epilogue of block k for one column and the 16 channels at table index tt, with the float partial sum F
- * kept in a register: F = (s*I + o*S) [* dxb] (+ F when add), I = acc - zpu*wsx - 8S (int4) exact in int32:
- * the operations of qc_vnni_epi, in the same order. */
-QC_TGT_VNNI static inline __attribute__((always_inline))
-__m512 qc_vnni_facc(const qc_gemm_args *g, int k, int e, __m512 F, __m512i acc, __m512i z, __m512 s, __m512 o,
-                    int add)
-{
-    const int32_t cs = g->colsum[(int64_t)e * g->lds + k];
-    const __m512i i = _mm512_sub_epi32(_mm512_sub_epi32(acc, z), _mm512_set1_epi32(g->bits == 4 ? 8 * cs : 0));
-    __m512 f = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(i), _mm512_mul_ps(o, _mm512_set1_ps((float)cs)));
-    if (g->dxb) f = _mm512_mul_ps(f, _mm512_set1_ps(g->dxb[(int64_t)e * g->lds + k]));
-    return add ? _mm512_add_ps(f, F) : f;
-}
-
-/* dx, bias and the clamp (when g->last) on 16 finished channels of column e, then the store */
-QC_TGT_VNNI static inline __attribute__((always_inline))
-void qc_vnni_fin(const qc_gemm_args *g, int e, __m512 F, const float *bias, float *out)
-{
-    if (g->last) {
-        F = _mm512_fmadd_ps(_mm512_set1_ps(g->dx[e]), F, _mm512_loadu_ps(bias));
-        F = _mm512_min_ps(_mm512_max_ps(F, _mm512_set1_ps(g->lo)), _mm512_set1_ps(g->hi));
-    }
-    _mm512_storeu_ps(out, F);
 }
 
 /* One or two columns (GEMV), two channel tiles (64 channels), every block. Dependent vpdpbusd chains would make
