@@ -329,3 +329,20 @@ def test_ceiling_probes():
     with pytest.raises(ValueError, match="multiple of 256"):
         _cpu.probe_read(buf[:100], 1)
     assert _cpu.probe_vnni_gops(1, seconds=0.01) > 0
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_quantize_rounding_ties(kernel):
+    """Halves, their float neighbours and large values round half away from zero exactly as the oracle."""
+    k = np.arange(-130, 131, dtype=np.float32)
+    base = np.concatenate([k + np.float32(0.5), k - np.float32(0.5), k, np.float32([0.49999997, -0.49999997,
+                           0.5, -0.5, 1.5, 2.5, 126.5, -127.5, 4194304.5, 8388607.0, 1e6, -1e6])])
+    vals = np.concatenate([base, np.nextafter(base, np.float32(np.inf)), np.nextafter(base, np.float32(-np.inf))])
+    vals = vals.astype(np.float32)
+    c = vals.size
+    x = vals.reshape(1, c, 1, 1)
+    for qlo, abias in ((-128, 128), (-127, 0)):
+        Q, _ = _cpu._test_quantize(x, 1, c, np.ones(1, np.float32), np.zeros(1, np.int32), qlo, 127,
+                                   np.arange(c, dtype=np.int32), c, 1, c, kernel, 1, abias)
+        want = np.clip(round_half_away(vals), qlo, 127).astype(np.int64) + abias
+        np.testing.assert_array_equal(Q[0].astype(np.int64), want & 255)
