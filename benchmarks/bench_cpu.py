@@ -257,7 +257,7 @@ def run(args):
         cases = [c for c in cases if args.cases.lower() in c[1].lower()]
 
     def record(case, scheme, engine, fn, ref, ops, build=None):
-        gc.collect()
+        gc.collect()   # frees the previous engine (and joins its threads) before this one is timed
         _reset_peak_rss()
         try:
             if build is not None:
@@ -308,12 +308,11 @@ def run(args):
                            ref, ops)
         if ort is not None:
             model = None if big else _onnx_model(kind, wf, bf, stride, pad, x.shape, ref.shape)
-            sess = {}
-
             def ort_run(key, make):
+                # the session lives only in the timed closure: it (and its spinning thread pool) is gone before
+                # the next engine is timed -- otherwise onnxruntime's idle workers steal the cores from it
                 def build():
                     s = make()
-                    sess[key] = s
                     return lambda: s.run(None, {"x": x})[0]
                 return build
 
