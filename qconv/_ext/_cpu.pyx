@@ -361,6 +361,19 @@ cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP,
         _next_pixel(&n, &oy, &ox, OH, OW)
 
 
+cdef inline void _sym_params(float amax, float *qs, float *dx) noexcept nogil:
+    """Symmetric int8 parameters of the range ``[-amax, amax]`` (``amax`` finite, >= 0): ``qs = 127/amax``,
+    ``dx = amax/127``; 1 and 1 when ``amax`` is 0 or ``127/amax`` overflows (the oracle's rule)."""
+    cdef float q
+    qs[0] = 1
+    dx[0] = 1
+    if amax > 0:
+        q = <float> 127.0 / amax
+        if q <= 3.4028234663852886e38:
+            qs[0] = q
+            dx[0] = amax / <float> 127.0
+
+
 cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const uint8_t **AP, int32_t *S,
                      float *DXB) noexcept nogil:
     """``act_quant="block"``: quantize columns ``p0 .. p0+ncols-1`` into their own ``A`` rows (``Lcol`` bytes each,
@@ -409,14 +422,7 @@ cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const 
                             amax = v
                 if not (amax <= 3.4028234663852886e38):
                     bad += 1
-                qs = 1
-                dx = 1
-                if amax > 0:
-                    qs = <float> 127.0 / amax
-                    if qs <= 3.4028234663852886e38:
-                        dx = amax / <float> 127.0
-                    else:
-                        qs = 1
+                _sym_params(amax, &qs, &dx)
                 for f in range(nfpa):
                     gf = g * NB + b * nfpa + f
                     dst = col + gf * blen
@@ -1101,7 +1107,7 @@ cdef bint _fill_rows(const float *x, int64_t A, int64_t N, int64_t M, int thread
     """``act_quant="row"``: per sample ``n`` of ``x (A, N, M)``, ``a = max|x[:, n, :]|``, ``qs = 127/a``, ``dx = a/127``
     (1 and 1 when ``a == 0`` or ``127/a`` overflows), ``z = 0``; False when ``x`` has NaN/inf."""
     cdef int64_t n
-    cdef float a, q
+    cdef float a
     cdef bint ok = True
     cdef float *amax = <float *> malloc(N * sizeof(float))
     _absmax_rows(x, A, N, M, threads, amax, variant)
@@ -1110,14 +1116,8 @@ cdef bint _fill_rows(const float *x, int64_t A, int64_t N, int64_t M, int thread
         if not (a <= 3.4028234663852886e38):
             ok = False
             break
-        qs[n] = 1
-        dx[n] = 1
         z[n] = 0
-        if a > 0:
-            q = <float> 127.0 / a
-            if q <= 3.4028234663852886e38:
-                qs[n] = q
-                dx[n] = a / <float> 127.0
+        _sym_params(a, &qs[n], &dx[n])
     free(amax)
     return ok
 
