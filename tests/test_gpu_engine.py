@@ -55,14 +55,20 @@ _PROP = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, Hea
 
 # {{{ property tests
 
+
+def _draw_layer(data, geo):
+    """A quantized weight for ``geo``, an optional bias and an activation (hypothesis draws)."""
+    weight = data.draw(quantized_weights(geo))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    bias = rng.standard_normal(geo.o).astype(np.float32) if data.draw(st.booleans()) else None
+    return weight, bias, data.draw(st.sampled_from([None, "relu", "relu6"]))
+
+
 @_PROP
 @given(data=st.data())
 def test_general_matches_reference(cl_device, data):
     geo = data.draw(conv_geometries(groups=True, max_channels=20, max_out_channels=20, max_spatial=10))
-    weight = data.draw(quantized_weights(geo))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    bias = rng.standard_normal(geo.o).astype(np.float32) if data.draw(st.booleans()) else None
-    act = data.draw(st.sampled_from([None, "relu", "relu6"]))
+    weight, bias, act = _draw_layer(data, geo)
     layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
     variant = data.draw(st.sampled_from([None] + list(gpu.GENERAL_VARIANTS)))
     x = data.draw(activations((geo.n, geo.c, geo.h, geo.w)))
@@ -80,10 +86,7 @@ def test_1x1_matches_reference(cl_device, data):
     """GEMV/GEMM kernels: every variant, split-K local sizes, images, H = W = 1 and batches."""
     geo = data.draw(conv_geometries(pointwise=True, max_channels=80, max_out_channels=20, max_spatial=3,
                                     max_batch=5))
-    weight = data.draw(quantized_weights(geo))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    bias = rng.standard_normal(geo.o).astype(np.float32) if data.draw(st.booleans()) else None
-    act = data.draw(st.sampled_from([None, "relu", "relu6"]))
+    weight, bias, act = _draw_layer(data, geo)
     layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
     image = data.draw(st.booleans())
     variants = gpu.onex1_variants(image)
@@ -104,10 +107,7 @@ def test_gemm_matches_reference(cl_device, data):
     pointwise = data.draw(st.booleans())
     geo = data.draw(conv_geometries(pointwise=pointwise, max_channels=40 if pointwise else 14,
                                     max_out_channels=70, max_spatial=9, max_kernel=3, max_batch=3))
-    weight = data.draw(quantized_weights(geo))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    bias = rng.standard_normal(geo.o).astype(np.float32) if data.draw(st.booleans()) else None
-    act = data.draw(st.sampled_from([None, "relu", "relu6"]))
+    weight, bias, act = _draw_layer(data, geo)
     layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
     variant = data.draw(st.sampled_from(sorted(gpu.GEMM_VARIANTS)))
     x = data.draw(activations((geo.n, geo.c, geo.h, geo.w)))
@@ -221,10 +221,7 @@ def test_gemv_kernel_matches_reference(cl_device, data):
     """gemv_1x1 (one row): every U, split-K local sizes, both layouts, odd channel counts, all schemes."""
     geo = data.draw(conv_geometries(pointwise=True, max_channels=72, max_out_channels=13, max_spatial=1,
                                     max_batch=1))
-    weight = data.draw(quantized_weights(geo))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    bias = rng.standard_normal(geo.o).astype(np.float32) if data.draw(st.booleans()) else None
-    act = data.draw(st.sampled_from([None, "relu", "relu6"]))
+    weight, bias, act = _draw_layer(data, geo)
     layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
     variant = data.draw(st.sampled_from(sorted(gpu.GEMV_VARIANTS)))
     lws = data.draw(st.sampled_from([None, (1, 2, 1), (4, 4, 1), (8, 1, 1), (2, 8, 1)]))

@@ -879,17 +879,22 @@ def _test_quantize(x, int nchw_input, int C, const float[::1] qs, const int32_t[
     return Qa, PSa
 
 
+cdef void _geometry_from_dict(ConvJob *j, dict geo) except *:
+    """Input/output sizes, kernel, stride, padding and dilation of the test wrappers' ``geo`` dict into ``j``."""
+    j.N, j.H, j.W, j.OH, j.OW = geo["N"], geo["H"], geo["W"], geo["OH"], geo["OW"]
+    j.OHW = j.OH * j.OW
+    j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo["KH"], geo["KW"], geo["sh"], geo["sw"],
+                                                      geo["ph"], geo["pw"], geo["dh"], geo["dw"])
+    j.K = j.KH * j.KW
+
+
 def _test_indirect(const uint8_t[:, ::1] Q, const int32_t[:, ::1] PS, dict geo, int64_t p0, int ncols):
     """``(rows (ncols, K) int64, S (ncols, GNB))`` for columns ``p0 ..`` of the geometry ``geo`` (N, H, W, OH, OW,
     KH, KW, sh, sw, ph, pw, dh, dw, GNB, BCp): ``rows`` is the ``Q`` pixel row each tap reads, -1 for padding."""
     cdef ConvJob j
     cdef uint8_t zrow[4]
     memset(&j, 0, sizeof(ConvJob))
-    j.N, j.H, j.W, j.OH, j.OW = geo["N"], geo["H"], geo["W"], geo["OH"], geo["OW"]
-    j.OHW = j.OH * j.OW
-    j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo["KH"], geo["KW"], geo["sh"], geo["sw"],
-                                                      geo["ph"], geo["pw"], geo["dh"], geo["dw"])
-    j.K = j.KH * j.KW
+    _geometry_from_dict(&j, geo)
     j.GNB, j.BCp = geo["GNB"], geo["BCp"]
     j.Ltot1 = <int64_t> j.GNB * j.BCp
     if Q.shape[1] != j.Ltot1 or Q.shape[0] != j.N * j.H * j.W or PS.shape[1] != j.GNB or PS.shape[0] != Q.shape[0]:
@@ -1032,11 +1037,7 @@ def _test_block_cols(const float[:, ::1] xp, dict geo, int64_t p0, int ncols, st
     dw, bits) from the pixel-major float input ``xp (N*H*W, C)``."""
     cdef ConvJob j
     memset(&j, 0, sizeof(ConvJob))
-    j.N, j.H, j.W, j.OH, j.OW = geo["N"], geo["H"], geo["W"], geo["OH"], geo["OW"]
-    j.OHW = j.OH * j.OW
-    j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo["KH"], geo["KW"], geo["sh"], geo["sw"],
-                                                      geo["ph"], geo["pw"], geo["dh"], geo["dw"])
-    j.K = j.KH * j.KW
+    _geometry_from_dict(&j, geo)
     j.C, j.G, j.NB, j.BC, j.BCp, j.AB = geo["C"], geo["G"], geo["NB"], geo["BC"], geo["BCp"], geo["AB"]
     j.GNB = j.G * j.NB
     j.abias = 128 if geo["bits"] == 8 else 0
