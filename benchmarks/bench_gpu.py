@@ -4,7 +4,9 @@ Every time is the median of profiled kernel launches (OpenCL events; CUDA events
 engine has tuned itself (``--tune``, default ``fast``; results persist in the tuning cache, so a second
 run skips tuning: the "setup" column shows it). Weight-streaming cases (1x1 on 1x1 spatial) also report
 GB/s = bytes the kernel must read and write (packed weights + scales/offsets as stored + activations +
-outputs) / time, next to the float4 copy bandwidth measured in the same run (read + write).
+outputs) / time, next to the float4 copy bandwidth measured in the same run (read + write). Schemes
+"<scheme>+a8" run with act_quant="row" (int8 activations): their time spans both launches (quant_x_a8's
+start to gemv_a8's end).
 
     python benchmarks/bench_gpu.py [--device opencl:0:0] [--quick] [--baselines] [--json out.json]
 
@@ -31,7 +33,7 @@ import qconv  # noqa: E402
 from qconv import gpu  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
 
-SCHEMES = {  # name -> (bits, block_size, symmetric)
+SCHEMES = {  # name -> (bits, block_size, symmetric); "<name>+a8": the same weights, act_quant="row" (int8 x)
     "int8": (8, 0, True),
     "int4": (4, 0, True),
     "int4-b32-asym": (4, 32, False),
@@ -43,18 +45,19 @@ def suite(quick: bool):
     """(name, kind, N, C, O, H, W, k, stride, pad, schemes)."""
     conv_s = ["int8", "int4"] if not quick else ["int8"]
     gemv_s = ["int8", "int4", "int4-b32-asym"] if not quick else ["int4-b32-asym"]
+    gemv1_s = gemv_s + [f"{v}+a8" for v in gemv_s]  # one row: float and int8 activations
     cases = [
         ("conv3x3 64@56", "conv", 1, 64, 64, 56, 56, 3, 1, 1, conv_s),
         ("conv3x3 128@28", "conv", 1, 128, 128, 28, 28, 3, 1, 1, conv_s),
         ("conv3x3 256@14", "conv", 1, 256, 256, 14, 14, 3, 1, 1, conv_s),
         ("conv3x3 128@56 s2", "conv", 1, 128, 128, 56, 56, 3, 2, 1, conv_s),
         ("conv1x1 256->1024@14", "conv", 1, 256, 1024, 14, 14, 1, 1, 0, conv_s),
-        ("gemv 4096->4096", "gemv", 1, 4096, 4096, 1, 1, 1, 1, 0, gemv_s),
-        ("gemv 4096->11008", "gemv", 1, 4096, 11008, 1, 1, 1, 1, 0, gemv_s),
+        ("gemv 4096->4096", "gemv", 1, 4096, 4096, 1, 1, 1, 1, 0, gemv1_s),
+        ("gemv 4096->11008", "gemv", 1, 4096, 11008, 1, 1, 1, 1, 0, gemv1_s),
     ]
     if not quick:
         cases += [
-            ("gemv 8192->28672", "gemv", 1, 8192, 28672, 1, 1, 1, 1, 0, gemv_s),
+            ("gemv 8192->28672", "gemv", 1, 8192, 28672, 1, 1, 1, 1, 0, gemv1_s),
             ("gemm b8 4096->4096", "gemv", 8, 4096, 4096, 1, 1, 1, 1, 0, gemv_s),
             ("gemm b32 4096->4096", "gemv", 32, 4096, 4096, 1, 1, 1, 1, 0, gemv_s),
             ("gemm b8 8192->28672", "gemv", 8, 8192, 28672, 1, 1, 1, 1, 0, ["int4-b32-asym"]),
@@ -66,7 +69,7 @@ def suite(quick: bool):
 
 
 def make_weight(rng, o, c, k, scheme, fp16_scales):
-    bits, block, sym = SCHEMES[scheme]
+    bits, block, sym = SCHEMES[scheme.removesuffix("+a8")]
     if block and c % block:
         block = 0
     w = rng.standard_normal((o, c, k, k)).astype(np.float32) * np.float32(1 / np.sqrt(c * k * k))
@@ -115,7 +118,8 @@ def bench_ours(case, scheme, device, args, rng):
 
     name, kind, n, c, o, h, w, k, s, p, _ = case
     qw = make_weight(rng, o, c, k, scheme, not args.fp32_scales)
-    spec = ConvSpec(qw, rng.standard_normal(o).astype(np.float32) * np.float32(0.1), s, p, 1, None, None)
+    act_quant = "row" if scheme.endswith("+a8") else None
+    spec = ConvSpec(qw, rng.standard_normal(o).astype(np.float32) * np.float32(0.1), s, p, 1, None, act_quant)
     t0 = time.perf_counter()
     eng = gpu.OpenCLEngine(spec, device=device, tune=args.tune)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
@@ -125,9 +129,20 @@ def bench_ours(case, scheme, device, args, rng):
     q.finish()
     setup_s = time.perf_counter() - t0
     plan = eng.plans[("nchw", n, h, w)]
-    ns = profiled_median_ns(q, lambda: plan.cand.launch(q, plan.lws, (xd.base_data, yd.base_data)), args.repeat)
+    launch = lambda: plan.cand.launch(q, plan.lws, (xd.base_data, yd.base_data))  # noqa: E731
+    ns = profiled_median_ns(q, launch, args.repeat)
+    extra = {}
+    if plan.cand.program == "gemv_a8":  # two launches: time from quant_x_a8's start to gemv_a8's end
+        state = plan.cand.info["state"]
+        spans = []
+        for _ in range(args.repeat):
+            launch()
+            spans.append(state["events"])
+        q.finish()
+        extra["us_gemv_only"] = ns / 1e3
+        ns = float(statistics.median(b.profile.end - a.profile.start for a, b in spans))
     row = {"case": name, "scheme": scheme, "N": n, "us": ns / 1e3, "variant": plan.variant,
-           "lws": plan.lws, "setup_s": setup_s, "scales": eng.scale_layout.dtype, "image": eng.image}
+           "lws": plan.lws, "setup_s": setup_s, "scales": eng.scale_layout.dtype, "image": eng.image, **extra}
     wbytes = eng.layout.nbytes(qw.q.shape) if hasattr(eng.layout, "nbytes") else qw.nbytes_q
     sbytes = qw.scales.size * eng.scale_layout.itemsize * (1 if qw.offsets is None else 2)
     moved = wbytes + sbytes + 4 * (x.size + int(np.prod(yd.shape)))
@@ -136,7 +151,7 @@ def bench_ours(case, scheme, device, args, rng):
     flops = 2.0 * n * o * c * k * k * yd.shape[2] * yd.shape[3]
     row["GFLOPs"] = flops / ns
     if args.check:
-        ref = qconv.reference.conv2d(x, qw, spec.bias, s, p, 1, None, act_quant=None)
+        ref = qconv.reference.conv2d(x, qw, spec.bias, s, p, 1, None, act_quant=act_quant)
         err = float(np.abs(yd.get() - ref).max() / max(np.abs(ref).max(), 1e-30))
         row["max_rel_err"] = err
     return row, (x, qw, spec)
@@ -233,6 +248,8 @@ def main(argv=None):
             gbps = f"{row['GBps']:8.1f}" if case[1] == "gemv" else f"{'':8s}"
             pcts = f"{pct:6.1f}" if case[1] == "gemv" else f"{'':6s}"
             chk = f" err={row['max_rel_err']:.1e}" if "max_rel_err" in row else ""
+            if "us_gemv_only" in row:
+                chk += f" (gemv_a8 alone {row['us_gemv_only']:.1f}us)"
             print(f"{case[0]:26s} {scheme:14s} {row['us']:10.1f} {gbps} {pcts} {row['GFLOPs']:8.1f} "
                   f"{row['setup_s']:7.2f}  {row['variant']} lws={lws} scales={row['scales']}{chk}  {extra}",
                   flush=True)

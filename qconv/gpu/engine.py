@@ -13,8 +13,15 @@ Three kernel families (``kernels/*.cl``):
   path's own weights (``OpenCLConvWeightLayout`` with ``ic_pack=4``, or ``OpenCL1x1BufferLayout``), so
   the tuner picks between it and the per-item kernels without a second copy. For batched layers.
 
-Activations and accumulation are float32 (``act_quant=None``); weights stay int8/int4 in device memory
-and are dequantised in registers (``w = q*scale + offset``). Inputs and outputs are float32 NCHW
+* ``gemv_a8``: with ``act_quant="row"``, linear layers on one row (N = H = W = 1) with int8 activations:
+  each work-group quantizes x into local memory and the weights stream through 4-way byte dot products
+  (``dp4a``; PTX on NVIDIA, a portable fallback elsewhere), integer sums exact.
+
+Activations and accumulation are float32 by default (``act_quant=None``); weights stay int8/int4 in device
+memory and are dequantised in registers (``w = q*scale + offset``). ``act_quant="row"`` quantizes each
+sample's activations to int8 exactly as the oracle does (``clip(round(x*127/amax), -127, 127)``): linear
+layers then run ``gemv_a8``; every other shape runs the float kernels on the dequantized activations
+(``quant_rows`` first, in ``act_quant.cl``). Inputs and outputs are float32 NCHW
 ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)`` (padding lanes written as zeros), numpy arrays
 (copied in and out) or ``pyopencl.array.Array`` (kept on the device: the result is an Array on the
 input's queue). The kernels read and write both layouts directly: no conversion launches.
@@ -49,6 +56,10 @@ GEMM_VARIANTS = {  # name -> (TM output channels, TN pixels per work-group, RM, 
 GEMV_VARIANTS = {  # name -> U: 16-byte weight chunks per item loaded before any is used (gemv_1x1, N=H=W=1)
     "gemv_u4": 4, "gemv_u8": 8,
 }
+A8_VARIANTS = {  # name -> NC output channels per item (gemv_a8: act_quant="row", N=H=W=1)
+    "gemv_a8_c1": 1, "gemv_a8_c2": 2,
+}
+ROW_QUANT_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt",)
 _INT32_MAX = 2**31 - 1
 _launch_lock = threading.Lock()
 
@@ -82,6 +93,7 @@ class _Plan:
     def __init__(self, cand, lws, ns, out_shape, in_elems, out_elems):
         self.cand, self.lws, self.ns = cand, lws, ns
         self.out_shape, self.in_elems, self.out_elems = out_shape, in_elems, out_elems
+        self.scratch = {}  # queue -> buffer of act_quant="row"'s quantized input (float kernels)
 
     @property
     def variant(self) -> str:
@@ -96,7 +108,8 @@ class _Plan:
 class OpenCLEngine:
     """Weight-quantized conv on an OpenCL device.
 
-    ``spec``: :class:`~qconv.geometry.ConvSpec` with ``act_quant=None``. ``device``: see
+    ``spec``: :class:`~qconv.geometry.ConvSpec` with ``act_quant=None`` (float activations) or ``"row"``
+    (int8 activations per sample, see the module docstring). ``device``: see
     :func:`qconv.gpu.context.resolve`. Options:
 
     * ``tune``: ``"none" | "fast" | "full"`` (default ``$QCONV_TUNE``, else ``"fast"``);
@@ -115,20 +128,25 @@ class OpenCLEngine:
     """
 
     name = "opencl"
-    supported_act_quant = (None,)
+    supported_act_quant = (None, "row")
     default_act_quant = None
     native_layouts = ("nchw", "nc4hw4")
 
     def __init__(self, spec, device="opencl", *, tune=None, variant=None, local_size=None, image=None,
                  image_limits=None, scale_dtype="auto", specialize=None, ic_pack=4, threads=None):
         cl = import_pyopencl()
-        if spec.act_quant is not None:
-            raise ValueError(f"the OpenCL engine computes with float activations: act_quant must be None, "
-                             f"got {spec.act_quant!r}")
+        if spec.act_quant not in self.supported_act_quant:
+            raise ValueError(f"the OpenCL engine supports act_quant None (float activations) or 'row' (int8 per "
+                             f"sample), got {spec.act_quant!r}")
         self.spec = spec
         self.ctx, self.device = resolve(device)
         if not self.device.endian_little:
             raise OpenCLUnavailableError(f"{self.device.name}: big-endian OpenCL devices are not supported")
+        self.act_row = spec.act_quant == "row"
+        if self.act_row and not self.device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT:
+            raise OpenCLUnavailableError(f"{self.device.name}: act_quant='row' needs correctly rounded float32 "
+                                         f"division (CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) to quantize "
+                                         f"exactly like the oracle; use act_quant=None on this device")
         self.queue = profiling_queue(self.ctx, self.device)
         self._pool = memory_pool(self.ctx, self.device)
         self.tune = tuning.tune_level(tune)
@@ -144,7 +162,7 @@ class OpenCLEngine:
             names = GENERAL_VARIANTS if self.path == "general" else {**onex1_variants(False), **onex1_variants(True)}
             names = {**names, **GEMM_VARIANTS}
             if self.path == "1x1":
-                names = {**names, **GEMV_VARIANTS}
+                names = {**names, **GEMV_VARIANTS, **(A8_VARIANTS if self.act_row else {})}
             if variant not in names:
                 raise ValueError(f"variant {variant!r} does not exist for the {self.path} path; choose from "
                                  f"{sorted(names)}")
@@ -199,13 +217,17 @@ class OpenCLEngine:
                 if image is False:
                     raise ValueError(f"variant {variant!r} needs image weights, but image=False")
                 self.forced_variant = "buf" + variant[3:]  # image did not fit / no image support: buffer
-            elif (variant in GEMM_VARIANTS or variant in GEMV_VARIANTS) and self.image:
+            elif (variant in GEMM_VARIANTS or variant in GEMV_VARIANTS or variant in A8_VARIANTS) and self.image:
                 raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
             elif variant is not None and variant.startswith("buf") and self.image:
                 raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
         self._base_options = self._make_base_options()
         if variant in GEMV_VARIANTS and "-DLANE_SCALE" in self._base_options:
             raise ValueError(f"variant {variant!r} needs scale blocks of a multiple of 4 input channels")
+        self._a8_group = self._a8_scale_group()
+        if variant in A8_VARIANTS and self._a8_group is None:
+            raise ValueError(f"variant {variant!r} needs per-channel scales or blocks that are a multiple or a "
+                             f"divisor of {self.layout.ic_pack} input channels and of {32 // w.bits} or more")
 
     # {{{ preparation
 
@@ -402,6 +424,9 @@ class OpenCLEngine:
         gemm = self._gemm_names(layout, n, h, w, h, w)
         if self.forced_variant in GEMM_VARIANTS:
             return [self._gemm_candidate(self.forced_variant, layout, n, h, w, h, w)]
+        a8 = self._a8_names(m)
+        if a8:
+            return [self._a8_candidate(v, layout) for v in a8]
         gemv = self._gemv_names(m)
         if self.forced_variant in GEMV_VARIANTS and gemv:
             return [self._gemv_candidate(self.forced_variant, layout)]
@@ -485,6 +510,102 @@ class OpenCLEngine:
         state = {"bufs": None}
         c = tuning.Candidate(name, "conv_1x1", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
                              self._gemv_local_sizes(ocp, kch, ngr), launch)
+        c.info["state"] = state
+        return c
+
+    def _a8_scale_group(self):
+        """gemv_a8's input channels per scale group inside a chunk (0: per-channel scales), or None when
+        it cannot run (not act_quant="row", not the buffer 1x1 path, blocks not aligned to the chunks)."""
+        w = self.spec.weight
+        if not self.act_row or self.path != "1x1" or self.image:
+            return None
+        if w.n_blocks == 1:
+            return 0
+        kc, bc = self.layout.ic_pack, w.block_channels
+        g = min(bc, kc)
+        return g if (bc % kc == 0 or kc % bc == 0) and g % (32 // w.bits) == 0 else None
+
+    def _a8_local_sizes(self, nc):
+        if self.forced_lws is not None:
+            sizes = [tuple(self.forced_lws[:2])]
+        elif self.tune == "full":
+            sizes = [(a, b) for a in (16, 32, 64, 128) for b in (2, 4, 8, 16, 32)]
+        elif self.is_gpu:
+            sizes = [(32, 16), (64, 8), (32, 8), (64, 16)]  # the H200's picks first (8192->28672: 32x16)
+        else:
+            sizes = [(16, 4), (8, 2)]
+        ocp = _cdiv(self.spec.weight.out_channels, 4) * 4
+        kch = _cdiv(self.spec.weight.q.shape[1], self.layout.ic_pack)
+        maxwg = min(int(self.device.max_work_group_size), 1024)
+        mi, lmem = self.device.max_work_item_sizes, int(self.device.local_mem_size)
+        p0, pk = _pow2ceil(_cdiv(ocp, nc)), _pow2floor(kch)
+        if self.forced_lws is None:  # powers of two (the prologue's reduction tree), clamped to the problem
+            sizes = [(min(a, p0), min(b, pk)) for a, b in sizes]
+        return [(a, b) for a, b in dict.fromkeys(sizes)
+                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and 8 * a * b <= lmem]
+
+    def _a8_names(self, m):
+        """gemv_a8 variants for this problem ([] when the float kernels run on quantized rows instead)."""
+        if self._a8_group is None or (self.forced_variant is not None and self.forced_variant not in A8_VARIANTS):
+            return []
+        if m != 1 or not self._a8_local_sizes(1):
+            if self.forced_variant is not None:
+                raise ValueError(f"variant {self.forced_variant!r} runs linear layers on one row (N = H = W = 1), "
+                                 f"with a local size of powers of two that the device accepts")
+            return []
+        return [self.forced_variant] if self.forced_variant is not None else list(A8_VARIANTS)
+
+    def _a8_candidate(self, name, layout):
+        """quant_x_a8 (one work-group) then gemv_a8 (NDRange (ceil(OCp / (l0*NC)) * l0, SPLIT), local
+        (l0, SPLIT)); ``launch`` returns gemv_a8's event and leaves both in ``info["state"]["events"]``."""
+        cl = import_pyopencl()
+        wt = self.spec.weight
+        nc = A8_VARIANTS[name]
+        ocp = _cdiv(wt.out_channels, 4) * 4
+        kc = self.layout.ic_pack
+        kch = _cdiv(wt.q.shape[1], kc)
+        opts = [o for o in self._base_options if not o.startswith(("-DSG=", "-DLANE_SCALE"))]
+        opts += [f"-DNC={nc}", "-DU=4", *ROW_QUANT_OPTIONS]
+        if self._a8_group:
+            opts.append(f"-DGROUP_CH={self._a8_group}")
+        if layout == "nchw":
+            opts.append("-DOUT_NCHW")
+        if "NVIDIA" in self.device.platform.name.upper():
+            opts.append("-DDP4A_PTX")
+        opts = tuple(opts)
+        scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
+        xq_bytes = 16 * kch * (2 if wt.bits == 4 else 1)
+        gs_bytes = 4 * kch * (1 if not self._a8_group else kc // self._a8_group)
+        ql = min(256, _pow2floor(int(self.device.max_work_group_size)))
+        engine = self
+
+        def launch(queue, lws, bufs=None, wait_for=None):
+            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
+            l0, split = lws
+            # scratch per queue, allocated once (a fresh buffer per call costs its allocation on the device);
+            # launches on one queue run in order, so they never share it at the same time
+            key = queue.int_ptr
+            if key not in state["scratch"]:
+                rw = cl.mem_flags.READ_WRITE
+                state["scratch"][key] = (cl.Buffer(engine.ctx, rw, xq_bytes), cl.Buffer(engine.ctx, rw, gs_bytes),
+                                         cl.Buffer(engine.ctx, rw, 4))
+            xq, gs, dx = state["scratch"][key]
+            in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+            quant = get_kernel(engine.ctx, "gemv_a8", opts, "quant_x_a8")
+            gemv = get_kernel(engine.ctx, "gemv_a8", opts + (f"-DL0={l0}", f"-DSPLIT={split}"), "gemv_a8")
+            gws = (_roundup(ocp, l0 * nc) // nc, split)
+            with _launch_lock:
+                quant.set_args(xbuf, xq, gs, dx, cl.LocalMemory(4 * ql), scal[0])
+                ev_q = cl.enqueue_nd_range_kernel(queue, quant, (ql,), (ql,), wait_for=wait_for)
+                gemv.set_args(np.int32(ocp), xq, gs, dx, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
+                              cl.LocalMemory(8 * l0 * split), *scal)
+                ev = cl.enqueue_nd_range_kernel(queue, gemv, gws, (l0, split), wait_for=None if in_order else [ev_q])
+            state["events"] = (ev_q, ev)
+            return ev
+
+        state = {"bufs": None, "events": None, "scratch": {}}
+        c = tuning.Candidate(name, "gemv_a8", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
+                             self._a8_local_sizes(nc), launch)
         c.info["state"] = state
         return c
 
@@ -706,9 +827,29 @@ class OpenCLEngine:
             self._plans[plan.key] = plan
         self._last_plan = plan
         try:
+            if self.act_row and plan.cand.program != "gemv_a8":
+                xbuf, wait_for = self._quantize_rows(queue, plan, xbuf, wait_for)
             return plan.cand.launch(queue, plan.lws, (xbuf, ybuf), wait_for)
         except cl.Error as exc:
             raise wrap_cl_error(exc, f"running {plan.describe()} on {self.device.name}") from exc
+
+    def _quantize_rows(self, queue, plan, xbuf, wait_for):
+        """act_quant="row" for the float kernels: x quantized and dequantized per sample into a buffer of the
+        plan's, one per queue (launches on one queue run in order, so they never share it at the same time)."""
+        cl = import_pyopencl()
+        layout, n, h, w = plan.key
+        opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
+        kernel = get_kernel(self.ctx, "act_quant", opts, "quant_rows")
+        lws = min(256, _pow2floor(int(self.device.max_work_group_size)))
+        xd = plan.scratch.get(queue.int_ptr)
+        if xd is None:
+            xd = plan.scratch[queue.int_ptr] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, 4 * plan.in_elems)
+        args = [xbuf, xd, cl.LocalMemory(4 * lws), np.int32(plan.in_elems // n), np.int32(n),
+                np.int32(self.spec.in_channels), np.int32(h * w)]
+        with _launch_lock:
+            kernel.set_args(*args)
+            evt = cl.enqueue_nd_range_kernel(queue, kernel, (n * lws,), (lws,), wait_for=wait_for)
+        return xd, [evt]
 
     def forward(self, x, layout: str = "nchw"):
         """float32 NCHW ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)`` -> the output in the same
@@ -777,8 +918,11 @@ class OpenCLEngine:
     def describe(self) -> str:
         w = self.spec.weight
         store = "image" if self.image else "buffer"
-        lay = f"{self.path} int{w.bits} {store}, scales {self.scale_layout.dtype}"
+        acts = "int8 activations per row" if self.act_row else "float activations"
+        lay = f"{self.path} int{w.bits} {store}, scales {self.scale_layout.dtype}, {acts}"
         plan = self._last_plan.describe() if self._last_plan is not None else "kernel tuned at the first call"
+        if self.act_row and self._last_plan is not None and self._last_plan.cand.program != "gemv_a8":
+            plan = "act_quant:quant_rows + " + plan
         try:
             dev = describe_device(self.device)
         except Exception:  # pragma: no cover - descriptive only

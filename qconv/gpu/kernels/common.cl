@@ -117,3 +117,30 @@ inline float4 q4x4(uint word, uint shift) {
 #else
 #define DW a_dw
 #endif
+
+/* act_quant="row" (qconv.reference.quantize_activation), per sample: xq = clip(round_half_away(v * qs),
+ * -127, 127) with qs = 127/amax, dx = amax/127 correctly rounded (programs that use these are built with
+ * -cl-fp32-correctly-rounded-divide-sqrt). */
+inline int quant_row(float v, float qs) {
+    return clamp(convert_int(round(v * qs)), -127, 127);
+}
+
+/* (qs, dx), or (1, 1) when amax is 0 or 127/amax overflows (the oracle's _usable) */
+inline float2 row_params(float amax) {
+    const float qs = 127.0f / amax;
+    const bool ok = amax > 0.0f && isfinite(qs);
+    return ok ? (float2)(qs, amax / 127.0f) : (float2)(1.0f, 1.0f);
+}
+
+/* max over a 1-D work-group of a power-of-two size (every item calls it; red: one float per item) */
+inline float work_group_amax(__local float *red, float m) {
+    const int lid = get_local_id(0), nloc = get_local_size(0);
+    red[lid] = m;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = nloc / 2; s > 0; s >>= 1) {
+        if (lid < s)
+            red[lid] = fmax(red[lid], red[lid + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return red[0];
+}

@@ -1,0 +1,306 @@
+/* Linear layers (N = H = W = 1) with int8 activations (act_quant="row"): a weight-streaming GEMV with
+ * integer dot products, in two launches.
+ *
+ * quant_x_a8 (one work-group): xq = clip(round(x * 127/amax), -127, 127), dx = amax/127, amax = max |x|
+ * (the oracle's "row" mode; 127/amax and amax/127 correctly rounded: the engine builds with
+ * -cl-fp32-correctly-rounded-divide-sqrt), stored in the order gemv_a8 reads it, with the sums of xq per
+ * scale group and dx.
+ *
+ * gemv_a8: y[o] = act(dx * sum_g (s[o,g] * (sum_{k in g} q[o,k] xq[k]) + a[o,g] * sum_{k in g} xq[k]) + b[o]).
+ * Weights: OpenCL1x1BufferLayout (16-byte chunks [KCH][OCp], KC = 32 int4 or 16 int8 input channels;
+ * int4 element e of a word at bits 4e as q + 8, int8 as two's complement bytes). Products are 4-way
+ * byte dot products (dp4a): int4 words split into their even and odd nibbles (w & 0x0F0F0F0F and
+ * (w >> 4) & 0x0F0F0F0F, unsigned q + 8), so xq keeps each weight word's even and odd elements in
+ * separate words; sum (q + 8) xq - 8 * sum xq = sum q xq with the group sums of xq, which the asymmetric
+ * weights need anyway. The quantized x (8 KB for 8192 channels) is read from L1/L2 by every work-group.
+ *
+ * gemv_a8 NDRange (2-D), local size (L0, SPLIT) fixed at build time: dim 0: NC output channels per item
+ * (o and o + L0 inside the work-group's L0 * NC channels, so a 32-item sub-group loads 512 contiguous
+ * bytes per chunk); dim 1: split-K lanes (lane lk takes chunks lk, lk + SPLIT, ...), partial sums reduced
+ * in local memory in a fixed order (lane 0 first). Integer sums are exact; per-channel scales apply once
+ * at the end, blockwise ones once per scale group. Registers bound this kernel (the loads in flight come
+ * from occupancy), which is why x is quantized in its own launch rather than per work-group.
+ *
+ * Build options: QBITS, KC, SCALE_HALF, ASYM, NBLK1 | GROUP_CH (input channels per scale group inside a
+ * chunk: min(block, KC), a multiple of 8 for int4 and 4 for int8), BLOCK_CH, HAS_BIAS, ACT, OUT_NCHW,
+ * G_IC/G_OC, L0, SPLIT, NC, U (chunks per channel loaded before any is used), DP4A_PTX (NVIDIA: PTX dp4a).
+ */
+#ifndef QBITS
+#error "QBITS must be defined (4 or 8)"
+#endif
+#ifndef U
+#define U 4
+#endif
+#ifndef NC
+#define NC 1
+#endif
+#define NW 4 /* 32-bit weight words per chunk */
+#if QBITS == 4
+#define EPW 8 /* elements per weight word */
+#define XW 2  /* xq words per weight word: even, odd elements */
+#else
+#define EPW 4
+#define XW 1
+#endif
+#ifdef NBLK1
+#define GW NW
+#else
+#define GW (GROUP_CH / EPW) /* weight words per scale group */
+#endif
+#define NSG (NW / GW) /* scale groups per chunk */
+#if QBITS == 4 || defined(ASYM)
+#define NEED_GSUM
+#endif
+
+#ifdef DP4A_PTX
+inline int dp4a_us(uint a, uint b, int c) {
+    int d;
+    asm volatile("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+inline int dp4a_ss(uint a, uint b, int c) {
+    int d;
+    asm volatile("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+#else
+inline int dp4a_us(uint a, uint b, int c) {
+    const int4 x = convert_int4(as_char4(b));
+    const int4 w = convert_int4(as_uchar4(a));
+    return c + w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+}
+inline int dp4a_ss(uint a, uint b, int c) {
+    const int4 x = convert_int4(as_char4(b));
+    const int4 w = convert_int4(as_char4(a));
+    return c + w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+}
+#endif
+
+/* x[i .. i+3], zeros past IC */
+inline float4 load_x4(__global const float *x, int i, int ic) {
+    if (i + 4 <= ic)
+        return vload4(0, x + i);
+    return (float4)(i < ic ? x[i] : 0.0f, i + 1 < ic ? x[i + 1] : 0.0f, i + 2 < ic ? x[i + 2] : 0.0f, 0.0f);
+}
+
+#define WORD(v, i) ((i) == 0 ? (v).x : (i) == 1 ? (v).y : (i) == 2 ? (v).z : (v).w)
+
+/* one work-group of a power-of-two size: xq words [KCH][NW][XW], group sums [KCH][NSG], dx */
+__kernel void quant_x_a8(__global const float *x, __global uint *xq, __global int *gsum, __global float *dx,
+                         __local float *red, const int a_ic) {
+    const int lid = get_local_id(0), nloc = get_local_size(0);
+    const int KCH = CDIV(IC, KC);
+    float4 m4 = (float4)(0.0f);
+    for (int i = 4 * lid; i < IC; i += 4 * nloc)
+        m4 = fmax(m4, fabs(load_x4(x, i, IC)));
+    const float2 qd = row_params(work_group_amax(red, fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w))));
+    if (lid == 0)
+        dx[0] = qd.y;
+    for (int kc = lid; kc < KCH; kc += nloc) {
+        int gs[NSG];
+#pragma unroll
+        for (int g = 0; g < NSG; ++g)
+            gs[g] = 0;
+#pragma unroll
+        for (int wi = 0; wi < NW; ++wi) {
+            float xv[EPW];
+#pragma unroll
+            for (int e = 0; e < EPW; e += 4) {
+                const float4 v4 = load_x4(x, kc * KC + wi * EPW + e, IC);
+                xv[e] = v4.x;
+                xv[e + 1] = v4.y;
+                xv[e + 2] = v4.z;
+                xv[e + 3] = v4.w;
+            }
+            uint pk[XW];
+#pragma unroll
+            for (int t = 0; t < XW; ++t)
+                pk[t] = 0u;
+#pragma unroll
+            for (int e = 0; e < EPW; ++e) {
+                const int v = quant_row(xv[e], qd.x); /* 0 past IC */
+                gs[wi / GW] += v;
+#if QBITS == 4
+                pk[e & 1] |= ((uint)v & 0xFFu) << (8 * (e >> 1));
+#else
+                pk[0] |= ((uint)v & 0xFFu) << (8 * e);
+#endif
+            }
+#pragma unroll
+            for (int t = 0; t < XW; ++t)
+                xq[(kc * NW + wi) * XW + t] = pk[t];
+        }
+#pragma unroll
+        for (int g = 0; g < NSG; ++g)
+            gsum[kc * NSG + g] = gs[g];
+    }
+}
+
+#ifdef L0 /* the engine builds quant_x_a8 once without the local size, gemv_a8 once per local size */
+__kernel __attribute__((reqd_work_group_size(L0, SPLIT, 1)))
+void gemv_a8(const int gws0,
+             __global const uint4 *xq,   /* quant_x_a8's words, NW * XW / 4 uint4 per chunk */
+             __global const int *gsum,
+             __global const float *dxp,
+             __global const uint4 *wq,
+             __global const SCALE_T *ws,
+             __global const SCALE_T *wo,
+             __global const float *bias,
+             __global float *y,
+             __local float *red, /* 2 * L0 * SPLIT: reductions */
+             const int a_ic, const int a_oc) {
+    const int lid0 = get_local_id(0), lk = get_local_id(1);
+    const int nloc = L0 * SPLIT, lin = lk * L0 + lid0;
+    const int OCP = CDIV(OC, 4) * 4;
+    const int KCH = CDIV(IC, KC);
+    const int ob = get_group_id(0) * (L0 * NC) + lid0;
+    int oc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+        oc[c] = min(ob + c * L0, gws0 - 1); /* items past gws0 compute a copy of the last channel */
+
+    uint4 wv[U][NC];
+#ifndef NBLK1
+    float sv[U][NC][NSG];
+#ifdef ASYM
+    float av[U][NC][NSG];
+#endif
+#endif
+#ifdef NBLK1
+#define LOAD_SCALES(j, c, kj)
+#elif defined(ASYM)
+#define LOAD_SCALES(j, c, kj)                                                                   \
+    for (int g = 0; g < NSG; ++g) {                                                             \
+        const int blk = min(((kj) * KC + g * GROUP_CH) / BLOCK_CH, IC / BLOCK_CH - 1);          \
+        sv[j][c][g] = LOAD_S1(ws, blk * OCP + oc[c]);                                           \
+        av[j][c][g] = LOAD_S1(wo, blk * OCP + oc[c]);                                           \
+    }
+#else
+#define LOAD_SCALES(j, c, kj)                                                                   \
+    for (int g = 0; g < NSG; ++g) {                                                             \
+        const int blk = min(((kj) * KC + g * GROUP_CH) / BLOCK_CH, IC / BLOCK_CH - 1);          \
+        sv[j][c][g] = LOAD_S1(ws, blk * OCP + oc[c]);                                           \
+    }
+#endif
+#define LOAD_CHUNKS(k0)                                                                         \
+    _Pragma("unroll") for (int j = 0; j < U; ++j) {                                             \
+        const int kj = min((k0) + j * SPLIT, KCH - 1);                                          \
+        _Pragma("unroll") for (int c = 0; c < NC; ++c) {                                        \
+            wv[j][c] = wq[kj * OCP + oc[c]];                                                    \
+            LOAD_SCALES(j, c, kj)                                                               \
+        }                                                                                       \
+    }
+#ifdef NBLK1
+    int ia[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+        ia[c] = 0;
+    int cs = 0; /* sum of xq over this lane's chunks */
+#else
+    float acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+        acc[c] = 0.0f;
+#endif
+    for (int k = lk; k < KCH; k += U * SPLIT) {
+        LOAD_CHUNKS(k)
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            const int kj = k + j * SPLIT;
+            if (j > 0 && kj >= KCH)
+                break;
+            uint xw[NW * XW];
+#pragma unroll
+            for (int t = 0; t < NW * XW / 4; ++t) {
+                const uint4 v = xq[kj * (NW * XW / 4) + t];
+                xw[4 * t] = v.x;
+                xw[4 * t + 1] = v.y;
+                xw[4 * t + 2] = v.z;
+                xw[4 * t + 3] = v.w;
+            }
+#ifdef NEED_GSUM
+            int gs[NSG];
+#pragma unroll
+            for (int g = 0; g < NSG; ++g)
+                gs[g] = gsum[kj * NSG + g];
+#ifdef NBLK1
+            cs += gs[0];
+#endif
+#endif
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+#pragma unroll
+                for (int g = 0; g < NSG; ++g) {
+                    int d = 0;
+#pragma unroll
+                    for (int wi = g * GW; wi < (g + 1) * GW; ++wi) {
+                        const uint w = WORD(wv[j][c], wi);
+#if QBITS == 4
+                        d = dp4a_us(w & 0x0F0F0F0Fu, xw[2 * wi], d);
+                        d = dp4a_us((w >> 4) & 0x0F0F0F0Fu, xw[2 * wi + 1], d);
+#else
+                        d = dp4a_ss(w, xw[wi], d);
+#endif
+                    }
+#ifdef NBLK1
+                    ia[c] += d;
+#else
+#if QBITS == 4
+                    d -= 8 * gs[g];
+#endif
+#ifdef ASYM
+                    acc[c] = fma(sv[j][c][g], (float)d, fma(av[j][c][g], (float)gs[g], acc[c]));
+#else
+                    acc[c] = fma(sv[j][c][g], (float)d, acc[c]);
+#endif
+#endif
+                }
+            }
+        }
+    }
+
+    /* reduce over the split-K lanes in a fixed order (lane 0 first) and store */
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        const int o = ob + c * L0;
+#ifdef NBLK1
+        /* exact integer sums: q.xq (int4: minus 8 * sum xq) and sum xq */
+#if QBITS == 4
+        ((__local int *)red)[lin] = ia[c] - 8 * cs;
+#else
+        ((__local int *)red)[lin] = ia[c];
+#endif
+        ((__local int *)red)[nloc + lin] = cs;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lk == 0) {
+            int tq = 0, tx = 0;
+            for (int j = 0; j < SPLIT; ++j) {
+                tq += ((__local int *)red)[j * L0 + lid0];
+                tx += ((__local int *)red)[nloc + j * L0 + lid0];
+            }
+            float r = LOAD_S1(ws, oc[c]) * (float)tq;
+#ifdef ASYM
+            r = fma(LOAD_S1(wo, oc[c]), (float)tx, r);
+#endif
+#else
+        red[lin] = acc[c];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lk == 0) {
+            float r = 0.0f;
+            for (int j = 0; j < SPLIT; ++j)
+                r += red[j * L0 + lid0];
+#endif
+            if (o < gws0) {
+                const float v = ACTIVATE(fma(dxp[0], r, bias[o]));
+#ifdef OUT_NCHW
+                if (o < OC)
+                    y[o] = v;
+#else
+                y[o] = o < OC ? v : 0.0f;
+#endif
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+}
+#endif /* L0 */
