@@ -3,32 +3,9 @@
  * KIND 0: read only; 1: float decode (magic-number classes); 2: float without the FADD (wrong values,
  * cost probe); 3: int8 activations, dp4a. QB = 4 | 8. U chunks in flight per channel, NC channels per
  * item (o, o + L0), SPLIT split-K lanes (dim 1), DB = 1: loads of the next U chunks issued before the
- * current ones are decoded. */
+ * current ones are decoded. Built after qconv/gpu/kernels/common.cl (q8x4, dp4a_us / dp4a_ss: -DDP4A_PTX
+ * on NVIDIA). The int4 float decode is conv_1x1.cl's q4x8_classes, with the FADD removable (KIND 2). */
 #define MAG 0x4B000000u
-
-#ifdef USE_ASM
-inline int dp4a_us(uint a, uint b, int c) {
-    int d;
-    ASMKW volatile("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-inline int dp4a_ss(uint a, uint b, int c) {
-    int d;
-    ASMKW volatile("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-#else
-inline int dp4a_us(uint a, uint b, int c) {
-    const char4 bb = as_char4(b);
-    const uchar4 aa = as_uchar4(a);
-    return c + aa.x * bb.x + aa.y * bb.y + aa.z * bb.z + aa.w * bb.w;
-}
-inline int dp4a_ss(uint a, uint b, int c) {
-    const char4 bb = as_char4(b);
-    const char4 aa = as_char4(a);
-    return c + aa.x * bb.x + aa.y * bb.y + aa.z * bb.z + aa.w * bb.w;
-}
-#endif
 
 #if QB == 4
 #define KC 32
@@ -54,8 +31,7 @@ inline void acc4_word(uint w, float4 xa, float4 xb, float *dc) {
 }
 
 inline void acc8_word(uint w, float4 xa, float *dc) {
-    const uint4 b = ((uint4)(w) >> (uint4)(0, 8, 16, 24)) & (uint4)(0xFFu);
-    const float4 q = SUBM(as_float4(b ^ (uint4)(0x4B000080u)), (float4)(8388736.0f));
+    const float4 q = q8x4(w); /* common.cl (KIND 2 probes only the int4 decode) */
     dc[0] = fma(q.x, xa.x, dc[0]);
     dc[1] = fma(q.y, xa.y, dc[1]);
     dc[2] = fma(q.z, xa.z, dc[2]);

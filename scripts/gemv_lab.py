@@ -4,7 +4,7 @@ engine's own gemv. Prints GB/s and %copy; dumps PTX (and SASS when ptxas/cuobjdu
 docs/benchmarks_gpu.md ("Third pass") has its results.
 
     python3 scripts/gemv_lab.py                     # on the GPU machine (wheels + ICD as in scripts/h200.sh)
-    LAB_SMALL=1 LAB_NOASM=1 python scripts/gemv_lab.py   # a small smoke run on PoCL
+    LAB_SMALL=1 python scripts/gemv_lab.py          # a small smoke run on PoCL
 """
 import itertools
 import os
@@ -19,7 +19,9 @@ import pyopencl as cl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.environ.get("OUT", "/tmp/lab")
 os.makedirs(OUT, exist_ok=True)
-SRC = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemv_lab.cl")).read()
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = (open(os.path.join(HERE, "..", "qconv", "gpu", "kernels", "common.cl")).read()
+       + open(os.path.join(HERE, "gemv_lab.cl")).read())
 
 plat = [p for p in cl.get_platforms() if p.get_devices()][0]
 dev = plat.get_devices()[0]
@@ -56,12 +58,10 @@ del a, b
 
 rng = np.random.default_rng(0)
 K, O = (1024, 1024) if os.environ.get("LAB_SMALL") else (8192, 28672)
-have_asm = None
 results = []
 
 
 def run_case(qb):
-    global have_asm
     kc_ = 32 if qb == 4 else 16
     kch = K // kc_
     ocp = O
@@ -104,17 +104,7 @@ def run_case(qb):
     for kind, U, SPLIT, L0, NC, DB in configs:
         opts = [f"-DQB={qb}", f"-DKIND={kind}", f"-DU={U}", f"-DSPLIT={SPLIT}", f"-DL0={L0}", f"-DNC={NC}",
                 f"-DDB={DB}"]
-        if kind == 3 and have_asm is None and not os.environ.get("LAB_NOASM"):
-            have_asm = False
-            for kw in ("asm", "__asm__"):
-                try:
-                    prg = cl.Program(ctx, SRC).build(options=opts + ["-DUSE_ASM", f"-DASMKW={kw}"])
-                    have_asm = kw
-                    print("asm dp4a compiled with", kw, flush=True)
-                    break
-                except Exception as e:  # noqa: BLE001
-                    print("asm dp4a failed:", kw, str(e)[-600:], flush=True)
-        extra = ["-DUSE_ASM", f"-DASMKW={have_asm}"] if kind == 3 and have_asm else []
+        extra = ["-DDP4A_PTX"] if kind == 3 and "NVIDIA" in plat.name.upper() else []
         prg = cl.Program(ctx, SRC).build(options=opts + extra)
         kern = prg.gemv
         gws = (O // NC, SPLIT)

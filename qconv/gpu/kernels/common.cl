@@ -60,6 +60,32 @@ inline float4 q4x4(uint word, uint shift) {
     return as_float4(n | (uint4)(0x4B000000u)) - (float4)(8388616.0f);
 }
 
+/* 4-way byte dot products c + sum a_i * b_i (a unsigned / signed bytes, b signed bytes): inline PTX dp4a
+ * with -DDP4A_PTX (NVIDIA), plain integer arithmetic elsewhere. */
+#ifdef DP4A_PTX
+inline int dp4a_us(uint a, uint b, int c) {
+    int d;
+    asm volatile("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+inline int dp4a_ss(uint a, uint b, int c) {
+    int d;
+    asm volatile("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+#else
+inline int dp4a_us(uint a, uint b, int c) {
+    const int4 x = convert_int4(as_char4(b));
+    const int4 w = convert_int4(as_uchar4(a));
+    return c + w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+}
+inline int dp4a_ss(uint a, uint b, int c) {
+    const int4 x = convert_int4(as_char4(b));
+    const int4 w = convert_int4(as_char4(a));
+    return c + w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
+}
+#endif
+
 /* Channel counts: compile-time constants when specialised (-DG_IC/-DG_OC), else kernel arguments. */
 #ifdef G_IC
 #define IC G_IC

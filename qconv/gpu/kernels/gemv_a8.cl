@@ -52,30 +52,6 @@
 #define NEED_GSUM
 #endif
 
-#ifdef DP4A_PTX
-inline int dp4a_us(uint a, uint b, int c) {
-    int d;
-    asm volatile("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-inline int dp4a_ss(uint a, uint b, int c) {
-    int d;
-    asm volatile("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-#else
-inline int dp4a_us(uint a, uint b, int c) {
-    const int4 x = convert_int4(as_char4(b));
-    const int4 w = convert_int4(as_uchar4(a));
-    return c + w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
-}
-inline int dp4a_ss(uint a, uint b, int c) {
-    const int4 x = convert_int4(as_char4(b));
-    const int4 w = convert_int4(as_char4(a));
-    return c + w.x * x.x + w.y * x.y + w.z * x.z + w.w * x.w;
-}
-#endif
-
 /* x[i .. i+3], zeros past IC */
 inline float4 load_x4(__global const float *x, int i, int ic) {
     if (i + 4 <= ic)
