@@ -1,12 +1,14 @@
 """Benchmark of qconv's OpenCL engine: the CPU benchmark's suite on one OpenCL device.
 
-Every time is the median of profiled kernel launches (OpenCL events; CUDA events for torch), after the
+Every time is the median of profiled kernel launches (OpenCL events, start to end: device time; torch: CUDA
+events around replays of a CUDA graph of 10 calls, per call, so neither side counts Python's dispatch), after the
 engine has tuned itself (``--tune``, default ``fast``; results persist in the tuning cache, so a second
 run skips tuning: the "setup" column shows it). Weight-streaming cases (1x1 on 1x1 spatial) also report
 GB/s = bytes the kernel must read and write (packed weights + scales/offsets as stored + activations +
 outputs) / time, next to the float4 copy bandwidth measured in the same run (read + write). Schemes
 "<scheme>+a8" run with act_quant="row" (int8 activations): their time spans both launches (quant_x_a8's
-start to gemv_a8's end).
+start to gemv_a8's end, all launches queued before the first runs; ``us_span_host_paced`` in the JSON is
+the same span with each call running as Python submits it).
 
     python benchmarks/bench_gpu.py [--device opencl:0:0] [--quick] [--baselines] [--json out.json]
 
@@ -113,6 +115,33 @@ def copy_bandwidth(ctx, dev, queue, nbytes, repeats):
     return 2 * n4 * 16 / (best * 1e-9)
 
 
+def _a8_span_ns(ctx, queue, plan, bufs, repeats, gated):
+    """Median span from quant_x_a8's start to gemv_a8's end. ``gated``: every launch is queued behind a user
+    event before any runs (device time, as for one kernel); otherwise each runs as Python submits it (a
+    host-paced call on an idle GPU: the gap between the two kernels then holds the host's submit time)."""
+    import pyopencl as cl
+
+    state = plan.cand.info["state"]
+    gate = cl.UserEvent(ctx) if gated else None
+    spans = []
+    for i in range(repeats):
+        plan.cand.launch(queue, plan.lws, bufs, wait_for=[gate] if gated and i == 0 else None)
+        spans.append(state["events"])
+    if gated:
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    queue.finish()
+    return float(statistics.median(b.profile.end - a.profile.start for a, b in spans))
+
+
+def null_kernel_ns(ctx, queue, repeats):
+    """Event duration of an empty one-item kernel: the per-launch floor under every kernel's time."""
+    import pyopencl as cl
+
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4)
+    k = gpu.programs.get_kernel(ctx, "util", (), "null_kernel")
+    return profiled_median_ns(queue, lambda: k(queue, (1,), (1,), buf), repeats)
+
+
 def bench_ours(case, scheme, device, args, rng):
     import pyopencl.array as cla
 
@@ -134,13 +163,10 @@ def bench_ours(case, scheme, device, args, rng):
     extra = {}
     if plan.cand.program == "gemv_a8":  # two launches: time from quant_x_a8's start to gemv_a8's end
         state = plan.cand.info["state"]
-        spans = []
-        for _ in range(args.repeat):
-            launch()
-            spans.append(state["events"])
-        q.finish()
         extra["us_gemv_only"] = ns / 1e3
-        ns = float(statistics.median(b.profile.end - a.profile.start for a, b in spans))
+        bufs = (xd.base_data, yd.base_data)
+        ns = _a8_span_ns(eng.ctx, q, plan, bufs, args.repeat, gated=True)
+        extra["us_span_host_paced"] = _a8_span_ns(eng.ctx, q, plan, bufs, args.repeat, gated=False) / 1e3
     row = {"case": name, "scheme": scheme, "N": n, "us": ns / 1e3, "variant": plan.variant,
            "lws": plan.lws, "setup_s": setup_s, "scales": eng.scale_layout.dtype, "image": eng.image, **extra}
     wbytes = eng.layout.nbytes(qw.q.shape) if hasattr(eng.layout, "nbytes") else qw.nbytes_q
@@ -172,17 +198,27 @@ def torch_baselines(case, scheme, data, args):
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
 
-    def cuda_median_us(fn):
+    def cuda_median_us(fn, calls=10):
+        """Device time per call: medians over replays of a CUDA graph of ``calls`` back-to-back calls, so the
+        host's dispatch cost is left out as it is for our kernels (OpenCL event start to end)."""
         fn()
         torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            fn()  # warm up on the capture stream (cuBLAS workspaces)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
         times = []
         for _ in range(args.repeat):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fn()
+            graph.replay()
             b.record()
             torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) * 1e3)
+            times.append(a.elapsed_time(b) * 1e3 / calls)
         return float(statistics.median(times))
 
     out = {}
@@ -228,8 +264,10 @@ def main(argv=None):
     copy_bytes = min(1 << 30, int(dev.max_mem_alloc_size) // 4) if not args.quick else 256 << 20
     bw = copy_bandwidth(ctx, dev, queue, copy_bytes, args.repeat)
     info = {"device": gpu.describe_device(args.device), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "host": platform.node(), "tune": args.tune, "copy_GBps": bw / 1e9, "command": " ".join(sys.argv)}
-    print(f"# {info['device']}  tune={args.tune}  float4 copy: {bw / 1e9:.1f} GB/s (read+write)")
+            "host": platform.node(), "tune": args.tune, "copy_GBps": bw / 1e9, "command": " ".join(sys.argv),
+            "null_kernel_us": null_kernel_ns(ctx, queue, args.repeat) / 1e3}
+    print(f"# {info['device']}  tune={args.tune}  float4 copy: {bw / 1e9:.1f} GB/s (read+write)  "
+          f"empty kernel: {info['null_kernel_us']:.2f} us")
     hdr = f"{'case':26s} {'scheme':14s} {'us':>10s} {'GB/s':>8s} {'%copy':>6s} {'GFLOP/s':>8s} {'setup s':>7s}  variant"
     print(hdr)
     rows = []
