@@ -115,21 +115,33 @@ def copy_bandwidth(ctx, dev, queue, nbytes, repeats):
     return 2 * n4 * 16 / (best * 1e-9)
 
 
-def _a8_span_ns(ctx, queue, plan, bufs, repeats, gated):
-    """Median span from quant_x_a8's start to gemv_a8's end. ``gated``: every launch is queued behind a user
-    event before any runs (device time, as for one kernel); otherwise each runs as Python submits it (a
-    host-paced call on an idle GPU: the gap between the two kernels then holds the host's submit time)."""
+def gated_times_ns(ctx, queue, plan, bufs, repeats):
+    """``repeats`` calls queued behind a user event before any runs. Returns (per call: median of each
+    call's span from its first kernel's start to its last kernel's end; back to back: first start to last
+    end over ``repeats``), in ns. One-kernel plans: the span is that kernel's event duration."""
     import pyopencl as cl
 
     state = plan.cand.info["state"]
-    gate = cl.UserEvent(ctx) if gated else None
+    gate = cl.UserEvent(ctx)
     spans = []
     for i in range(repeats):
-        plan.cand.launch(queue, plan.lws, bufs, wait_for=[gate] if gated and i == 0 else None)
-        spans.append(state["events"])
-    if gated:
-        gate.set_status(cl.command_execution_status.COMPLETE)
+        last = plan.cand.launch(queue, plan.lws, bufs, wait_for=[gate] if i == 0 else None)
+        spans.append(state["events"] if plan.cand.program == "gemv_a8" else (last, last))
+    gate.set_status(cl.command_execution_status.COMPLETE)
     queue.finish()
+    per_call = float(statistics.median(b.profile.end - a.profile.start for a, b in spans))
+    return per_call, (spans[-1][1].profile.end - spans[0][0].profile.start) / repeats
+
+
+def host_paced_span_ns(queue, plan, bufs, repeats):
+    """gemv_a8's two launches as Python submits them to an idle GPU: median span per call (the gap between
+    the kernels then holds the host's submit time)."""
+    state = plan.cand.info["state"]
+    spans = []
+    for _ in range(repeats):
+        plan.cand.launch(queue, plan.lws, bufs)
+        queue.finish()
+        spans.append(state["events"])
     return float(statistics.median(b.profile.end - a.profile.start for a, b in spans))
 
 
@@ -142,7 +154,7 @@ def null_kernel_ns(ctx, queue, repeats):
     return profiled_median_ns(queue, lambda: k(queue, (1,), (1,), buf), repeats)
 
 
-def bench_ours(case, scheme, device, args, rng):
+def bench_ours(case, scheme, device, args, rng, variant=None):
     import pyopencl.array as cla
 
     name, kind, n, c, o, h, w, k, s, p, _ = case
@@ -150,7 +162,7 @@ def bench_ours(case, scheme, device, args, rng):
     act_quant = "row" if scheme.endswith("+a8") else None
     spec = ConvSpec(qw, rng.standard_normal(o).astype(np.float32) * np.float32(0.1), s, p, 1, None, act_quant)
     t0 = time.perf_counter()
-    eng = gpu.OpenCLEngine(spec, device=device, tune=args.tune)
+    eng = gpu.OpenCLEngine(spec, device=device, tune=args.tune if variant is None else "none", variant=variant)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     q = eng.queue
     xd = cla.to_device(q, x)
@@ -158,15 +170,13 @@ def bench_ours(case, scheme, device, args, rng):
     q.finish()
     setup_s = time.perf_counter() - t0
     plan = eng.plans[("nchw", n, h, w)]
-    launch = lambda: plan.cand.launch(q, plan.lws, (xd.base_data, yd.base_data))  # noqa: E731
-    ns = profiled_median_ns(q, launch, args.repeat)
-    extra = {}
-    if plan.cand.program == "gemv_a8":  # two launches: time from quant_x_a8's start to gemv_a8's end
-        state = plan.cand.info["state"]
-        extra["us_gemv_only"] = ns / 1e3
-        bufs = (xd.base_data, yd.base_data)
-        ns = _a8_span_ns(eng.ctx, q, plan, bufs, args.repeat, gated=True)
-        extra["us_span_host_paced"] = _a8_span_ns(eng.ctx, q, plan, bufs, args.repeat, gated=False) / 1e3
+    bufs = (xd.base_data, yd.base_data)
+    plan.cand.launch(q, plan.lws, bufs).wait()
+    ns, b2b = gated_times_ns(eng.ctx, q, plan, bufs, args.repeat)
+    extra = {"us_b2b": b2b / 1e3}
+    if plan.cand.program == "gemv_a8":
+        extra["us_gemv_only"] = profiled_median_ns(q, lambda: plan.cand.launch(q, plan.lws, bufs), args.repeat) / 1e3
+        extra["us_host_paced"] = host_paced_span_ns(q, plan, bufs, args.repeat) / 1e3
     row = {"case": name, "scheme": scheme, "N": n, "us": ns / 1e3, "variant": plan.variant,
            "lws": plan.lws, "setup_s": setup_s, "scales": eng.scale_layout.dtype, "image": eng.image, **extra}
     wbytes = eng.layout.nbytes(qw.q.shape) if hasattr(eng.layout, "nbytes") else qw.nbytes_q
@@ -255,6 +265,9 @@ def main(argv=None):
     ap.add_argument("--fp32-scales", action="store_true", help="keep float32 scales (default: fp16-exact)")
     ap.add_argument("--only", default=None, help="run cases whose name contains this text")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated kernel variants to time one by one (forced, untuned) instead of the "
+                         "tuner's choice; 'gemm' = every GEMM tile; variants a case cannot run are skipped")
     args = ap.parse_args(argv)
     args.repeat = args.repeat or (3 if args.quick else 20)
     args.tune = gpu.tuning.tune_level(args.tune)
@@ -268,35 +281,51 @@ def main(argv=None):
             "null_kernel_us": null_kernel_ns(ctx, queue, args.repeat) / 1e3}
     print(f"# {info['device']}  tune={args.tune}  float4 copy: {bw / 1e9:.1f} GB/s (read+write)  "
           f"empty kernel: {info['null_kernel_us']:.2f} us")
-    hdr = f"{'case':26s} {'scheme':14s} {'us':>10s} {'GB/s':>8s} {'%copy':>6s} {'GFLOP/s':>8s} {'setup s':>7s}  variant"
-    print(hdr)
+    print(f"{'case':26s} {'scheme':18s} {'us':>8s} {'b2b us':>8s} {'%copy':>6s} {'b2b':>6s} {'GFLOP/s':>8s} "
+          f"{'setup s':>7s}  variant")
+    variants = [None]
+    if args.variants:
+        variants = [v for name in args.variants.split(",")
+                    for v in (gpu.GEMM_VARIANTS if name.strip() == "gemm" else [name.strip()])]
     rows = []
     rng = np.random.default_rng(0)
     for case in suite(args.quick):
         if args.only and args.only not in case[0]:
             continue
         for scheme in case[-1]:
-            row, data = bench_ours(case, scheme, args.device, args, rng)
-            if args.baselines:
-                row.update(torch_baselines(case, scheme, data, args))
-            pct = 100.0 * row["GBps"] * 1e9 / bw if case[1] == "gemv" else None
-            row["pct_copy"] = pct
-            lws = "driver" if row["lws"] is None else "x".join(map(str, row["lws"]))
-            extra = "  ".join(f"{k[:-3]}={v:.1f}us" for k, v in row.items() if k.startswith("torch") and k.endswith("_us"))
-            gbps = f"{row['GBps']:8.1f}" if case[1] == "gemv" else f"{'':8s}"
-            pcts = f"{pct:6.1f}" if case[1] == "gemv" else f"{'':6s}"
-            chk = f" err={row['max_rel_err']:.1e}" if "max_rel_err" in row else ""
-            if "us_gemv_only" in row:
-                chk += f" (gemv_a8 alone {row['us_gemv_only']:.1f}us)"
-            print(f"{case[0]:26s} {scheme:14s} {row['us']:10.1f} {gbps} {pcts} {row['GFLOPs']:8.1f} "
-                  f"{row['setup_s']:7.2f}  {row['variant']} lws={lws} scales={row['scales']}{chk}  {extra}",
-                  flush=True)
-            row["lws"] = None if row["lws"] is None else list(row["lws"])
-            rows.append(row)
+            base = None
+            for variant in variants:
+                try:
+                    row, data = bench_ours(case, scheme, args.device, args, rng, variant)
+                except ValueError as exc:  # a forced variant this case cannot run
+                    print(f"{case[0]:26s} {scheme:14s} {variant}: {exc}"[:160])
+                    continue
+                if args.baselines and base is None:
+                    base = torch_baselines(case, scheme, data, args)
+                rows.append(report(case, row, base or {}, bw))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"info": info, "results": rows}, fh, indent=1)
     return rows
+
+
+def report(case, row, baselines, bw):
+    """Adds the baselines and %copy to ``row``, prints it, returns it (``us``: one call's device time;
+    ``b2b``: per call over calls queued back to back, the way torch's baselines are timed)."""
+    row.update(baselines)
+    gemv = case[1] == "gemv"
+    row["pct_copy"] = 100.0 * row["GBps"] * 1e9 / bw if gemv else None
+    row["pct_copy_b2b"] = 100.0 * row["bytes"] / (row["us_b2b"] * 1e3) * 1e9 / bw if gemv else None
+    lws = "driver" if row["lws"] is None else "x".join(map(str, row["lws"]))
+    extra = "  ".join(f"{k[:-3]}={v:.1f}us" for k, v in row.items() if k.startswith("torch") and k.endswith("_us"))
+    pct = f"{row['pct_copy']:6.1f} {row['pct_copy_b2b']:6.1f}" if gemv else f"{'':13s}"
+    chk = f" err={row['max_rel_err']:.1e}" if "max_rel_err" in row else ""
+    if "us_gemv_only" in row:
+        chk += f" (gemv_a8 alone {row['us_gemv_only']:.1f}us, host-paced {row['us_host_paced']:.1f}us)"
+    print(f"{case[0]:26s} {row['scheme']:18s} {row['us']:8.1f} {row['us_b2b']:8.1f} {pct} {row['GFLOPs']:8.1f} "
+          f"{row['setup_s']:7.2f}  {row['variant']} lws={lws} scales={row['scales']}{chk}  {extra}", flush=True)
+    row["lws"] = None if row["lws"] is None else list(row["lws"])
+    return row
 
 
 if __name__ == "__main__":

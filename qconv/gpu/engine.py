@@ -49,7 +49,9 @@ GENERAL_VARIANTS = {  # name -> (CB blocks of 4 output channels, HB rows, WB col
 GEMM_VARIANTS = {  # name -> (TM output channels, TN pixels per work-group, RM, RN per work-item, KS split-K)
     "gemm_128x128": (128, 128, 8, 8, 1), "gemm_128x64": (128, 64, 8, 4, 1), "gemm_64x128": (64, 128, 4, 8, 1),
     "gemm_64x64": (64, 64, 4, 4, 1), "gemm_128x32": (128, 32, 8, 4, 1), "gemm_64x32": (64, 32, 4, 4, 1),
+    "gemm_64x16": (64, 16, 4, 2, 1), "gemm_32x32": (32, 32, 4, 4, 1),
     "gemm_128x8": (128, 8, 8, 2, 1), "gemm_64x8": (64, 8, 4, 2, 1),
+    "gemm_32x32k2": (32, 32, 4, 4, 2),
     "gemm_128x32k2": (128, 32, 8, 4, 2), "gemm_64x32k2": (64, 32, 4, 4, 2), "gemm_128x8k2": (128, 8, 8, 2, 2),
     "gemm_64x8k4": (64, 8, 4, 2, 4),
 }
@@ -542,7 +544,7 @@ class OpenCLEngine:
         if self.forced_lws is None:  # powers of two (the prologue's reduction tree), clamped to the problem
             sizes = [(min(a, p0), min(b, pk)) for a, b in sizes]
         return [(a, b) for a, b in dict.fromkeys(sizes)
-                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and 8 * a * b <= lmem]
+                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and 4 * a * b <= lmem]
 
     def _a8_names(self, m):
         """gemv_a8 variants for this problem ([] when the float kernels run on quantized rows instead)."""
@@ -565,7 +567,10 @@ class OpenCLEngine:
         kc = self.layout.ic_pack
         kch = _cdiv(wt.q.shape[1], kc)
         opts = [o for o in self._base_options if not o.startswith(("-DSG=", "-DLANE_SCALE"))]
-        opts += [f"-DNC={nc}", "-DU=4", *ROW_QUANT_OPTIONS]
+        ql = min(1024, _pow2floor(int(self.device.max_work_group_size)))
+        opts += [f"-DNC={nc}", "-DU=4", f"-DQL={ql}", *ROW_QUANT_OPTIONS]
+        if not any(o.startswith("-DG_IC=") for o in opts):  # quant_x_a8 sizes its registers by IC
+            opts.append(f"-DG_IC={wt.q.shape[1]}")
         if self._a8_group:
             opts.append(f"-DGROUP_CH={self._a8_group}")
         if layout == "nchw":
@@ -575,8 +580,7 @@ class OpenCLEngine:
         opts = tuple(opts)
         scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
         xq_bytes = 16 * kch * (2 if wt.bits == 4 else 1)
-        gs_bytes = 4 * kch * (1 if not self._a8_group else kc // self._a8_group)
-        ql = min(256, _pow2floor(int(self.device.max_work_group_size)))
+        gs_bytes = 4 * (1 + (1 if not self._a8_group else kch * kc // self._a8_group))  # dx, sums of xq
         engine = self
 
         def launch(queue, lws, bufs=None, wait_for=None):
@@ -587,18 +591,17 @@ class OpenCLEngine:
             key = queue.int_ptr
             if key not in state["scratch"]:
                 rw = cl.mem_flags.READ_WRITE
-                state["scratch"][key] = (cl.Buffer(engine.ctx, rw, xq_bytes), cl.Buffer(engine.ctx, rw, gs_bytes),
-                                         cl.Buffer(engine.ctx, rw, 4))
-            xq, gs, dx = state["scratch"][key]
+                state["scratch"][key] = (cl.Buffer(engine.ctx, rw, xq_bytes), cl.Buffer(engine.ctx, rw, gs_bytes))
+            xq, gs = state["scratch"][key]
             in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
             quant = get_kernel(engine.ctx, "gemv_a8", opts, "quant_x_a8")
             gemv = get_kernel(engine.ctx, "gemv_a8", opts + (f"-DL0={l0}", f"-DSPLIT={split}"), "gemv_a8")
             gws = (_roundup(ocp, l0 * nc) // nc, split)
             with _launch_lock:
-                quant.set_args(xbuf, xq, gs, dx, cl.LocalMemory(4 * ql), scal[0])
+                quant.set_args(xbuf, xq, gs, cl.LocalMemory(4 * ql), scal[0])
                 ev_q = cl.enqueue_nd_range_kernel(queue, quant, (ql,), (ql,), wait_for=wait_for)
-                gemv.set_args(np.int32(ocp), xq, gs, dx, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
-                              cl.LocalMemory(8 * l0 * split), *scal)
+                gemv.set_args(np.int32(ocp), xq, gs, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
+                              cl.LocalMemory(4 * l0 * split), *scal)
                 ev = cl.enqueue_nd_range_kernel(queue, gemv, gws, (l0, split), wait_for=None if in_order else [ev_q])
             state["events"] = (ev_q, ev)
             return ev
@@ -661,9 +664,20 @@ class OpenCLEngine:
             names = ["gemm_128x32k2", "gemm_64x8k4", "gemm_64x32k2"]
         else:
             names = ["gemm_128x32", "gemm_64x64", "gemm_128x64"]
+            if self._gemm_groups(names[0], p) < 2 * int(self.device.max_compute_units):
+                # under two waves of 128x32 tiles (batch-1 convs): smaller tiles, most work-groups first
+                small = ["gemm_64x32", "gemm_64x16", "gemm_32x32", "gemm_32x32k2", "gemm_64x32k2"]
+                names = sorted(small, key=lambda v: -self._gemm_groups(v, p)) + names
         if self.tune == "full":
             names += [v for v in GEMM_VARIANTS if v not in names and GEMM_VARIANTS[v][1] <= max(8, _pow2ceil(p))]
         return [v for v in names if self._gemm_fits(v)]
+
+    def _gemm_groups(self, variant, p) -> float:
+        """Work-groups x split-K slices of a GEMM tile over ``p`` pixels, scaled by the used share of a tile
+        taller than OC."""
+        tm, tn, _, _, ks = GEMM_VARIANTS[variant]
+        oc = self.spec.weight.out_channels
+        return _cdiv(p, tn) * _cdiv(oc, tm) * ks * min(1.0, oc / tm)
 
     def _gemm_fits(self, variant) -> bool:
         """The variant's local tiles fit the device (and its split-K sums fit its weight tiles)."""

@@ -65,12 +65,12 @@ inline float4 q4x4(uint word, uint shift) {
 #ifdef DP4A_PTX
 inline int dp4a_us(uint a, uint b, int c) {
     int d;
-    asm volatile("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
 inline int dp4a_ss(uint a, uint b, int c) {
     int d;
-    asm volatile("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
 #else

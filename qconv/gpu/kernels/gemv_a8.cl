@@ -1,10 +1,10 @@
 /* Linear layers (N = H = W = 1) with int8 activations (act_quant="row"): a weight-streaming GEMV with
  * integer dot products, in two launches.
  *
- * quant_x_a8 (one work-group): xq = clip(round(x * 127/amax), -127, 127), dx = amax/127, amax = max |x|
- * (the oracle's "row" mode; 127/amax and amax/127 correctly rounded: the engine builds with
- * -cl-fp32-correctly-rounded-divide-sqrt), stored in the order gemv_a8 reads it, with the sums of xq per
- * scale group and dx.
+ * quant_x_a8 (one work-group of QL items): xq = clip(round(x * 127/amax), -127, 127), dx = amax/127,
+ * amax = max |x| (the oracle's "row" mode; 127/amax and amax/127 correctly rounded: the engine builds with
+ * -cl-fp32-correctly-rounded-divide-sqrt), stored in the order gemv_a8 reads it; beside dx, the sum of
+ * all xq (per-channel weights) or the sums per scale group (blockwise weights).
  *
  * gemv_a8: y[o] = act(dx * sum_g (s[o,g] * (sum_{k in g} q[o,k] xq[k]) + a[o,g] * sum_{k in g} xq[k]) + b[o]).
  * Weights: OpenCL1x1BufferLayout (16-byte chunks [KCH][OCp], KC = 32 int4 or 16 int8 input channels;
@@ -23,7 +23,8 @@
  *
  * Build options: QBITS, KC, SCALE_HALF, ASYM, NBLK1 | GROUP_CH (input channels per scale group inside a
  * chunk: min(block, KC), a multiple of 8 for int4 and 4 for int8), BLOCK_CH, HAS_BIAS, ACT, OUT_NCHW,
- * G_IC/G_OC, L0, SPLIT, NC, U (chunks per channel loaded before any is used), DP4A_PTX (NVIDIA: PTX dp4a).
+ * G_IC (required) / G_OC, QL, L0, SPLIT, NC, U (chunks per channel loaded before any is used), DP4A_PTX
+ * (NVIDIA: PTX dp4a).
  */
 #ifndef QBITS
 #error "QBITS must be defined (4 or 8)"
@@ -61,72 +62,92 @@ inline float4 load_x4(__global const float *x, int i, int ic) {
 
 #define WORD(v, i) ((i) == 0 ? (v).x : (i) == 1 ? (v).y : (i) == 2 ? (v).z : (v).w)
 
-/* one work-group of a power-of-two size: xq words [KCH][NW][XW], group sums [KCH][NSG], dx */
-__kernel void quant_x_a8(__global const float *x, __global uint *xq, __global int *gsum, __global float *dx,
-                         __local float *red, const int a_ic) {
+/* sum over a 1-D work-group of a power-of-two size (as work_group_amax) */
+inline int work_group_isum(__local int *red, int v) {
     const int lid = get_local_id(0), nloc = get_local_size(0);
-    const int KCH = CDIV(IC, KC);
-    float4 m4 = (float4)(0.0f);
-    for (int i = 4 * lid; i < IC; i += 4 * nloc)
-        m4 = fmax(m4, fabs(load_x4(x, i, IC)));
-    const float2 qd = row_params(work_group_amax(red, fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w))));
-    if (lid == 0)
-        dx[0] = qd.y;
-    for (int kc = lid; kc < KCH; kc += nloc) {
-        int gs[NSG];
-#pragma unroll
-        for (int g = 0; g < NSG; ++g)
-            gs[g] = 0;
-#pragma unroll
-        for (int wi = 0; wi < NW; ++wi) {
-            float xv[EPW];
-#pragma unroll
-            for (int e = 0; e < EPW; e += 4) {
-                const float4 v4 = load_x4(x, kc * KC + wi * EPW + e, IC);
-                xv[e] = v4.x;
-                xv[e + 1] = v4.y;
-                xv[e + 2] = v4.z;
-                xv[e + 3] = v4.w;
-            }
-            uint pk[XW];
-#pragma unroll
-            for (int t = 0; t < XW; ++t)
-                pk[t] = 0u;
-#pragma unroll
-            for (int e = 0; e < EPW; ++e) {
-                const int v = quant_row(xv[e], qd.x); /* 0 past IC */
-                gs[wi / GW] += v;
-#if QBITS == 4
-                pk[e & 1] |= ((uint)v & 0xFFu) << (8 * (e >> 1));
-#else
-                pk[0] |= ((uint)v & 0xFFu) << (8 * e);
-#endif
-            }
-#pragma unroll
-            for (int t = 0; t < XW; ++t)
-                xq[(kc * NW + wi) * XW + t] = pk[t];
-        }
-#pragma unroll
-        for (int g = 0; g < NSG; ++g)
-            gsum[kc * NSG + g] = gs[g];
+    red[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = nloc / 2; s > 0; s >>= 1) {
+        if (lid < s)
+            red[lid] += red[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
     }
+    return red[0];
+}
+
+#define KP (CDIV(IC, KC) * KC)  /* input channels padded to whole chunks (xq holds zeros past IC) */
+#define NV CDIV(KP, 4 * QL)     /* float4 of x per item */
+
+/* one work-group of QL items (a power of two): xq words [KCH][NW][XW], dx = gsum_dx[0] and the sums of xq
+ * (gsum_dx[1]: all of them (NBLK1); else gsum_dx[1 + kc * NSG + g] per scale group g of chunk kc).
+ * Every x value is loaded once, before any is used (NV loads in flight per item). */
+__kernel __attribute__((reqd_work_group_size(QL, 1, 1)))
+void quant_x_a8(__global const float *x, __global uint *xq, __global int *gsum_dx, __local float *red,
+                const int a_ic) {
+    const int lid = get_local_id(0);
+    float4 v[NV];
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        v[j] = load_x4(x, 4 * (lid + j * QL), IC);
+        const float4 a = fabs(v[j]);
+        m = fmax(m, fmax(fmax(a.x, a.y), fmax(a.z, a.w)));
+    }
+    const float2 qd = row_params(work_group_amax(red, m));
+    if (lid == 0)
+        ((__global float *)gsum_dx)[0] = qd.y;
+    int total = 0;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        const int i = 4 * (lid + j * QL);
+        if (i < KP) {
+            const int q0 = quant_row(v[j].x, qd.x), q1 = quant_row(v[j].y, qd.x);
+            const int q2 = quant_row(v[j].z, qd.x), q3 = quant_row(v[j].w, qd.x);
+            total += (q0 + q1) + (q2 + q3);
+#if QBITS == 4
+            /* elements e..e+3 (e = i % 8: 0 or 4) of weight word w = i / 8: the even ones go to xq word 2w,
+             * the odd ones to 2w + 1, each as the (e / 4)-th byte pair */
+            __global ushort *xs = (__global ushort *)xq;
+            const int w = i / 8, h = (i / 4) & 1;
+            xs[4 * w + h] = (ushort)((q0 & 0xFF) | (q2 & 0xFF) << 8);
+            xs[4 * w + 2 + h] = (ushort)((q1 & 0xFF) | (q3 & 0xFF) << 8);
+#else
+            xq[i / 4] = (uint)(q0 & 0xFF) | (uint)(q1 & 0xFF) << 8 | (uint)(q2 & 0xFF) << 16 | (uint)q3 << 24;
+#endif
+        }
+    }
+#ifdef NBLK1
+    barrier(CLK_LOCAL_MEM_FENCE); /* red is reused */
+    total = work_group_isum((__local int *)red, total);
+    if (lid == 0)
+        gsum_dx[1] = total;
+#else
+    /* per scale group: sum its xq bytes back from global memory (this work-group's own writes) */
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    const int XG = GW * XW; /* xq words per scale group, contiguous */
+    for (int g = lid; g < KP / GROUP_CH; g += QL) {
+        int sg = 0;
+        for (int t = 0; t < XG; ++t)
+            sg = dp4a_ss(xq[g * XG + t], 0x01010101u, sg);
+        gsum_dx[1 + g] = sg;
+    }
+#endif
 }
 
 #ifdef L0 /* the engine builds quant_x_a8 once without the local size, gemv_a8 once per local size */
 __kernel __attribute__((reqd_work_group_size(L0, SPLIT, 1)))
 void gemv_a8(const int gws0,
-             __global const uint4 *xq,   /* quant_x_a8's words, NW * XW / 4 uint4 per chunk */
-             __global const int *gsum,
-             __global const float *dxp,
+             __global const uint4 *xq,     /* quant_x_a8's words, NW * XW / 4 uint4 per chunk */
+             __global const int *gsum_dx,  /* quant_x_a8's dx (float bits) and sums of xq */
              __global const uint4 *wq,
              __global const SCALE_T *ws,
              __global const SCALE_T *wo,
              __global const float *bias,
              __global float *y,
-             __local float *red, /* 2 * L0 * SPLIT: reductions */
+             __local float *red, /* L0 * SPLIT: the split-K reduction */
              const int a_ic, const int a_oc) {
     const int lid0 = get_local_id(0), lk = get_local_id(1);
-    const int nloc = L0 * SPLIT, lin = lk * L0 + lid0;
+    const int lin = lk * L0 + lid0;
     const int OCP = CDIV(OC, 4) * 4;
     const int KCH = CDIV(IC, KC);
     const int ob = get_group_id(0) * (L0 * NC) + lid0;
@@ -171,7 +192,6 @@ void gemv_a8(const int gws0,
 #pragma unroll
     for (int c = 0; c < NC; ++c)
         ia[c] = 0;
-    int cs = 0; /* sum of xq over this lane's chunks */
 #else
     float acc[NC];
 #pragma unroll
@@ -194,14 +214,11 @@ void gemv_a8(const int gws0,
                 xw[4 * t + 2] = v.z;
                 xw[4 * t + 3] = v.w;
             }
-#ifdef NEED_GSUM
+#if defined(NEED_GSUM) && !defined(NBLK1)
             int gs[NSG];
 #pragma unroll
             for (int g = 0; g < NSG; ++g)
-                gs[g] = gsum[kj * NSG + g];
-#ifdef NBLK1
-            cs += gs[0];
-#endif
+                gs[g] = gsum_dx[1 + kj * NSG + g];
 #endif
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
@@ -241,19 +258,16 @@ void gemv_a8(const int gws0,
         const int o = ob + c * L0;
 #ifdef NBLK1
         /* exact integer sums: q.xq (int4: minus 8 * sum xq) and sum xq */
-#if QBITS == 4
-        ((__local int *)red)[lin] = ia[c] - 8 * cs;
-#else
         ((__local int *)red)[lin] = ia[c];
-#endif
-        ((__local int *)red)[nloc + lin] = cs;
         barrier(CLK_LOCAL_MEM_FENCE);
         if (lk == 0) {
-            int tq = 0, tx = 0;
-            for (int j = 0; j < SPLIT; ++j) {
+            const int tx = gsum_dx[1];
+            int tq = 0;
+            for (int j = 0; j < SPLIT; ++j)
                 tq += ((__local int *)red)[j * L0 + lid0];
-                tx += ((__local int *)red)[nloc + j * L0 + lid0];
-            }
+#if QBITS == 4
+            tq -= 8 * tx;
+#endif
             float r = LOAD_S1(ws, oc[c]) * (float)tq;
 #ifdef ASYM
             r = fma(LOAD_S1(wo, oc[c]), (float)tx, r);
@@ -267,7 +281,7 @@ void gemv_a8(const int gws0,
                 r += red[j * L0 + lid0];
 #endif
             if (o < gws0) {
-                const float v = ACTIVATE(fma(dxp[0], r, bias[o]));
+                const float v = ACTIVATE(fma(as_float(gsum_dx[0]), r, bias[o]));
 #ifdef OUT_NCHW
                 if (o < OC)
                     y[o] = v;
