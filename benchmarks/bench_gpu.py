@@ -7,7 +7,7 @@ run skips tuning: the "setup" column shows it). Weight-streaming cases (1x1 on 1
 GB/s = bytes the kernel must read and write (packed weights + scales/offsets as stored + activations +
 outputs) / time, next to the float4 copy bandwidth measured in the same run (read + write). Schemes
 "<scheme>+a8" run with act_quant="row" (int8 activations): their time spans both launches (quant_x_a8's
-start to gemv_a8's end, all launches queued before the first runs; ``us_span_host_paced`` in the JSON is
+start to gemv_a8's end, all launches queued before the first runs; ``us_host_paced`` in the JSON is
 the same span with each call running as Python submits it).
 
     python benchmarks/bench_gpu.py [--device opencl:0:0] [--quick] [--baselines] [--json out.json]
@@ -121,12 +121,9 @@ def gated_times_ns(ctx, queue, plan, bufs, repeats):
     end over ``repeats``), in ns. One-kernel plans: the span is that kernel's event duration."""
     import pyopencl as cl
 
-    state = plan.cand.info["state"]
     gate = cl.UserEvent(ctx)
-    spans = []
-    for i in range(repeats):
-        last = plan.cand.launch(queue, plan.lws, bufs, wait_for=[gate] if i == 0 else None)
-        spans.append(state["events"] if plan.cand.program == "gemv_a8" else (last, last))
+    spans = [gpu.tuning.launch_span(plan.cand, queue, plan.lws, bufs, wait_for=[gate] if i == 0 else None)
+             for i in range(repeats)]
     gate.set_status(cl.command_execution_status.COMPLETE)
     queue.finish()
     per_call = float(statistics.median(b.profile.end - a.profile.start for a, b in spans))
@@ -136,12 +133,10 @@ def gated_times_ns(ctx, queue, plan, bufs, repeats):
 def host_paced_span_ns(queue, plan, bufs, repeats):
     """gemv_a8's two launches as Python submits them to an idle GPU: median span per call (the gap between
     the kernels then holds the host's submit time)."""
-    state = plan.cand.info["state"]
     spans = []
     for _ in range(repeats):
-        plan.cand.launch(queue, plan.lws, bufs)
+        spans.append(gpu.tuning.launch_span(plan.cand, queue, plan.lws, bufs))
         queue.finish()
-        spans.append(state["events"])
     return float(statistics.median(b.profile.end - a.profile.start for a, b in spans))
 
 

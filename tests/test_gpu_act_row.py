@@ -44,10 +44,12 @@ def test_gemv_a8_matches_reference(cl_device, data):
     try:
         eng = _row_engine(weight, bias, activation=act, device=cl_device, image=False, variant=variant,
                           local_size=lws)
+        y = _forward(eng, x, layout)
     except ValueError as exc:
-        assert variant is not None and "multiple or a divisor" in str(exc)
+        pow2 = lws is None or lws[0] * lws[1] & (lws[0] * lws[1] - 1) == 0
+        assert variant is not None and ("multiple or a divisor" in str(exc)
+                                        or (gpu.A8_VARIANTS[variant][1] and not pow2 and "powers of two" in str(exc)))
         return
-    y = _forward(eng, x, layout)
     if _program(eng, layout, 1, 1, 1) == "gemv_a8":
         assert variant is None or eng.plans[(layout, 1, 1, 1)].variant == variant
         assert_matches_reference(y, x, weight, bias, activation=act, act_quant="row")
@@ -59,13 +61,14 @@ def test_gemv_a8_matches_reference(cl_device, data):
 @pytest.mark.parametrize("bits,block,sym", [(8, 0, True), (4, 32, False), (4, 0, True), (8, 64, False),
                                             (4, 8, True), (8, 4, False)])
 def test_gemv_a8_long_k(cl_device, bits, block, sym):
-    """1024 input channels over split-K lanes, both variants, fp16 scales."""
+    """1024 input channels over split-K lanes, every variant, fp16 scales."""
     rng = np.random.default_rng(7)
     w = _weight(rng, 37, 1024, 1, bits, block, sym)
     half = lambda a: None if a is None else a.astype(np.float16).astype(np.float32)  # noqa: E731
     w16 = qconv.QuantizedWeight(w.q, half(w.scales), half(w.offsets), bits, block)
     x = rng.standard_normal((1, 1024, 1, 1)).astype(np.float32)
-    for variant, lws in (("gemv_a8_c1", (4, 16, 1)), ("gemv_a8_c2", (8, 4, 1)), ("gemv_a8_c2", (2, 32, 1))):
+    for variant, lws in (("gemv_a8_c1", (4, 16, 1)), ("gemv_a8_c2", (8, 4, 1)), ("gemv_a8_c2", (2, 32, 1)),
+                         ("gemv_a8f_c1", (16, 4, 1)), ("gemv_a8f_c2", (4, 8, 1)), ("gemv_a8f_c1", (1, 2, 1))):
         eng = _row_engine(w16, device=cl_device, image=False, variant=variant, local_size=lws)
         assert eng.scale_layout.dtype == "float16"
         assert_matches_reference(eng.forward(x), x, w16, act_quant="row")
@@ -78,16 +81,18 @@ def test_row_quantization_is_bit_exact(cl_device):
     eye = qconv.quantize_weight(np.eye(k, dtype=np.float32).reshape(k, k, 1, 1), bits=8)
     ties = np.array([127, 0.5, -0.5, 1.5, -2.5, 126.5, -126.5, 3.4999998, 2.5000002, 0, -127, 63.5, 7, -0.49999997,
                      100.5, -1], np.float32)
+    for variant in sorted(gpu.A8_VARIANTS):  # quant_x_a8, and the fused variants' own quantization
+        eng = _row_engine(eye, device=cl_device, image=False, variant=variant)
+        for x in (ties, ties * np.float32(0.75), np.zeros(k, np.float32), np.full(k, 1e-39, np.float32),
+                  rng.standard_normal(k).astype(np.float32)):
+            x4 = x.reshape(1, k, 1, 1)
+            y = eng.forward(x4)
+            assert _program(eng, "nchw", 1, 1, 1) == "gemv_a8"
+            aq = reference.quantize_activation(x4, "row")
+            assert_matches_reference(y, x4, eye, act_quant="row")
+            # the identity gives y = dx * xq (s * q = 1 up to rounding): xq comes back exactly
+            np.testing.assert_array_equal(np.round(y.ravel() / aq.scale[0]).astype(np.int64), aq.xq.ravel())
     eng = _row_engine(eye, device=cl_device, image=False)
-    for x in (ties, ties * np.float32(0.75), np.zeros(k, np.float32), np.full(k, 1e-39, np.float32),
-              rng.standard_normal(k).astype(np.float32)):
-        x4 = x.reshape(1, k, 1, 1)
-        y = eng.forward(x4)
-        assert _program(eng, "nchw", 1, 1, 1) == "gemv_a8"
-        aq = reference.quantize_activation(x4, "row")
-        assert_matches_reference(y, x4, eye, act_quant="row")
-        # the identity gives y = dx * xq (s * q = 1 up to rounding): xq comes back exactly
-        np.testing.assert_array_equal(np.round(y.ravel() / aq.scale[0]).astype(np.int64), aq.xq.ravel())
     ties2 = np.stack([ties, -ties * np.float32(0.5)]).reshape(2, k, 1, 1)  # two rows: quant_rows + float kernels
     y2 = eng.forward(ties2)
     assert _program(eng, "nchw", 2, 1, 1) != "gemv_a8"
@@ -127,6 +132,9 @@ def test_a8_candidates_and_errors(cl_device):
         forced.forward(np.zeros((2, 64, 1, 1), np.float32))
     with pytest.raises(ValueError, match="multiple or a divisor"):
         _row_engine(_weight(rng, 4, 48, 1, 4, 4, True), device=cl_device, variant="gemv_a8_c1")
+    with pytest.raises(ValueError, match="powers of two"):  # the fused variants' amax tree
+        _row_engine(w, device=cl_device, image=False, variant="gemv_a8f_c1", local_size=(3, 2, 1)).forward(
+            np.zeros((1, 64, 1, 1), np.float32))
     with pytest.raises(ValueError, match="variant"):
         gpu.OpenCLEngine(ConvSpec(w, act_quant=None), device=cl_device, variant="gemv_a8_c1")
     with pytest.raises(ValueError, match="act_quant"):

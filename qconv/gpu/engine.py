@@ -14,8 +14,9 @@ Three kernel families (``kernels/*.cl``):
   the tuner picks between it and the per-item kernels without a second copy. For batched layers.
 
 * ``gemv_a8``: with ``act_quant="row"``, linear layers on one row (N = H = W = 1) with int8 activations:
-  each work-group quantizes x into local memory and the weights stream through 4-way byte dot products
-  (``dp4a``; PTX on NVIDIA, a portable fallback elsewhere), integer sums exact.
+  x is quantized once (``gemv_a8_c*``: a ``quant_x_a8`` launch first) or by every work-group into local
+  memory (``gemv_a8f_c*``: one launch), and the weights stream through 4-way byte dot products (``dp4a``;
+  PTX on NVIDIA, a portable fallback elsewhere), integer sums exact.
 
 Activations and accumulation are float32 by default (``act_quant=None``); weights stay int8/int4 in device
 memory and are dequantised in registers (``w = q*scale + offset``). ``act_quant="row"`` quantizes each
@@ -58,8 +59,8 @@ GEMM_VARIANTS = {  # name -> (TM output channels, TN pixels per work-group, RM, 
 GEMV_VARIANTS = {  # name -> U: 16-byte weight chunks per item loaded before any is used (gemv_1x1, N=H=W=1)
     "gemv_u4": 4, "gemv_u8": 8,
 }
-A8_VARIANTS = {  # name -> NC output channels per item (gemv_a8: act_quant="row", N=H=W=1)
-    "gemv_a8_c1": 1, "gemv_a8_c2": 2,
+A8_VARIANTS = {  # name -> (NC output channels per item, fused) (gemv_a8: act_quant="row", N=H=W=1)
+    "gemv_a8_c1": (1, False), "gemv_a8_c2": (2, False), "gemv_a8f_c1": (1, True), "gemv_a8f_c2": (2, True),
 }
 ROW_QUANT_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt",)
 _INT32_MAX = 2**31 - 1
@@ -527,13 +528,14 @@ class OpenCLEngine:
         g = min(bc, kc)
         return g if (bc % kc == 0 or kc % bc == 0) and g % (32 // w.bits) == 0 else None
 
-    def _a8_local_sizes(self, nc):
+    def _a8_local_sizes(self, nc, fused=False):
+        """(l0, SPLIT) to time; the fused variants also hold x's int8 words and group sums in local memory."""
         if self.forced_lws is not None:
             sizes = [tuple(self.forced_lws[:2])]
         elif self.tune == "full":
             sizes = [(a, b) for a in (16, 32, 64, 128) for b in (2, 4, 8, 16, 32)]
         elif self.is_gpu:
-            sizes = [(32, 16), (64, 8), (32, 8), (64, 16)]  # the H200's picks first (8192->28672: 32x16)
+            sizes = [(32, 16), (64, 8), (64, 16)]  # the H200's picks
         else:
             sizes = [(16, 4), (8, 2)]
         ocp = _cdiv(self.spec.weight.out_channels, 4) * 4
@@ -543,26 +545,31 @@ class OpenCLEngine:
         p0, pk = _pow2ceil(_cdiv(ocp, nc)), _pow2floor(kch)
         if self.forced_lws is None:  # powers of two (the prologue's reduction tree), clamped to the problem
             sizes = [(min(a, p0), min(b, pk)) for a, b in sizes]
+        kc, g = self.layout.ic_pack, self._a8_group
+        held = kch * kc + 4 * kch * (kc // g if g else 1) if fused else 0  # bytes: xq words, group sums
         return [(a, b) for a, b in dict.fromkeys(sizes)
-                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and 4 * a * b <= lmem]
+                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and held + 4 * a * b <= lmem
+                and not (fused and a * b & (a * b - 1))]  # fused: x's amax tree needs a power of two
 
     def _a8_names(self, m):
         """gemv_a8 variants for this problem ([] when the float kernels run on quantized rows instead)."""
         if self._a8_group is None or (self.forced_variant is not None and self.forced_variant not in A8_VARIANTS):
             return []
-        if m != 1 or not self._a8_local_sizes(1):
-            if self.forced_variant is not None:
-                raise ValueError(f"variant {self.forced_variant!r} runs linear layers on one row (N = H = W = 1), "
-                                 f"with a local size of powers of two that the device accepts")
-            return []
-        return [self.forced_variant] if self.forced_variant is not None else list(A8_VARIANTS)
+        names = [self.forced_variant] if self.forced_variant is not None else list(A8_VARIANTS)
+        names = [v for v in names if m == 1 and self._a8_local_sizes(*A8_VARIANTS[v])]
+        if not names and self.forced_variant is not None:
+            raise ValueError(f"variant {self.forced_variant!r} runs linear layers on one row (N = H = W = 1), "
+                             f"with a local size of powers of two that the device accepts (and, fused, room "
+                             f"for x's int8 words in local memory)")
+        return names
 
     def _a8_candidate(self, name, layout):
-        """quant_x_a8 (one work-group) then gemv_a8 (NDRange (ceil(OCp / (l0*NC)) * l0, SPLIT), local
-        (l0, SPLIT)); ``launch`` returns gemv_a8's event and leaves both in ``info["state"]["events"]``."""
+        """gemv_a8 (NDRange (ceil(OCp / (l0*NC)) * l0, SPLIT), local (l0, SPLIT)), after quant_x_a8 (one
+        work-group) unless fused; ``launch`` returns gemv_a8's event and leaves (first, last) event in
+        ``info["state"]["events"]``."""
         cl = import_pyopencl()
         wt = self.spec.weight
-        nc = A8_VARIANTS[name]
+        nc, fused = A8_VARIANTS[name]
         ocp = _cdiv(wt.out_channels, 4) * 4
         kc = self.layout.ic_pack
         kch = _cdiv(wt.q.shape[1], kc)
@@ -577,6 +584,8 @@ class OpenCLEngine:
             opts.append("-DOUT_NCHW")
         if "NVIDIA" in self.device.platform.name.upper():
             opts.append("-DDP4A_PTX")
+        if fused:
+            opts.append("-DFUSED")
         opts = tuple(opts)
         scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
         xq_bytes = 16 * kch * (2 if wt.bits == 4 else 1)
@@ -586,6 +595,15 @@ class OpenCLEngine:
         def launch(queue, lws, bufs=None, wait_for=None):
             xbuf, ybuf = bufs if bufs is not None else state["bufs"]
             l0, split = lws
+            gemv = get_kernel(engine.ctx, "gemv_a8", opts + (f"-DL0={l0}", f"-DSPLIT={split}"), "gemv_a8")
+            gws = (_roundup(ocp, l0 * nc) // nc, split)
+            if fused:
+                with _launch_lock:
+                    gemv.set_args(np.int32(ocp), xbuf, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
+                                  cl.LocalMemory(4 * l0 * split), *scal)
+                    ev = cl.enqueue_nd_range_kernel(queue, gemv, gws, (l0, split), wait_for=wait_for)
+                state["events"] = (ev, ev)
+                return ev
             # scratch per queue, allocated once (a fresh buffer per call costs its allocation on the device);
             # launches on one queue run in order, so they never share it at the same time
             key = queue.int_ptr
@@ -595,8 +613,6 @@ class OpenCLEngine:
             xq, gs = state["scratch"][key]
             in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
             quant = get_kernel(engine.ctx, "gemv_a8", opts, "quant_x_a8")
-            gemv = get_kernel(engine.ctx, "gemv_a8", opts + (f"-DL0={l0}", f"-DSPLIT={split}"), "gemv_a8")
-            gws = (_roundup(ocp, l0 * nc) // nc, split)
             with _launch_lock:
                 quant.set_args(xbuf, xq, gs, cl.LocalMemory(4 * ql), scal[0])
                 ev_q = cl.enqueue_nd_range_kernel(queue, quant, (ql,), (ql,), wait_for=wait_for)
@@ -608,7 +624,7 @@ class OpenCLEngine:
 
         state = {"bufs": None, "events": None, "scratch": {}}
         c = tuning.Candidate(name, "gemv_a8", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
-                             self._a8_local_sizes(nc), launch)
+                             self._a8_local_sizes(nc, fused), launch)
         c.info["state"] = state
         return c
 

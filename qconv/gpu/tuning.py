@@ -185,7 +185,9 @@ class Candidate:
     """One kernel variant to time.
 
     ``launch(queue, lws)`` enqueues the kernel once with local size ``lws`` (a tuple, or None for the
-    driver's choice) and returns its event. ``signature``: the global size and scalar arguments, so that a
+    driver's choice) and returns its event; a launch of several kernels returns the last one's and leaves
+    (first event, last event) in ``info["state"]["events"]`` (timed from the first's start, see
+    :func:`launch_span`). ``signature``: the global size and scalar arguments, so that a
     cache entry is only reused for the same problem. ``local_sizes``: the sizes to try, best guess first.
     """
 
@@ -202,13 +204,20 @@ class Candidate:
         return json.dumps([self.program, self.variant, list(self.options), list(self.signature)])
 
 
+def launch_span(cand: Candidate, queue, lws, *args, **kwargs):
+    """Enqueues ``cand`` once; returns (first kernel's event, last kernel's event)."""
+    last = cand.launch(queue, lws, *args, **kwargs)
+    events = cand.info.get("state", {}).get("events")
+    return (events[0], last) if events else (last, last)
+
+
 def _median_ns(queue, cand: Candidate, lws, repeats: int):
     cl = import_pyopencl()
     try:
         cand.launch(queue, lws).wait()  # warm-up (and, on PoCL, the per-local-size compile)
-        events = [cand.launch(queue, lws) for _ in range(repeats)]
+        spans = [launch_span(cand, queue, lws) for _ in range(repeats)]
         queue.finish()
-        times = [e.profile.end - e.profile.start for e in events]
+        times = [b.profile.end - a.profile.start for a, b in spans]
     except cl.Error:  # e.g. INVALID_WORK_GROUP_SIZE, OUT_OF_RESOURCES: not a candidate on this device
         return None
     stats["measured"] += 1

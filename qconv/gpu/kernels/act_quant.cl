@@ -23,7 +23,7 @@ __kernel void quant_rows(__global const float *x, __global float *xd, __local fl
     for (int i = lid; i < E; i += nloc)
         if (QR_VALID(i))
             m = fmax(m, fabs(x[QR_INDEX(i)]));
-    const float2 qd = row_params(work_group_amax(red, m));
+    const float2 qd = row_params(work_group_amax(red, m, lid, nloc));
     for (int i = lid; i < E; i += nloc)
         xd[QR_INDEX(i)] = QR_VALID(i) ? (float)quant_row(x[QR_INDEX(i)], qd.x) * qd.y : 0.0f;
 }

@@ -158,9 +158,9 @@ inline float2 row_params(float amax) {
     return ok ? (float2)(qs, amax / 127.0f) : (float2)(1.0f, 1.0f);
 }
 
-/* max over a 1-D work-group of a power-of-two size (every item calls it; red: one float per item) */
-inline float work_group_amax(__local float *red, float m) {
-    const int lid = get_local_id(0), nloc = get_local_size(0);
+/* max over a work-group of a power-of-two size nloc (every item calls it with its linear id lid; red: one
+ * float per item) */
+inline float work_group_amax(__local float *red, float m, int lid, int nloc) {
     red[lid] = m;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int s = nloc / 2; s > 0; s >>= 1) {

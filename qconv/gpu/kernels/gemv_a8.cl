@@ -62,9 +62,8 @@ inline float4 load_x4(__global const float *x, int i, int ic) {
 
 #define WORD(v, i) ((i) == 0 ? (v).x : (i) == 1 ? (v).y : (i) == 2 ? (v).z : (v).w)
 
-/* sum over a 1-D work-group of a power-of-two size (as work_group_amax) */
-inline int work_group_isum(__local int *red, int v) {
-    const int lid = get_local_id(0), nloc = get_local_size(0);
+/* sum over a work-group of a power-of-two size nloc; lid: the item's linear id (as work_group_amax) */
+inline int work_group_isum(__local int *red, int v, int lid, int nloc) {
     red[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int s = nloc / 2; s > 0; s >>= 1) {
@@ -75,25 +74,68 @@ inline int work_group_isum(__local int *red, int v) {
     return red[0];
 }
 
-#define KP (CDIV(IC, KC) * KC)  /* input channels padded to whole chunks (xq holds zeros past IC) */
-#define NV CDIV(KP, 4 * QL)     /* float4 of x per item */
+#define KP (CDIV(IC, KC) * KC) /* input channels padded to whole chunks (xq holds zeros past IC) */
+#ifdef FUSED
+#define QT (L0 * SPLIT)        /* items that quantize x: the GEMV's work-group */
+#else
+#define QT QL                  /* quant_x_a8's work-group */
+#endif
+#define NV CDIV(KP, 4 * QT)    /* float4 of x per quantizing item */
+#define XG (GW * XW)           /* xq words per scale group (contiguous) */
+#define NGS (KP / KC * NSG)    /* scale groups */
 
+/* Quantization of x by the QT items of one work-group (lid: linear id), in three steps:
+ * load_x_amax: item lid's NV float4 of x (all loads in flight) and their max |x|; pack_x4: the xq bytes of
+ * x[i .. i+3] (i % 4 == 0) with their sum; STORE_X4: int4: the even elements of weight word i / 8 go to
+ * xq word 2 (i / 8), the odd ones to 2 (i / 8) + 1, each as byte pair (i / 4) % 2 (p.x, p.y); int8: one
+ * word (p.x). GROUP_SUM: the sum of scale group g's xq bytes. */
+inline float load_x_amax(__global const float *x, float4 *v, int lid) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        v[j] = load_x4(x, 4 * (lid + j * QT), IC);
+        const float4 a = fabs(v[j]);
+        m = fmax(m, fmax(fmax(a.x, a.y), fmax(a.z, a.w)));
+    }
+    return m;
+}
+
+inline uint2 pack_x4(float4 v, float qs, int *sum) {
+    const int q0 = quant_row(v.x, qs), q1 = quant_row(v.y, qs), q2 = quant_row(v.z, qs), q3 = quant_row(v.w, qs);
+    *sum += (q0 + q1) + (q2 + q3);
+#if QBITS == 4
+    return (uint2)((q0 & 0xFF) | (q2 & 0xFF) << 8, (q1 & 0xFF) | (q3 & 0xFF) << 8);
+#else
+    return (uint2)((uint)(q0 & 0xFF) | (uint)(q1 & 0xFF) << 8 | (uint)(q2 & 0xFF) << 16 | (uint)q3 << 24, 0u);
+#endif
+}
+
+#if QBITS == 4
+#define STORE_X4(SPACE, xq, i, p)                                                                 \
+    {                                                                                             \
+        SPACE ushort *xs_ = (SPACE ushort *)(xq);                                                 \
+        xs_[4 * ((i) / 8) + ((i) / 4) % 2] = (ushort)(p).x;                                       \
+        xs_[4 * ((i) / 8) + 2 + ((i) / 4) % 2] = (ushort)(p).y;                                   \
+    }
+#else
+#define STORE_X4(SPACE, xq, i, p) ((SPACE uint *)(xq))[(i) / 4] = (p).x;
+#endif
+#define GROUP_SUM(xq, g, sg)                                                                      \
+    {                                                                                             \
+        sg = 0;                                                                                   \
+        for (int t_ = 0; t_ < XG; ++t_)                                                           \
+            sg = dp4a_ss((xq)[(g) * XG + t_], 0x01010101u, sg);                                   \
+    }
+
+#ifndef FUSED
 /* one work-group of QL items (a power of two): xq words [KCH][NW][XW], dx = gsum_dx[0] and the sums of xq
- * (gsum_dx[1]: all of them (NBLK1); else gsum_dx[1 + kc * NSG + g] per scale group g of chunk kc).
- * Every x value is loaded once, before any is used (NV loads in flight per item). */
+ * (gsum_dx[1]: all of them (NBLK1); else gsum_dx[1 + kc * NSG + g] per scale group g of chunk kc). */
 __kernel __attribute__((reqd_work_group_size(QL, 1, 1)))
 void quant_x_a8(__global const float *x, __global uint *xq, __global int *gsum_dx, __local float *red,
                 const int a_ic) {
     const int lid = get_local_id(0);
     float4 v[NV];
-    float m = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-        v[j] = load_x4(x, 4 * (lid + j * QL), IC);
-        const float4 a = fabs(v[j]);
-        m = fmax(m, fmax(fmax(a.x, a.y), fmax(a.z, a.w)));
-    }
-    const float2 qd = row_params(work_group_amax(red, m));
+    const float2 qd = row_params(work_group_amax(red, load_x_amax(x, v, lid), lid, QL));
     if (lid == 0)
         ((__global float *)gsum_dx)[0] = qd.y;
     int total = 0;
@@ -101,44 +143,38 @@ void quant_x_a8(__global const float *x, __global uint *xq, __global int *gsum_d
     for (int j = 0; j < NV; ++j) {
         const int i = 4 * (lid + j * QL);
         if (i < KP) {
-            const int q0 = quant_row(v[j].x, qd.x), q1 = quant_row(v[j].y, qd.x);
-            const int q2 = quant_row(v[j].z, qd.x), q3 = quant_row(v[j].w, qd.x);
-            total += (q0 + q1) + (q2 + q3);
-#if QBITS == 4
-            /* elements e..e+3 (e = i % 8: 0 or 4) of weight word w = i / 8: the even ones go to xq word 2w,
-             * the odd ones to 2w + 1, each as the (e / 4)-th byte pair */
-            __global ushort *xs = (__global ushort *)xq;
-            const int w = i / 8, h = (i / 4) & 1;
-            xs[4 * w + h] = (ushort)((q0 & 0xFF) | (q2 & 0xFF) << 8);
-            xs[4 * w + 2 + h] = (ushort)((q1 & 0xFF) | (q3 & 0xFF) << 8);
-#else
-            xq[i / 4] = (uint)(q0 & 0xFF) | (uint)(q1 & 0xFF) << 8 | (uint)(q2 & 0xFF) << 16 | (uint)q3 << 24;
-#endif
+            const uint2 p = pack_x4(v[j], qd.x, &total);
+            STORE_X4(__global, xq, i, p)
         }
     }
 #ifdef NBLK1
     barrier(CLK_LOCAL_MEM_FENCE); /* red is reused */
-    total = work_group_isum((__local int *)red, total);
+    total = work_group_isum((__local int *)red, total, lid, QL);
     if (lid == 0)
         gsum_dx[1] = total;
 #else
-    /* per scale group: sum its xq bytes back from global memory (this work-group's own writes) */
-    barrier(CLK_GLOBAL_MEM_FENCE);
-    const int XG = GW * XW; /* xq words per scale group, contiguous */
-    for (int g = lid; g < KP / GROUP_CH; g += QL) {
-        int sg = 0;
-        for (int t = 0; t < XG; ++t)
-            sg = dp4a_ss(xq[g * XG + t], 0x01010101u, sg);
+    barrier(CLK_GLOBAL_MEM_FENCE); /* this work-group's own xq writes */
+    for (int g = lid; g < NGS; g += QL) {
+        int sg;
+        GROUP_SUM(xq, g, sg)
         gsum_dx[1 + g] = sg;
     }
 #endif
 }
+#endif
 
 #ifdef L0 /* the engine builds quant_x_a8 once without the local size, gemv_a8 once per local size */
+#ifdef FUSED
+#define XQ_SPACE __local
+#define A8_INPUT __global const float *x /* the float input: quantized by every work-group */
+#else
+#define XQ_SPACE __global
+#define A8_INPUT                                                                                  \
+    __global const uint4 *xq,     /* quant_x_a8's words, NW * XW / 4 uint4 per chunk */           \
+        __global const int *gsum_dx /* quant_x_a8's dx (float bits) and sums of xq */
+#endif
 __kernel __attribute__((reqd_work_group_size(L0, SPLIT, 1)))
-void gemv_a8(const int gws0,
-             __global const uint4 *xq,     /* quant_x_a8's words, NW * XW / 4 uint4 per chunk */
-             __global const int *gsum_dx,  /* quant_x_a8's dx (float bits) and sums of xq */
+void gemv_a8(const int gws0, A8_INPUT,
              __global const uint4 *wq,
              __global const SCALE_T *ws,
              __global const SCALE_T *wo,
@@ -155,6 +191,43 @@ void gemv_a8(const int gws0,
 #pragma unroll
     for (int c = 0; c < NC; ++c)
         oc[c] = min(ob + c * L0, gws0 - 1); /* items past gws0 compute a copy of the last channel */
+
+#ifdef FUSED
+    __local uint4 xq[KP / 16]; /* xq words as quant_x_a8 stores them */
+    __local int gs_l[NGS];
+    float dxv;
+    int tx; /* sum of all xq (NBLK1) */
+    {
+        float4 v[NV];
+        const float2 qd = row_params(work_group_amax(red, load_x_amax(x, v, lin), lin, QT));
+        dxv = qd.y;
+        int total = 0;
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int i = 4 * (lin + j * QT);
+            if (i < KP) {
+                const uint2 p = pack_x4(v[j], qd.x, &total);
+                STORE_X4(__local, xq, i, p)
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE); /* red is reused; xq is complete */
+#ifdef NBLK1
+        tx = work_group_isum((__local int *)red, total, lin, QT);
+        barrier(CLK_LOCAL_MEM_FENCE); /* everyone has read red[0] before the split-K reduction reuses red */
+#else
+        for (int g = lin; g < NGS; g += QT) {
+            int sg;
+            GROUP_SUM((__local uint *)xq, g, sg)
+            gs_l[g] = sg;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+    }
+    __local const int *gsv = gs_l;
+#else
+    const float dxv = as_float(gsum_dx[0]);
+    __global const int *gsv = gsum_dx + 1;
+#endif
 
     uint4 wv[U][NC];
 #ifndef NBLK1
@@ -218,7 +291,7 @@ void gemv_a8(const int gws0,
             int gs[NSG];
 #pragma unroll
             for (int g = 0; g < NSG; ++g)
-                gs[g] = gsum_dx[1 + kj * NSG + g];
+                gs[g] = gsv[kj * NSG + g];
 #endif
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
@@ -261,7 +334,9 @@ void gemv_a8(const int gws0,
         ((__local int *)red)[lin] = ia[c];
         barrier(CLK_LOCAL_MEM_FENCE);
         if (lk == 0) {
-            const int tx = gsum_dx[1];
+#ifndef FUSED
+            const int tx = gsv[0];
+#endif
             int tq = 0;
             for (int j = 0; j < SPLIT; ++j)
                 tq += ((__local int *)red)[j * L0 + lid0];
@@ -281,7 +356,7 @@ void gemv_a8(const int gws0,
                 r += red[j * L0 + lid0];
 #endif
             if (o < gws0) {
-                const float v = ACTIVATE(fma(as_float(gsum_dx[0]), r, bias[o]));
+                const float v = ACTIVATE(fma(dxv, r, bias[o]));
 #ifdef OUT_NCHW
                 if (o < OC)
                     y[o] = v;
