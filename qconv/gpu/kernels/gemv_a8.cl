@@ -1,5 +1,6 @@
 /* Linear layers (N = H = W = 1) with int8 activations (act_quant="row"): a weight-streaming GEMV with
- * integer dot products, in two launches.
+ * integer dot products: one launch (FUSED: every work-group quantizes x into local memory first) or two
+ * (quant_x_a8, then gemv_a8 reading its words from global memory).
  *
  * quant_x_a8 (one work-group of QL items): xq = clip(round(x * 127/amax), -127, 127), dx = amax/127,
  * amax = max |x| (the oracle's "row" mode; 127/amax and amax/127 correctly rounded: the engine builds with
@@ -19,12 +20,12 @@
  * bytes per chunk); dim 1: split-K lanes (lane lk takes chunks lk, lk + SPLIT, ...), partial sums reduced
  * in local memory in a fixed order (lane 0 first). Integer sums are exact; per-channel scales apply once
  * at the end, blockwise ones once per scale group. Registers bound this kernel (the loads in flight come
- * from occupancy), which is why x is quantized in its own launch rather than per work-group.
+ * from occupancy): the fused prologue keeps x in registers only until it is packed into local memory.
  *
  * Build options: QBITS, KC, SCALE_HALF, ASYM, NBLK1 | GROUP_CH (input channels per scale group inside a
  * chunk: min(block, KC), a multiple of 8 for int4 and 4 for int8), BLOCK_CH, HAS_BIAS, ACT, OUT_NCHW,
- * G_IC (required) / G_OC, QL, L0, SPLIT, NC, U (chunks per channel loaded before any is used), DP4A_PTX
- * (NVIDIA: PTX dp4a).
+ * G_IC (required) / G_OC, QL, L0, SPLIT, NC, U (chunks per channel loaded before any is used), FUSED
+ * (L0 * SPLIT a power of two), DP4A_PTX (NVIDIA: PTX dp4a).
  */
 #ifndef QBITS
 #error "QBITS must be defined (4 or 8)"
