@@ -85,11 +85,11 @@ inline int work_group_isum(__local int *red, int v, int lid, int nloc) {
 #define XG (GW * XW)           /* xq words per scale group (contiguous) */
 #define NGS (KP / KC * NSG)    /* scale groups */
 
-/* Quantization of x by the QT items of one work-group (lid: linear id), in three steps:
- * load_x_amax: item lid's NV float4 of x (all loads in flight) and their max |x|; pack_x4: the xq bytes of
- * x[i .. i+3] (i % 4 == 0) with their sum; STORE_X4: int4: the even elements of weight word i / 8 go to
- * xq word 2 (i / 8), the odd ones to 2 (i / 8) + 1, each as byte pair (i / 4) % 2 (p.x, p.y); int8: one
- * word (p.x). GROUP_SUM: the sum of scale group g's xq bytes. */
+/* Quantization of x by the QT items of one work-group (lid: linear id). load_x_amax: item lid's NV float4
+ * of x (all loads in flight) and their max |x|; pack_x4: the xq bytes of x[i .. i+3] (i % 4 == 0) with
+ * their sum; STORE_XQ: all of the item's, through STORE_X4: int4: the even elements of weight word i / 8
+ * go to xq word 2 (i / 8), the odd ones to 2 (i / 8) + 1, each as byte pair (i / 4) % 2 (p.x, p.y); int8:
+ * one word (p.x). GROUP_SUM: the sum of scale group g's xq bytes. */
 inline float load_x_amax(__global const float *x, float4 *v, int lid) {
     float m = 0.0f;
 #pragma unroll
@@ -121,6 +121,15 @@ inline uint2 pack_x4(float4 v, float qs, int *sum) {
 #else
 #define STORE_X4(SPACE, xq, i, p) ((SPACE uint *)(xq))[(i) / 4] = (p).x;
 #endif
+/* item lid's float4 v[NV] (x[4 (lid + j QT) ...]) quantized into xq; total += their sum */
+#define STORE_XQ(SPACE, xq, v, lid, qs, total)                                                    \
+    _Pragma("unroll") for (int j_ = 0; j_ < NV; ++j_) {                                           \
+        const int i_ = 4 * ((lid) + j_ * QT);                                                     \
+        if (i_ < KP) {                                                                            \
+            const uint2 p_ = pack_x4((v)[j_], qs, &(total));                                      \
+            STORE_X4(SPACE, xq, i_, p_)                                                           \
+        }                                                                                         \
+    }
 #define GROUP_SUM(xq, g, sg)                                                                      \
     {                                                                                             \
         sg = 0;                                                                                   \
@@ -140,14 +149,7 @@ void quant_x_a8(__global const float *x, __global uint *xq, __global int *gsum_d
     if (lid == 0)
         ((__global float *)gsum_dx)[0] = qd.y;
     int total = 0;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-        const int i = 4 * (lid + j * QL);
-        if (i < KP) {
-            const uint2 p = pack_x4(v[j], qd.x, &total);
-            STORE_X4(__global, xq, i, p)
-        }
-    }
+    STORE_XQ(__global, xq, v, lid, qd.x, total)
 #ifdef NBLK1
     barrier(CLK_LOCAL_MEM_FENCE); /* red is reused */
     total = work_group_isum((__local int *)red, total, lid, QL);
@@ -203,14 +205,7 @@ void gemv_a8(const int gws0, A8_INPUT,
         const float2 qd = row_params(work_group_amax(red, load_x_amax(x, v, lin), lin, QT));
         dxv = qd.y;
         int total = 0;
-#pragma unroll
-        for (int j = 0; j < NV; ++j) {
-            const int i = 4 * (lin + j * QT);
-            if (i < KP) {
-                const uint2 p = pack_x4(v[j], qd.x, &total);
-                STORE_X4(__local, xq, i, p)
-            }
-        }
+        STORE_XQ(__local, xq, v, lin, qd.x, total)
         barrier(CLK_LOCAL_MEM_FENCE); /* red is reused; xq is complete */
 #ifdef NBLK1
         tx = work_group_isum((__local int *)red, total, lin, QT);
