@@ -5,7 +5,9 @@ events around replays of a CUDA graph of 10 calls, per call, so neither side cou
 engine has tuned itself (``--tune``, default ``fast``; results persist in the tuning cache, so a second
 run skips tuning: the "setup" column shows it). Weight-streaming cases (1x1 on 1x1 spatial) also report
 GB/s = bytes the kernel must read and write (packed weights + scales/offsets as stored + activations +
-outputs) / time, next to the float4 copy bandwidth measured in the same run (read + write). Schemes
+outputs) / time, next to the float4 copy bandwidth measured in the same run (read + write) and the read floor:
+the time of a kernel that only reads as many bytes (``read_floor_us``; its %copy is the most any GEMV of that
+size can show: small, L2-resident weights are launch-bound). Schemes
 "<scheme>+a8" run with act_quant="row" (int8 activations); when the tuner picks a two-launch variant
 (``gemv_a8_c*``), the time spans both (quant_x_a8's start to gemv_a8's end, all launches queued before the
 first runs; ``us_host_paced`` in the JSON is the same span with each call running as Python submits it).
@@ -113,6 +115,33 @@ def copy_bandwidth(ctx, dev, queue, nbytes, repeats):
                 continue
             best = min(best, ns)
     return 2 * n4 * 16 / (best * 1e-9)
+
+
+def read_floor_ns(ctx, dev, queue, nbytes, repeats, _cache={}):
+    """Fastest event time of a read-only stream over ``nbytes`` (grid-stride uint4 loads, a few depths and
+    grid sizes): no kernel that must read those bytes can be faster, so bytes / this time is the highest
+    %copy a weight-streaming case can show (below the copy for small, launch-bound sizes)."""
+    import pyopencl as cl
+
+    key = (ctx.int_ptr, nbytes)
+    if key in _cache:
+        return _cache[key]
+    n4 = -(-nbytes // 16)
+    src = cl.Buffer(ctx, cl.mem_flags.READ_ONLY, n4 * 16)
+    dst = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+    cl.enqueue_fill_buffer(queue, src, np.uint32(0), 0, n4 * 16)
+    units, best = int(dev.max_compute_units), float("inf")
+    for unr in (2, 4, 8):
+        k = gpu.programs.get_kernel(ctx, "util", (f"-DUNR={unr}",), "read_uint4_gs")
+        for lws, per_cu in ((256, 8), (512, 4), (1024, 2), (256, 16), (1024, 4)):
+            gws = min(units * per_cu * lws, -(-n4 // lws) * lws)
+            try:
+                ns = profiled_median_ns(queue, lambda: k(queue, (gws,), (lws,), src, dst, np.int32(n4)), repeats)
+            except Exception:  # local size too large for this device
+                continue
+            best = min(best, ns)
+    _cache[key] = best
+    return best
 
 
 def gated_times_ns(ctx, queue, plan, bufs, repeats):
@@ -297,6 +326,8 @@ def main(argv=None):
                     continue
                 if args.baselines and base is None:
                     base = torch_baselines(case, scheme, data, args)
+                if case[1] == "gemv" and case[2] == 1:
+                    row["read_floor_us"] = read_floor_ns(ctx, dev, queue, row["bytes"], args.repeat) / 1e3
                 rows.append(report(case, row, base or {}, bw))
     if args.json:
         with open(args.json, "w") as fh:
@@ -314,6 +345,9 @@ def report(case, row, baselines, bw):
     lws = "driver" if row["lws"] is None else "x".join(map(str, row["lws"]))
     extra = "  ".join(f"{k[:-3]}={v:.1f}us" for k, v in row.items() if k.startswith("torch") and k.endswith("_us"))
     pct = f"{row['pct_copy']:6.1f} {row['pct_copy_b2b']:6.1f}" if gemv else f"{'':13s}"
+    if "read_floor_us" in row:  # the %copy of a kernel that only reads these bytes
+        row["pct_copy_read_floor"] = 100.0 * row["bytes"] / (row["read_floor_us"] * 1e3) * 1e9 / bw
+        extra = f"read floor={row['read_floor_us']:.1f}us ({row['pct_copy_read_floor']:.0f}%)  " + extra
     chk = f" err={row['max_rel_err']:.1e}" if "max_rel_err" in row else ""
     if "us_gemv_only" in row:
         chk += f" (gemv_a8 alone {row['us_gemv_only']:.1f}us, host-paced {row['us_host_paced']:.1f}us)"

@@ -3,7 +3,7 @@
  * KIND 0: read only; 1: float decode (magic-number classes); 2: float without the FADD (wrong values,
  * cost probe); 3: int8 activations, dp4a. QB = 4 | 8. U chunks in flight per channel, NC channels per
  * item (o, o + L0), SPLIT split-K lanes (dim 1), DB = 1: loads of the next U chunks issued before the
- * current ones are decoded. Built after qconv/gpu/kernels/common.cl (q8x4, dp4a_us / dp4a_ss: -DDP4A_PTX
+ * current ones are decoded. Built after qconv/gpu/kernels/common.cl (q8x4, dp4a_us / dp4a_ss: -DNV_PTX
  * on NVIDIA). The int4 float decode is conv_1x1.cl's q4x8_classes, with the FADD removable (KIND 2). */
 #define MAG 0x4B000000u
 

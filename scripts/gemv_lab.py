@@ -104,7 +104,7 @@ def run_case(qb):
     for kind, U, SPLIT, L0, NC, DB in configs:
         opts = [f"-DQB={qb}", f"-DKIND={kind}", f"-DU={U}", f"-DSPLIT={SPLIT}", f"-DL0={L0}", f"-DNC={NC}",
                 f"-DDB={DB}"]
-        extra = ["-DDP4A_PTX"] if kind == 3 and "NVIDIA" in plat.name.upper() else []
+        extra = ["-DNV_PTX"] if kind == 3 and "NVIDIA" in plat.name.upper() else []
         prg = cl.Program(ctx, SRC).build(options=opts + extra)
         kern = prg.gemv
         gws = (O // NC, SPLIT)

@@ -530,26 +530,28 @@ class OpenCLEngine:
         return g if (bc % kc == 0 or kc % bc == 0) and g % (32 // w.bits) == 0 else None
 
     def _a8_local_sizes(self, nc, fused=False):
-        """(l0, SPLIT) to time; the fused variants also hold x's int8 words and group sums in local memory."""
+        """(l0, SPLIT, g) to time: local size (l0, SPLIT), g work-groups per compute unit (the grid is at
+        most g * compute units groups, each looping over tiles of l0 * nc output channels); the fused
+        variants also hold x's int8 words and group sums in local memory."""
         if self.forced_lws is not None:
-            sizes = [tuple(self.forced_lws[:2])]
+            sizes = [(*self.forced_lws[:2], 1)]
         elif self.tune == "full":
-            sizes = [(a, b) for a in (16, 32, 64, 128) for b in (2, 4, 8, 16, 32)]
+            sizes = [(a, b, g) for a in (16, 32, 64, 128, 256) for b in (2, 4, 8, 16, 32) for g in (1, 2)]
         elif self.is_gpu:
-            sizes = [(32, 16), (64, 8), (64, 16)]  # the H200's picks
+            sizes = [(32, 16, 2), (32, 32, 1), (64, 8, 2)]  # the H200's picks
         else:
-            sizes = [(16, 4), (8, 2)]
+            sizes = [(16, 4, 1), (8, 2, 1)]
         ocp = _cdiv(self.spec.weight.out_channels, 4) * 4
         kch = _cdiv(self.spec.weight.q.shape[1], self.layout.ic_pack)
         maxwg = min(int(self.device.max_work_group_size), 1024)
         mi, lmem = self.device.max_work_item_sizes, int(self.device.local_mem_size)
         p0, pk = _pow2ceil(_cdiv(ocp, nc)), _pow2floor(kch)
         if self.forced_lws is None:  # powers of two (the prologue's reduction tree), clamped to the problem
-            sizes = [(min(a, p0), min(b, pk)) for a, b in sizes]
-        kc, g = self.layout.ic_pack, self._a8_group
-        held = kch * kc + 4 * kch * (kc // g if g else 1) if fused else 0  # bytes: xq words, group sums
-        return [(a, b) for a, b in dict.fromkeys(sizes)
-                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and held + 4 * a * b <= lmem
+            sizes = [(min(a, p0), min(b, pk), g) for a, b, g in sizes]
+        kc, gr = self.layout.ic_pack, self._a8_group
+        held = kch * kc + 4 * kch * (kc // gr if gr else 1) if fused else 0  # bytes: xq words, group sums
+        return [(a, b, g) for a, b, g in dict.fromkeys(sizes)
+                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and held + 4 * nc * a * b <= lmem
                 and not (fused and a * b & (a * b - 1))]  # fused: x's amax tree needs a power of two
 
     def _a8_names(self, m):
@@ -565,8 +567,8 @@ class OpenCLEngine:
         return names
 
     def _a8_candidate(self, name, layout):
-        """gemv_a8 (NDRange (ceil(OCp / (l0*NC)) * l0, SPLIT), local (l0, SPLIT)), after quant_x_a8 (one
-        work-group) unless fused; ``launch`` returns gemv_a8's event and leaves (first, last) event in
+        """gemv_a8 (NDRange (G * l0, SPLIT), local (l0, SPLIT), G groups over ceil(OCp / (l0*NC)) tiles, see
+        ``_a8_local_sizes``), after quant_x_a8 (one work-group) unless fused; ``launch`` returns gemv_a8's event and leaves (first, last) event in
         ``info["state"]["events"]``."""
         cl = import_pyopencl()
         wt = self.spec.weight
@@ -584,24 +586,27 @@ class OpenCLEngine:
         if layout == "nchw":
             opts.append("-DOUT_NCHW")
         if "NVIDIA" in self.device.platform.name.upper():
-            opts.append("-DDP4A_PTX")
+            opts.append("-DNV_PTX")
         if fused:
             opts.append("-DFUSED")
         opts = tuple(opts)
         scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
         xq_bytes = 16 * kch * (2 if wt.bits == 4 else 1)
         gs_bytes = 4 * (1 + (1 if not self._a8_group else kch * kc // self._a8_group))  # dx, sums of xq
-        engine = self
+        engine, cus = self, int(self.device.max_compute_units)
 
         def launch(queue, lws, bufs=None, wait_for=None):
             xbuf, ybuf = bufs if bufs is not None else state["bufs"]
-            l0, split = lws
+            l0, split, g = lws
             gemv = get_kernel(engine.ctx, "gemv_a8", opts + (f"-DL0={l0}", f"-DSPLIT={split}"), "gemv_a8")
-            gws = (_roundup(ocp, l0 * nc) // nc, split)
+            ntiles = _cdiv(ocp, l0 * nc)
+            waves = _cdiv(ntiles, g * cus)  # tiles per group, at most
+            gws = (_cdiv(ntiles, waves) * l0, split)
+            red = cl.LocalMemory(4 * nc * l0 * split)
             if fused:
                 with _launch_lock:
                     gemv.set_args(np.int32(ocp), xbuf, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
-                                  cl.LocalMemory(4 * l0 * split), *scal)
+                                  red, *scal)
                     ev = cl.enqueue_nd_range_kernel(queue, gemv, gws, (l0, split), wait_for=wait_for)
                 state["events"] = (ev, ev)
                 return ev
@@ -618,7 +623,7 @@ class OpenCLEngine:
                 quant.set_args(xbuf, xq, gs, cl.LocalMemory(4 * ql), scal[0])
                 ev_q = cl.enqueue_nd_range_kernel(queue, quant, (ql,), (ql,), wait_for=wait_for)
                 gemv.set_args(np.int32(ocp), xq, gs, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
-                              cl.LocalMemory(4 * l0 * split), *scal)
+                              red, *scal)
                 ev = cl.enqueue_nd_range_kernel(queue, gemv, gws, (l0, split), wait_for=None if in_order else [ev_q])
             state["events"] = (ev_q, ev)
             return ev

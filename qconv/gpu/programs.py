@@ -30,6 +30,17 @@ def source(program: str) -> str:
     return "\n".join(parts)
 
 
+@functools.lru_cache(maxsize=None)
+def kernels_digest() -> str:
+    """SHA-1 of every ``.cl`` file (the tuning cache keeps results per kernel sources)."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for path in sorted(KERNEL_DIR.glob("*.cl")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _memoize(func):
     cl = import_pyopencl()  # noqa: F841 (only to fail early with a clear message)
     from pyopencl.tools import first_arg_dependent_memoize

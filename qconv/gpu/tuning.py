@@ -4,7 +4,8 @@ For each candidate variant the tuner times a set of local sizes (median of a few
 a warm-up) and keeps the fastest; the variant with the fastest best time wins. Results are cached in
 memory and on disk, one JSON file per device, keyed by
 
-    device name, vendor, driver version (+ platform)      -> the file (``opencl-tune-<hash>.json``)
+    device name, vendor, driver version (+ platform),     -> the file (``opencl-tune-<hash>.json``)
+    the kernel sources' digest
     kernel program, variant, build options, global size,   -> the entry key
     scalar kernel arguments
 
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from .context import device_identity, import_pyopencl
+from .programs import kernels_digest
 
 LEVELS = ("none", "fast", "full")
 _RANK = {"none": 0, "fast": 1, "full": 2}
@@ -160,7 +162,7 @@ _caches_lock = threading.Lock()
 
 def cache_for(device) -> TuningCache:
     """The (process-wide) :class:`TuningCache` of a ``pyopencl.Device`` in the current cache directory."""
-    ident = device_identity(device)
+    ident = {**device_identity(device), "kernels": kernels_digest()}  # new kernels: a new file
     directory = cache_dir()
     key = (json.dumps(ident, sort_keys=True), str(directory))
     with _caches_lock:

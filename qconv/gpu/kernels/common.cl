@@ -61,8 +61,8 @@ inline float4 q4x4(uint word, uint shift) {
 }
 
 /* 4-way byte dot products c + sum a_i * b_i (a unsigned / signed bytes, b signed bytes): inline PTX dp4a
- * with -DDP4A_PTX (NVIDIA), plain integer arithmetic elsewhere. */
-#ifdef DP4A_PTX
+ * with -DNV_PTX (NVIDIA), plain integer arithmetic elsewhere. */
+#ifdef NV_PTX
 inline int dp4a_us(uint a, uint b, int c) {
     int d;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -158,14 +158,60 @@ inline float2 row_params(float amax) {
     return ok ? (float2)(qs, amax / 127.0f) : (float2)(1.0f, 1.0f);
 }
 
-/* max over a work-group of a power-of-two size nloc (every item calls it with its linear id lid; red: one
- * float per item) */
+/* Reductions over a work-group of a power-of-two size nloc (every item calls them with its linear id lid;
+ * red: nloc floats or ints of local memory, which the caller may rewrite only after a barrier). With
+ * -DNV_PTX and nloc a multiple of 32 they run on warps (32 consecutive linear ids on NVIDIA GPUs): a
+ * butterfly of PTX shuffles, one barrier, then every warp reduces the warps' results again; else a tree in
+ * local memory. max and integer sums do not depend on the order, so both give the same bits. */
+#ifdef NV_PTX
+inline float warp_max(float v) {
+    for (int s = 16; s > 0; s >>= 1) {
+        float o;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 31, 0xffffffff;" : "=f"(o) : "f"(v), "r"(s));
+        v = fmax(v, o);
+    }
+    return v;
+}
+inline int warp_isum(int v) {
+    for (int s = 16; s > 0; s >>= 1) {
+        int o;
+        asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 31, 0xffffffff;" : "=r"(o) : "r"(v), "r"(s));
+        v += o;
+    }
+    return v;
+}
+#define WARP_REDUCE(red, v, lid, nloc, zero, warp_op)                                             \
+    if ((nloc) % 32 == 0) {                                                                       \
+        v = warp_op(v);                                                                           \
+        if ((lid) % 32 == 0)                                                                      \
+            red[(lid) / 32] = v;                                                                  \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                             \
+        v = (lid) % 32 < (nloc) / 32 ? red[(lid) % 32] : (zero);                                  \
+        return warp_op(v);                                                                        \
+    }
+#else
+#define WARP_REDUCE(red, v, lid, nloc, zero, warp_op)
+#endif
+
 inline float work_group_amax(__local float *red, float m, int lid, int nloc) {
+    WARP_REDUCE(red, m, lid, nloc, 0.0f, warp_max)
     red[lid] = m;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int s = nloc / 2; s > 0; s >>= 1) {
         if (lid < s)
             red[lid] = fmax(red[lid], red[lid + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return red[0];
+}
+
+inline int work_group_isum(__local int *red, int v, int lid, int nloc) {
+    WARP_REDUCE(red, v, lid, nloc, 0, warp_isum)
+    red[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = nloc / 2; s > 0; s >>= 1) {
+        if (lid < s)
+            red[lid] += red[lid + s];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     return red[0];

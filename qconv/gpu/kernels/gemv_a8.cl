@@ -15,17 +15,21 @@
  * separate words; sum (q + 8) xq - 8 * sum xq = sum q xq with the group sums of xq, which the asymmetric
  * weights need anyway. The quantized x (8 KB for 8192 channels) is read from L1/L2 by every work-group.
  *
- * gemv_a8 NDRange (2-D), local size (L0, SPLIT) fixed at build time: dim 0: NC output channels per item
- * (o and o + L0 inside the work-group's L0 * NC channels, so a 32-item sub-group loads 512 contiguous
- * bytes per chunk); dim 1: split-K lanes (lane lk takes chunks lk, lk + SPLIT, ...), partial sums reduced
- * in local memory in a fixed order (lane 0 first). Integer sums are exact; per-channel scales apply once
- * at the end, blockwise ones once per scale group. Registers bound this kernel (the loads in flight come
- * from occupancy): the fused prologue keeps x in registers only until it is packed into local memory.
+ * gemv_a8 NDRange (2-D, G work-groups of local size (L0, SPLIT), fixed at build time) over tiles of L0 * NC
+ * output channels: work-group g takes tiles g, g + G, ... (the engine makes G the device's resident
+ * work-groups or fewer, so x is quantized once per group and the tiles spread evenly). dim 0: NC output
+ * channels per item (o and o + L0 inside the tile, so a 32-item sub-group loads 512 contiguous bytes per
+ * chunk); dim 1: split-K lanes (lane lk takes chunks lk, lk + SPLIT, ...), partial sums reduced by a tree
+ * of fixed shape in local memory. Integer sums are exact; per-channel scales apply once at the end,
+ * blockwise ones once per scale group. Loads in flight: U chunks per item, issued before they are used:
+ * a tile's first chunks load during the previous tile's reduction (the first tile's: during the fused
+ * prologue, after x's loads). Registers bound this kernel (the loads in flight come from occupancy): the
+ * fused prologue keeps x in registers only until it is packed into local memory.
  *
  * Build options: QBITS, KC, SCALE_HALF, ASYM, NBLK1 | GROUP_CH (input channels per scale group inside a
  * chunk: min(block, KC), a multiple of 8 for int4 and 4 for int8), BLOCK_CH, HAS_BIAS, ACT, OUT_NCHW,
  * G_IC (required) / G_OC, QL, L0, SPLIT, NC, U (chunks per channel loaded before any is used), FUSED
- * (L0 * SPLIT a power of two), DP4A_PTX (NVIDIA: PTX dp4a).
+ * (L0 * SPLIT a power of two), NV_PTX (NVIDIA: PTX dp4a and warp shuffles).
  */
 #ifndef QBITS
 #error "QBITS must be defined (4 or 8)"
@@ -63,18 +67,6 @@ inline float4 load_x4(__global const float *x, int i, int ic) {
 
 #define WORD(v, i) ((i) == 0 ? (v).x : (i) == 1 ? (v).y : (i) == 2 ? (v).z : (v).w)
 
-/* sum over a work-group of a power-of-two size nloc; lid: the item's linear id (as work_group_amax) */
-inline int work_group_isum(__local int *red, int v, int lid, int nloc) {
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = nloc / 2; s > 0; s >>= 1) {
-        if (lid < s)
-            red[lid] += red[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    return red[0];
-}
-
 #define KP (CDIV(IC, KC) * KC) /* input channels padded to whole chunks (xq holds zeros past IC) */
 #ifdef FUSED
 #define QT (L0 * SPLIT)        /* items that quantize x: the GEMV's work-group */
@@ -83,18 +75,26 @@ inline int work_group_isum(__local int *red, int v, int lid, int nloc) {
 #endif
 #define NV CDIV(KP, 4 * QT)    /* float4 of x per quantizing item */
 #define XG (GW * XW)           /* xq words per scale group (contiguous) */
+#define SPLIT_P2                                                                                  \
+    (SPLIT <= 1 ? 1 : SPLIT <= 2 ? 2 : SPLIT <= 4 ? 4 : SPLIT <= 8 ? 8 : SPLIT <= 16 ? 16 : SPLIT <= 32 ? 32 \
+     : SPLIT <= 64 ? 64 : SPLIT <= 128 ? 128 : SPLIT <= 256 ? 256 : SPLIT <= 512 ? 512 : 1024)
 #define NGS (KP / KC * NSG)    /* scale groups */
 
-/* Quantization of x by the QT items of one work-group (lid: linear id). load_x_amax: item lid's NV float4
- * of x (all loads in flight) and their max |x|; pack_x4: the xq bytes of x[i .. i+3] (i % 4 == 0) with
+/* Quantization of x by the QT items of one work-group (lid: linear id). load_x: item lid's NV float4
+ * of x (all loads in flight; amax4: their max |x|); pack_x4: the xq bytes of x[i .. i+3] (i % 4 == 0) with
  * their sum; STORE_XQ: all of the item's, through STORE_X4: int4: the even elements of weight word i / 8
  * go to xq word 2 (i / 8), the odd ones to 2 (i / 8) + 1, each as byte pair (i / 4) % 2 (p.x, p.y); int8:
  * one word (p.x). GROUP_SUM: the sum of scale group g's xq bytes. */
-inline float load_x_amax(__global const float *x, float4 *v, int lid) {
+inline void load_x(__global const float *x, float4 *v, int lid) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+        v[j] = load_x4(x, 4 * (lid + j * QT), IC);
+}
+
+inline float amax4(const float4 *v) {
     float m = 0.0f;
 #pragma unroll
     for (int j = 0; j < NV; ++j) {
-        v[j] = load_x4(x, 4 * (lid + j * QT), IC);
         const float4 a = fabs(v[j]);
         m = fmax(m, fmax(fmax(a.x, a.y), fmax(a.z, a.w)));
     }
@@ -145,7 +145,8 @@ void quant_x_a8(__global const float *x, __global uint *xq, __global int *gsum_d
                 const int a_ic) {
     const int lid = get_local_id(0);
     float4 v[NV];
-    const float2 qd = row_params(work_group_amax(red, load_x_amax(x, v, lid), lid, QL));
+    load_x(x, v, lid);
+    const float2 qd = row_params(work_group_amax(red, amax4(v), lid, QL));
     if (lid == 0)
         ((__global float *)gsum_dx)[0] = qd.y;
     int total = 0;
@@ -183,47 +184,19 @@ void gemv_a8(const int gws0, A8_INPUT,
              __global const SCALE_T *wo,
              __global const float *bias,
              __global float *y,
-             __local float *red, /* L0 * SPLIT: the split-K reduction */
+             __local float *red, /* NC * L0 * SPLIT: the split-K reduction (FUSED: and x's amax) */
              const int a_ic, const int a_oc) {
     const int lid0 = get_local_id(0), lk = get_local_id(1);
     const int lin = lk * L0 + lid0;
     const int OCP = CDIV(OC, 4) * 4;
     const int KCH = CDIV(IC, KC);
-    const int ob = get_group_id(0) * (L0 * NC) + lid0;
-    int oc[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
+    const int NT = CDIV(gws0, L0 * NC); /* tiles of L0 * NC output channels */
+    int t = get_group_id(0);
+    int ob, oc[NC];
+#define SET_TILE(t)                                                                             \
+    ob = (t) * (L0 * NC) + lid0;                                                                \
+    _Pragma("unroll") for (int c = 0; c < NC; ++c)                                              \
         oc[c] = min(ob + c * L0, gws0 - 1); /* items past gws0 compute a copy of the last channel */
-
-#ifdef FUSED
-    __local uint4 xq[KP / 16]; /* xq words as quant_x_a8 stores them */
-    __local int gs_l[NGS];
-    float dxv;
-    int tx; /* sum of all xq (NBLK1) */
-    {
-        float4 v[NV];
-        const float2 qd = row_params(work_group_amax(red, load_x_amax(x, v, lin), lin, QT));
-        dxv = qd.y;
-        int total = 0;
-        STORE_XQ(__local, xq, v, lin, qd.x, total)
-        barrier(CLK_LOCAL_MEM_FENCE); /* red is reused; xq is complete */
-#ifdef NBLK1
-        tx = work_group_isum((__local int *)red, total, lin, QT);
-        barrier(CLK_LOCAL_MEM_FENCE); /* everyone has read red[0] before the split-K reduction reuses red */
-#else
-        for (int g = lin; g < NGS; g += QT) {
-            int sg;
-            GROUP_SUM((__local uint *)xq, g, sg)
-            gs_l[g] = sg;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-#endif
-    }
-    __local const int *gsv = gs_l;
-#else
-    const float dxv = as_float(gsum_dx[0]);
-    __global const int *gsv = gsum_dx + 1;
-#endif
 
     uint4 wv[U][NC];
 #ifndef NBLK1
@@ -256,112 +229,185 @@ void gemv_a8(const int gws0, A8_INPUT,
             LOAD_SCALES(j, c, kj)                                                               \
         }                                                                                       \
     }
+
+#ifdef FUSED
+    __local uint4 xq[KP / 16]; /* xq words as quant_x_a8 stores them */
+    __local int gs_l[NGS];
+    float dxv;
+    int tx; /* sum of all xq (NBLK1) */
+    {
+        float4 v[NV];
+        load_x(x, v, lin); /* x first: the weights below would queue ahead of it */
+        SET_TILE(t)
+        LOAD_CHUNKS(lk) /* the first tile's first weights are in flight while x is quantized */
+        const float2 qd = row_params(work_group_amax(red, amax4(v), lin, QT));
+        dxv = qd.y;
+        int total = 0;
+        STORE_XQ(__local, xq, v, lin, qd.x, total)
+        barrier(CLK_LOCAL_MEM_FENCE); /* red is reused; xq is complete */
 #ifdef NBLK1
-    int ia[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-        ia[c] = 0;
+        tx = work_group_isum((__local int *)red, total, lin, QT);
+        barrier(CLK_LOCAL_MEM_FENCE); /* everyone has read red before the split-K reduction reuses it */
 #else
-    float acc[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-        acc[c] = 0.0f;
+        for (int g = lin; g < NGS; g += QT) {
+            int sg;
+            GROUP_SUM((__local uint *)xq, g, sg)
+            gs_l[g] = sg;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
 #endif
-    for (int k = lk; k < KCH; k += U * SPLIT) {
-        LOAD_CHUNKS(k)
+    }
+    __local const int *gsv = gs_l;
+#else
+    SET_TILE(t)
+    LOAD_CHUNKS(lk)
+    const float dxv = as_float(gsum_dx[0]);
+    __global const int *gsv = gsum_dx + 1;
+#ifdef NBLK1
+    const int tx = gsv[0];
+#endif
+#endif
+
+    /* tiles t, t + G, ... (G work-groups: the engine sizes the grid to the device's resident work-groups) */
+    for (; t < NT; t += get_num_groups(0)) {
+#ifdef NBLK1
+        int ia[NC];
 #pragma unroll
-        for (int j = 0; j < U; ++j) {
-            const int kj = k + j * SPLIT;
-            if (j > 0 && kj >= KCH)
-                break;
-            uint xw[NW * XW];
+        for (int c = 0; c < NC; ++c)
+            ia[c] = 0;
+#else
+        float acc[NC];
 #pragma unroll
-            for (int t = 0; t < NW * XW / 4; ++t) {
-                const uint4 v = xq[kj * (NW * XW / 4) + t];
-                xw[4 * t] = v.x;
-                xw[4 * t + 1] = v.y;
-                xw[4 * t + 2] = v.z;
-                xw[4 * t + 3] = v.w;
+        for (int c = 0; c < NC; ++c)
+            acc[c] = 0.0f;
+#endif
+        for (int k = lk; k < KCH; k += U * SPLIT) {
+            if (k != lk) { /* the first chunks were loaded ahead */
+                LOAD_CHUNKS(k)
             }
+#pragma unroll
+            for (int j = 0; j < U; ++j) {
+                const int kj = k + j * SPLIT;
+                if (j > 0 && kj >= KCH)
+                    break;
+                uint xw[NW * XW];
+#pragma unroll
+                for (int w4 = 0; w4 < NW * XW / 4; ++w4) {
+                    const uint4 v = xq[kj * (NW * XW / 4) + w4];
+                    xw[4 * w4] = v.x;
+                    xw[4 * w4 + 1] = v.y;
+                    xw[4 * w4 + 2] = v.z;
+                    xw[4 * w4 + 3] = v.w;
+                }
 #if defined(NEED_GSUM) && !defined(NBLK1)
-            int gs[NSG];
+                int gs[NSG];
 #pragma unroll
-            for (int g = 0; g < NSG; ++g)
-                gs[g] = gsv[kj * NSG + g];
+                for (int g = 0; g < NSG; ++g)
+                    gs[g] = gsv[kj * NSG + g];
 #endif
 #pragma unroll
-            for (int c = 0; c < NC; ++c) {
+                for (int c = 0; c < NC; ++c) {
 #pragma unroll
-                for (int g = 0; g < NSG; ++g) {
-                    int d = 0;
+                    for (int g = 0; g < NSG; ++g) {
+                        int d = 0;
 #pragma unroll
-                    for (int wi = g * GW; wi < (g + 1) * GW; ++wi) {
-                        const uint w = WORD(wv[j][c], wi);
+                        for (int wi = g * GW; wi < (g + 1) * GW; ++wi) {
+                            const uint w = WORD(wv[j][c], wi);
 #if QBITS == 4
-                        d = dp4a_us(w & 0x0F0F0F0Fu, xw[2 * wi], d);
-                        d = dp4a_us((w >> 4) & 0x0F0F0F0Fu, xw[2 * wi + 1], d);
+                            d = dp4a_us(w & 0x0F0F0F0Fu, xw[2 * wi], d);
+                            d = dp4a_us((w >> 4) & 0x0F0F0F0Fu, xw[2 * wi + 1], d);
 #else
-                        d = dp4a_ss(w, xw[wi], d);
+                            d = dp4a_ss(w, xw[wi], d);
 #endif
-                    }
+                        }
 #ifdef NBLK1
-                    ia[c] += d;
+                        ia[c] += d;
 #else
 #if QBITS == 4
-                    d -= 8 * gs[g];
+                        d -= 8 * gs[g];
 #endif
 #ifdef ASYM
-                    acc[c] = fma(sv[j][c][g], (float)d, fma(av[j][c][g], (float)gs[g], acc[c]));
+                        acc[c] = fma(sv[j][c][g], (float)d, fma(av[j][c][g], (float)gs[g], acc[c]));
 #else
-                    acc[c] = fma(sv[j][c][g], (float)d, acc[c]);
+                        acc[c] = fma(sv[j][c][g], (float)d, acc[c]);
 #endif
+#endif
+                    }
+                }
+            }
+        }
+
+        /* the next tile's first weights load during this tile's reduction */
+        const int o0 = ob;
+#ifdef NBLK1
+        float s_o[NC];
+#ifdef ASYM
+        float a_o[NC];
+#endif
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            s_o[c] = LOAD_S1(ws, oc[c]);
+#ifdef ASYM
+            a_o[c] = LOAD_S1(wo, oc[c]);
+#endif
+        }
+#endif
+        if (t + (int)get_num_groups(0) < NT) {
+            SET_TILE(t + (int)get_num_groups(0))
+            LOAD_CHUNKS(lk)
+        }
+
+        /* sum over the split-K lanes: a tree of fixed shape in local memory, red[c][lk][lid0] */
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+#ifdef NBLK1
+            ((__local int *)red)[c * (L0 * SPLIT) + lin] = ia[c];
+#else
+            red[c * (L0 * SPLIT) + lin] = acc[c];
+#endif
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int h = SPLIT_P2 / 2; h > 0; h >>= 1) {
+            if (lk < h && lk + h < SPLIT) {
+#pragma unroll
+                for (int c = 0; c < NC; ++c)
+#ifdef NBLK1
+                    ((__local int *)red)[c * (L0 * SPLIT) + lin] += ((__local int *)red)[c * (L0 * SPLIT) + lin + h * L0];
+#else
+                    red[c * (L0 * SPLIT) + lin] += red[c * (L0 * SPLIT) + lin + h * L0];
+#endif
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        /* row lk = 0 is not written again before its items have read it (the next tile's writes to it
+         * are their own) */
+        if (lk == 0) {
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const int o = o0 + c * L0;
+#ifdef NBLK1
+                /* exact integer sums: q.xq (int4: minus 8 * sum xq) and sum xq */
+                int tq = ((__local int *)red)[c * (L0 * SPLIT) + lid0];
+#if QBITS == 4
+                tq -= 8 * tx;
+#endif
+                float r = s_o[c] * (float)tq;
+#ifdef ASYM
+                r = fma(a_o[c], (float)tx, r);
+#endif
+#else
+                const float r = red[c * (L0 * SPLIT) + lid0];
+#endif
+                if (o < gws0) {
+                    const float v = ACTIVATE(fma(dxv, r, bias[o]));
+#ifdef OUT_NCHW
+                    if (o < OC)
+                        y[o] = v;
+#else
+                    y[o] = o < OC ? v : 0.0f;
 #endif
                 }
             }
         }
-    }
-
-    /* reduce over the split-K lanes in a fixed order (lane 0 first) and store */
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        const int o = ob + c * L0;
-#ifdef NBLK1
-        /* exact integer sums: q.xq (int4: minus 8 * sum xq) and sum xq */
-        ((__local int *)red)[lin] = ia[c];
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (lk == 0) {
-#ifndef FUSED
-            const int tx = gsv[0];
-#endif
-            int tq = 0;
-            for (int j = 0; j < SPLIT; ++j)
-                tq += ((__local int *)red)[j * L0 + lid0];
-#if QBITS == 4
-            tq -= 8 * tx;
-#endif
-            float r = LOAD_S1(ws, oc[c]) * (float)tq;
-#ifdef ASYM
-            r = fma(LOAD_S1(wo, oc[c]), (float)tx, r);
-#endif
-#else
-        red[lin] = acc[c];
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (lk == 0) {
-            float r = 0.0f;
-            for (int j = 0; j < SPLIT; ++j)
-                r += red[j * L0 + lid0];
-#endif
-            if (o < gws0) {
-                const float v = ACTIVATE(fma(dxv, r, bias[o]));
-#ifdef OUT_NCHW
-                if (o < OC)
-                    y[o] = v;
-#else
-                y[o] = o < OC ? v : 0.0f;
-#endif
-            }
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
     }
 }
 #endif /* L0 */

@@ -1,4 +1,5 @@
-/* Utility kernels of the benchmarks: float4 copies (memory bandwidth) and an empty kernel (launch floor). */
+/* Utility kernels of the benchmarks: float4 copies (memory bandwidth), a read-only stream (the fastest any
+ * kernel can read a given number of bytes) and an empty kernel (launch floor). */
 __kernel void copy_float4(__global const float4 *src, __global float4 *dst, const int n) {
     const int i = get_global_id(0);
     if (i < n)
@@ -23,6 +24,29 @@ __kernel void copy_float4_gs(__global const float4 *src, __global float4 *dst, c
     }
     for (; i < n; i += stride)
         dst[i] = src[i];
+}
+
+/* grid-stride read of n uint4, UNR in flight per item, folded by xor; the fold is stored only when it is not
+ * zero, which never happens for a zero-filled src, so the kernel's traffic is its reads (the compiler cannot
+ * drop them). */
+__kernel void read_uint4_gs(__global const uint4 *src, __global uint *dst, const int n) {
+    const int stride = get_global_size(0);
+    int i = get_global_id(0);
+    uint4 acc = (uint4)(0u);
+    for (; i + (UNR - 1) * stride < n; i += UNR * stride) {
+        uint4 v[UNR];
+#pragma unroll
+        for (int u = 0; u < UNR; ++u)
+            v[u] = src[i + u * stride];
+#pragma unroll
+        for (int u = 0; u < UNR; ++u)
+            acc ^= v[u];
+    }
+    for (; i < n; i += stride)
+        acc ^= src[i];
+    const uint f = acc.x ^ acc.y ^ acc.z ^ acc.w;
+    if (f != 0u)
+        dst[0] = f;
 }
 
 /* does nothing: its event duration is the device's per-launch floor (benchmarks) */
