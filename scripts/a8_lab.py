@@ -1,5 +1,5 @@
 """gemv_a8 lab (H200 experiments, not the engine): times the fused int8-activation GEMV (gemv_a8f) on
-8192->28672 over build options and local sizes, next to the read floor (a kernel that only reads the same
+8192->28672 over build options and local sizes (l0, SPLIT, work-groups per compute unit), next to the read floor (a kernel that only reads the same
 bytes) and the float4 copy. Every configuration's output is checked against the numpy oracle.
 
     OUT=... python3 scripts/a8_lab.py     # on the GPU machine (wheels + ICD as in scripts/h200.sh)
@@ -30,7 +30,7 @@ _get_kernel = engine_mod.get_kernel
 
 def patched_get_kernel(ctx, program, opts, name):
     if program == "gemv_a8" and name == "gemv_a8" and EXTRA:
-        drop = tuple(e.split("=")[0] + "=" for e in EXTRA if "=" in e)
+        drop = tuple(e.split("=")[0] + "=" for e in EXTRA if "=" in e and " " not in e)
         opts = tuple(o for o in opts if not (drop and o.startswith(drop))) + tuple(EXTRA)
     return _get_kernel(ctx, program, opts, name)
 
@@ -44,11 +44,10 @@ print(f"# {dev.name}: copy {bw / 1e9:.0f} GB/s, empty kernel {bg.null_kernel_ns(
       flush=True)
 K, O = (1024, 2048) if SMALL else (8192, 28672)
 rng = np.random.default_rng(0)
-NV = "NVIDIA" in dev.platform.name.upper()
-# NVIDIA's compiler options: -cl-nv-verbose (ptxas' register count in the build log), -cl-nv-maxrregcount
-EXTRAS = [()] + ([(f"-cl-nv-maxrregcount={r}",) for r in (32, 40, 48, 64)] if NV else [])
+NV = "NVIDIA" in dev.platform.name.upper()  # -cl-nv-verbose: ptxas' register count in the build log
+EXTRAS = [()]  # e.g. ("-DU=6",): build options to compare
 LWS = ([(32, 16, 1), (64, 8, 1), (16, 4, 1)] if SMALL else
-       [(a, b, g) for a, b in ((32, 16), (32, 32), (64, 8), (128, 4), (256, 4)) for g in (2, 8)
+       [(a, b, g) for a, b in ((32, 16), (32, 32), (64, 8), (128, 4), (256, 4)) for g in (1, 2, 8)
         if a * b * g <= 4096])
 for scheme in ("int4", "int4-b32-asym", "int8"):
     qw = bg.make_weight(rng, O, K, 1, scheme, True)
@@ -81,7 +80,7 @@ for scheme in ("int4", "int4-b32-asym", "int8"):
         err = float(np.abs(yd.get() - ref).max() / np.abs(ref).max())
         regs = ""
         if NV:  # the build's ptxas report
-            opts = tuple(o for o in c.options if not o.startswith(tuple(e.split("=")[0] for e in EXTRA)))
+            opts = tuple(o for o in c.options if not o.startswith(tuple(e.split("=")[0] + "=" for e in EXTRA if "=" in e)))
             opts += tuple(EXTRA) + ("-cl-nv-verbose", f"-DL0={lws[0]}", f"-DSPLIT={lws[1]}")
             log = gpu.programs.get_program(ctx, "gemv_a8", opts).get_build_info(dev, 0x1183)  # BUILD_LOG
             regs = "regs " + ",".join(re.findall(r"Used (\d+) registers", log))

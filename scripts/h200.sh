@@ -3,7 +3,7 @@
 # OpenCL ICD, build qconv in place, run the OpenCL tests on the GPU, then the GPU benchmark.
 # Usage there: [RUNS=2] bash scripts/h200.sh [tests|bench|all|lab] [extra bench args...] (lab: scripts/a8_lab.py)
 # RUNS=2 runs the benchmark twice with one tuning cache ($OUT/tune-cache): the second run's setup column
-# shows the cache skipping the tuning. Outputs: $OUT/bench_gpu_run<i>.{json,txt}.
+# shows the cache skipping the tuning. Outputs: $OUT/bench_gpu_${TAG:-run}<i>.{json,txt}.
 set -uo pipefail
 what="${1:-all}"; shift || true
 OUT="${OUT:-/tmp/qconv-out}"; mkdir -p "$OUT"
@@ -27,7 +27,7 @@ if [ "$what" = lab ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     for i in $(seq 1 "${RUNS:-1}"); do
-        timeout 420 python3 benchmarks/bench_gpu.py --device "$dev" --baselines --json "$OUT/bench_gpu_run$i.json" "$@" \
-            2>&1 | tee "$OUT/bench_gpu_run$i.txt"
+        timeout 420 python3 benchmarks/bench_gpu.py --device "$dev" --baselines --json "$OUT/bench_gpu_${TAG:-run}$i.json" "$@" \
+            2>&1 | tee "$OUT/bench_gpu_${TAG:-run}$i.txt"
     done
 fi
