@@ -74,6 +74,22 @@ def test_gemv_a8_long_k(cl_device, bits, block, sym):
         assert_matches_reference(eng.forward(x), x, w16, act_quant="row")
 
 
+@pytest.mark.parametrize("bits,block,sym", [(4, 0, True), (8, 0, False), (4, 32, False)])
+def test_gemv_a8_many_tiles_per_work_group(cl_device, bits, block, sym):
+    """More tiles of output channels than the grid has work-groups (1100 channels in tiles of 4 or 8 on any
+    device's compute units): every group loops over several tiles, loading each next tile's first weights
+    during the previous tile's reduction; every variant matches the oracle."""
+    rng = np.random.default_rng(3)
+    w = _weight(rng, 1100, 96, 1, bits, block, sym)
+    x = rng.standard_normal((1, 96, 1, 1)).astype(np.float32)
+    for variant in sorted(gpu.A8_VARIANTS):
+        eng = _row_engine(w, device=cl_device, image=False, variant=variant, local_size=(4, 2, 1))
+        assert eng.device.max_compute_units < 1100 // (4 * gpu.A8_VARIANTS[variant][0])  # tiles > groups
+        y = eng.forward(x)
+        assert eng.plans[("nchw", 1, 1, 1)].cand.program == "gemv_a8"
+        assert_matches_reference(y, x, w, act_quant="row")
+
+
 def test_row_quantization_is_bit_exact(cl_device):
     """The device quantizes like the oracle: half away from zero at ties, clipped, zero and tiny inputs."""
     rng = np.random.default_rng(11)

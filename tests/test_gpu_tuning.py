@@ -109,6 +109,15 @@ def test_second_process_reuses_the_first_ones_results(cl_device, cache_dir):
     assert second["measured"] == 0 and second["cache_hits"] >= 2
 
 
+def test_cache_file_follows_the_kernel_sources(cl_device, cache_dir, monkeypatch):
+    """Results tuned for other kernel sources (another qconv version) live in another file."""
+    _, dev = gpu.resolve(cl_device)
+    before = tuning.cache_for(dev).path
+    assert before == tuning.cache_for(dev).path
+    monkeypatch.setattr(tuning, "kernels_digest", lambda: "0123456789abcdef")
+    assert tuning.cache_for(dev).path != before
+
+
 def test_corrupt_cache_warns_and_tuning_goes_on(cl_device, cache_dir):
     _, dev = gpu.resolve(cl_device)
     path = tuning.cache_for(dev).path

@@ -16,7 +16,8 @@ Three kernel families (``kernels/*.cl``):
 * ``gemv_a8``: with ``act_quant="row"``, linear layers on one row (N = H = W = 1) with int8 activations:
   x is quantized once (``gemv_a8_c*``: a ``quant_x_a8`` launch first) or by every work-group into local
   memory (``gemv_a8f_c*``: one launch), and the weights stream through 4-way byte dot products (``dp4a``;
-  PTX on NVIDIA, a portable fallback elsewhere), integer sums exact.
+  PTX on NVIDIA, a portable fallback elsewhere), integer sums exact; a grid of at most g work-groups per
+  compute unit loops over tiles of output channels (local sizes ``(l0, SPLIT, g)``).
 
 Activations and accumulation are float32 by default (``act_quant=None``); weights stay int8/int4 in device
 memory and are dequantised in registers (``w = q*scale + offset``). ``act_quant="row"`` quantizes each
