@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on the lent NVIDIA H200 (the `device` tool): install the carried wheels (.whl/), register NVIDIA's
 # OpenCL ICD, build qconv in place, run the OpenCL tests on the GPU, then the GPU benchmark.
-# Usage there: [RUNS=2] bash scripts/h200.sh [tests|bench|all|lab] [extra bench args...] (lab: scripts/a8_lab.py)
+# Usage there: [RUNS=2] [TESTS="tests/..."] bash scripts/h200.sh [tests|bench|all|lab] [extra bench args...] (lab: scripts/a8_lab.py)
 # RUNS=2 runs the benchmark twice with one tuning cache ($OUT/tune-cache): the second run's setup column
 # shows the cache skipping the tuning. Outputs: $OUT/bench_gpu_${TAG:-run}<i>.{json,txt}.
 set -uo pipefail
@@ -20,7 +20,7 @@ dev="$(python3 -c 'import qconv.gpu as g; d=[str(x) for x in g.devices()]; print
 [ -n "$dev" ] || { echo "no OpenCL device"; exit 1; }
 if [ "$what" = tests ] || [ "$what" = all ]; then
     HYPOTHESIS_PROFILE=qconv-ci QCONV_TUNE=none timeout 400 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_gpu_*.py tests/test_opencl_layouts.py 2>&1 | tail -15
+        ${TESTS:-tests/test_gpu_*.py tests/test_opencl_layouts.py} 2>&1 | tail -15
 fi
 if [ "$what" = lab ]; then
     timeout 500 python3 scripts/a8_lab.py 2>&1 | tee "$OUT/a8_lab.txt"

@@ -193,26 +193,23 @@ inline int warp_isum(int v) {
 #define WARP_REDUCE(red, v, lid, nloc, zero, warp_op)
 #endif
 
-inline float work_group_amax(__local float *red, float m, int lid, int nloc) {
-    WARP_REDUCE(red, m, lid, nloc, 0.0f, warp_max)
-    red[lid] = m;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = nloc / 2; s > 0; s >>= 1) {
-        if (lid < s)
-            red[lid] = fmax(red[lid], red[lid + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+/* op(a, b) over the work-group: the warp version where it applies, else a tree (returns from the caller) */
+#define WORK_GROUP_REDUCE(red, v, lid, nloc, zero, op, warp_op)                                 \
+    WARP_REDUCE(red, v, lid, nloc, zero, warp_op)                                               \
+    red[lid] = v;                                                                               \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                               \
+    for (int s_ = (nloc) / 2; s_ > 0; s_ >>= 1) {                                               \
+        if ((lid) < s_)                                                                         \
+            red[lid] = op(red[lid], red[(lid) + s_]);                                           \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                           \
+    }                                                                                           \
     return red[0];
+#define IADD(a, b) ((a) + (b))
+
+inline float work_group_amax(__local float *red, float m, int lid, int nloc) {
+    WORK_GROUP_REDUCE(red, m, lid, nloc, 0.0f, fmax, warp_max)
 }
 
 inline int work_group_isum(__local int *red, int v, int lid, int nloc) {
-    WARP_REDUCE(red, v, lid, nloc, 0, warp_isum)
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = nloc / 2; s > 0; s >>= 1) {
-        if (lid < s)
-            red[lid] += red[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    return red[0];
+    WORK_GROUP_REDUCE(red, v, lid, nloc, 0, IADD, warp_isum)
 }
