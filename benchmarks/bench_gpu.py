@@ -91,8 +91,24 @@ def profiled_median_ns(queue, launch, repeats):
     return float(statistics.median(e.profile.end - e.profile.start for e in events))
 
 
+def grid_stride_best_ns(ctx, dev, queue, kernel, n4, bufs, repeats):
+    """Fastest event time of the grid-stride ``util`` kernel ``kernel(*bufs, n4)`` over 3 depths (UNR) x
+    5 grid sizes (more bytes in flight per item than one-item-per-element kernels)."""
+    units, best = int(dev.max_compute_units), float("inf")
+    for unr in (2, 4, 8):
+        k = gpu.programs.get_kernel(ctx, "util", (f"-DUNR={unr}",), kernel)
+        for lws, per_cu in ((256, 8), (512, 4), (1024, 2), (256, 16), (1024, 4)):
+            gws = min(units * per_cu * lws, -(-n4 // lws) * lws)
+            try:
+                ns = profiled_median_ns(queue, lambda: k(queue, (gws,), (lws,), *bufs, np.int32(n4)), repeats)
+            except Exception:  # local size too large for this device
+                continue
+            best = min(best, ns)
+    return best
+
+
 def copy_bandwidth(ctx, dev, queue, nbytes, repeats):
-    """Read+write bytes per second of the float4 copy kernel."""
+    """Read+write bytes per second of the float4 copy kernel (the best of the plain and grid-stride ones)."""
     import pyopencl as cl
 
     n4 = nbytes // 16
@@ -103,45 +119,27 @@ def copy_bandwidth(ctx, dev, queue, nbytes, repeats):
     lws = 256 if n4 >= 256 else None
     gws = ((n4 + 255) // 256 * 256,) if lws else (n4,)
     best = profiled_median_ns(queue, lambda: k(queue, gws, (lws,) if lws else None, a, b, np.int32(n4)), repeats)
-    # grid-stride variants (more bytes in flight per item): the best one is the device's copy floor
-    units = int(dev.max_compute_units)
-    for unr in (2, 4, 8):
-        kg = gpu.programs.get_kernel(ctx, "util", (f"-DUNR={unr}",), "copy_float4_gs")
-        for lws_gs, per_cu in ((256, 8), (512, 4), (1024, 2), (256, 16), (1024, 4)):
-            gws_gs = min(units * per_cu * lws_gs, (n4 + lws_gs - 1) // lws_gs * lws_gs)
-            try:
-                ns = profiled_median_ns(queue, lambda: kg(queue, (gws_gs,), (lws_gs,), a, b, np.int32(n4)), repeats)
-            except Exception:  # local size too large for this device
-                continue
-            best = min(best, ns)
+    best = min(best, grid_stride_best_ns(ctx, dev, queue, "copy_float4_gs", n4, (a, b), repeats))
     return 2 * n4 * 16 / (best * 1e-9)
 
 
-def read_floor_ns(ctx, dev, queue, nbytes, repeats, _cache={}):
-    """Fastest event time of a read-only stream over ``nbytes`` (grid-stride uint4 loads, a few depths and
-    grid sizes): no kernel that must read those bytes can be faster, so bytes / this time is the highest
-    %copy a weight-streaming case can show (below the copy for small, launch-bound sizes)."""
+_read_floors = {}  # (context, bytes) -> ns
+
+
+def read_floor_ns(ctx, dev, queue, nbytes, repeats):
+    """Fastest event time of a read-only stream over ``nbytes`` (``read_uint4_gs``): no kernel that must
+    read those bytes can be faster, so bytes / this time is the highest %copy a weight-streaming case can
+    show (below the copy for small, launch-bound sizes)."""
     import pyopencl as cl
 
     key = (ctx.int_ptr, nbytes)
-    if key in _cache:
-        return _cache[key]
-    n4 = -(-nbytes // 16)
-    src = cl.Buffer(ctx, cl.mem_flags.READ_ONLY, n4 * 16)
-    dst = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
-    cl.enqueue_fill_buffer(queue, src, np.uint32(0), 0, n4 * 16)
-    units, best = int(dev.max_compute_units), float("inf")
-    for unr in (2, 4, 8):
-        k = gpu.programs.get_kernel(ctx, "util", (f"-DUNR={unr}",), "read_uint4_gs")
-        for lws, per_cu in ((256, 8), (512, 4), (1024, 2), (256, 16), (1024, 4)):
-            gws = min(units * per_cu * lws, -(-n4 // lws) * lws)
-            try:
-                ns = profiled_median_ns(queue, lambda: k(queue, (gws,), (lws,), src, dst, np.int32(n4)), repeats)
-            except Exception:  # local size too large for this device
-                continue
-            best = min(best, ns)
-    _cache[key] = best
-    return best
+    if key not in _read_floors:
+        n4 = -(-nbytes // 16)
+        src = cl.Buffer(ctx, cl.mem_flags.READ_ONLY, n4 * 16)
+        dst = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, 4)
+        cl.enqueue_fill_buffer(queue, src, np.uint32(0), 0, n4 * 16)
+        _read_floors[key] = grid_stride_best_ns(ctx, dev, queue, "read_uint4_gs", n4, (src, dst), repeats)
+    return _read_floors[key]
 
 
 def gated_times_ns(ctx, queue, plan, bufs, repeats):
