@@ -14,7 +14,8 @@ first runs; ``us_host_paced`` in the JSON is the same span with each call runnin
 
     python benchmarks/bench_gpu.py [--device opencl:0:0] [--quick] [--baselines] [--json out.json]
 
-``--baselines`` adds torch on CUDA when importable: ``F.conv2d`` in float32 with TF32 off (cuDNN), a bf16
+``--baselines`` adds torch on CUDA when importable: ``F.conv2d`` in float32 with TF32 off (cuDNN) and in fp16
+(tensor cores; the faster of NCHW and channels-last), a bf16
 ``x @ w.T`` (cuBLAS) and ``torch.ops.aten._weight_int4pack_mm`` (int4, group 128).
 Scales are rounded to fp16 first (``--fp32-scales`` keeps them), so the engine stores them as fp16
 (``scale_dtype="auto"``), as issue 5 allows.
@@ -49,25 +50,26 @@ def suite(quick: bool):
     """(name, kind, N, C, O, H, W, k, stride, pad, schemes)."""
     conv_s = ["int8", "int4"] if not quick else ["int8"]
     gemv_s = ["int8", "int4", "int4-b32-asym"] if not quick else ["int4-b32-asym"]
-    gemv1_s = gemv_s + [f"{v}+a8" for v in gemv_s]  # one row: float and int8 activations
+    gemv1_s = gemv_s + [f"{v}+a8" for v in gemv_s]  # float and int8 activations
+    conv8_s = conv_s + [f"{v}+a8" for v in conv_s]
     cases = [
-        ("conv3x3 64@56", "conv", 1, 64, 64, 56, 56, 3, 1, 1, conv_s),
-        ("conv3x3 128@28", "conv", 1, 128, 128, 28, 28, 3, 1, 1, conv_s),
-        ("conv3x3 256@14", "conv", 1, 256, 256, 14, 14, 3, 1, 1, conv_s),
-        ("conv3x3 128@56 s2", "conv", 1, 128, 128, 56, 56, 3, 2, 1, conv_s),
-        ("conv1x1 256->1024@14", "conv", 1, 256, 1024, 14, 14, 1, 1, 0, conv_s),
+        ("conv3x3 64@56", "conv", 1, 64, 64, 56, 56, 3, 1, 1, conv8_s),
+        ("conv3x3 128@28", "conv", 1, 128, 128, 28, 28, 3, 1, 1, conv8_s),
+        ("conv3x3 256@14", "conv", 1, 256, 256, 14, 14, 3, 1, 1, conv8_s),
+        ("conv3x3 128@56 s2", "conv", 1, 128, 128, 56, 56, 3, 2, 1, conv8_s),
+        ("conv1x1 256->1024@14", "conv", 1, 256, 1024, 14, 14, 1, 1, 0, conv8_s),
         ("gemv 4096->4096", "gemv", 1, 4096, 4096, 1, 1, 1, 1, 0, gemv1_s),
         ("gemv 4096->11008", "gemv", 1, 4096, 11008, 1, 1, 1, 1, 0, gemv1_s),
     ]
     if not quick:
         cases += [
             ("gemv 8192->28672", "gemv", 1, 8192, 28672, 1, 1, 1, 1, 0, gemv1_s),
-            ("gemm b8 4096->4096", "gemv", 8, 4096, 4096, 1, 1, 1, 1, 0, gemv_s),
-            ("gemm b32 4096->4096", "gemv", 32, 4096, 4096, 1, 1, 1, 1, 0, gemv_s),
-            ("gemm b8 8192->28672", "gemv", 8, 8192, 28672, 1, 1, 1, 1, 0, ["int4-b32-asym"]),
-            ("gemm b32 8192->28672", "gemv", 32, 8192, 28672, 1, 1, 1, 1, 0, ["int4-b32-asym"]),
-            ("b32 conv3x3 256@14", "conv", 32, 256, 256, 14, 14, 3, 1, 1, conv_s),
-            ("b32 conv1x1 256->1024@14", "conv", 32, 256, 1024, 14, 14, 1, 1, 0, conv_s),
+            ("gemm b8 4096->4096", "gemv", 8, 4096, 4096, 1, 1, 1, 1, 0, gemv1_s),
+            ("gemm b32 4096->4096", "gemv", 32, 4096, 4096, 1, 1, 1, 1, 0, gemv1_s),
+            ("gemm b8 8192->28672", "gemv", 8, 8192, 28672, 1, 1, 1, 1, 0, ["int4-b32-asym", "int4-b32-asym+a8"]),
+            ("gemm b32 8192->28672", "gemv", 32, 8192, 28672, 1, 1, 1, 1, 0, ["int4-b32-asym", "int4-b32-asym+a8"]),
+            ("b32 conv3x3 256@14", "conv", 32, 256, 256, 14, 14, 3, 1, 1, conv8_s),
+            ("b32 conv1x1 256->1024@14", "conv", 32, 256, 1024, 14, 14, 1, 1, 0, conv8_s),
         ]
     return cases
 
@@ -259,6 +261,11 @@ def torch_baselines(case, scheme, data, args):
     if kind == "conv":
         bias = torch.from_numpy(spec.bias.copy()).to(dev)
         out["torch_conv_fp32_us"] = cuda_median_us(lambda: F.conv2d(xt, wf, bias, s, p))
+        # fp16 (tensor cores): the faster of NCHW and channels-last operands
+        xh, wh, bh = xt.half(), wf.half(), bias.half()
+        xl, wl = xh.to(memory_format=torch.channels_last), wh.to(memory_format=torch.channels_last)
+        out["torch_conv_fp16_us"] = min(cuda_median_us(lambda: F.conv2d(xh, wh, bh, s, p)),
+                                        cuda_median_us(lambda: F.conv2d(xl, wl, bh, s, p)))
     else:
         x2 = xt.reshape(n, c).to(torch.bfloat16)
         w2 = wf.reshape(o, c).to(torch.bfloat16)

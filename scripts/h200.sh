@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on the lent NVIDIA H200 (the `device` tool): install the carried wheels (.whl/), register NVIDIA's
 # OpenCL ICD, build qconv in place, run the OpenCL tests on the GPU, then the GPU benchmark.
-# Usage there: [RUNS=2] [TESTS="tests/..."] bash scripts/h200.sh [tests|bench|all|lab] [extra bench args...] (lab: scripts/a8_lab.py)
+# Usage there: [RUNS=2] [TESTS="tests/..."] bash scripts/h200.sh [tests|bench|all|lab|mma] [extra bench args...]
+# (lab: scripts/a8_lab.py; mma: scripts/mma_lab.py)
 # RUNS=2 runs the benchmark twice with one tuning cache ($OUT/tune-cache): the second run's setup column
 # shows the cache skipping the tuning. Outputs: $OUT/bench_gpu_${TAG:-run}<i>.{json,txt}.
 set -uo pipefail
@@ -24,6 +25,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = lab ]; then
     timeout 500 python3 scripts/a8_lab.py 2>&1 | tee "$OUT/a8_lab.txt"
+fi
+if [ "$what" = mma ]; then
+    timeout 500 python3 scripts/mma_lab.py 2>&1 | tee "$OUT/mma_lab.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     for i in $(seq 1 "${RUNS:-1}"); do

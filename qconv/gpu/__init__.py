@@ -9,8 +9,9 @@ Importing this package never imports pyopencl, never prints, and never fails for
 * :mod:`.tuning` -> ``QCONV_TUNE``, ``QCONV_CACHE_DIR``; :mod:`.programs` -> kernel sources and builds.
 """
 from .context import available, describe_device, devices, resolve
-from .engine import A8_VARIANTS, GEMM_VARIANTS, GEMV_VARIANTS, GENERAL_VARIANTS, OpenCLEngine, onex1_variants
+from .engine import (A8_VARIANTS, GEMM_VARIANTS, GEMV_VARIANTS, GENERAL_VARIANTS, MMA_VARIANTS, OpenCLEngine,
+                     onex1_variants)
 from .errors import OpenCLBuildError, OpenCLError, OpenCLUnavailableError
 
 __all__ = ["devices", "available", "describe_device", "resolve", "OpenCLEngine", "GENERAL_VARIANTS", "GEMM_VARIANTS",
-           "GEMV_VARIANTS", "A8_VARIANTS", "onex1_variants", "OpenCLError", "OpenCLBuildError", "OpenCLUnavailableError"]
+           "GEMV_VARIANTS", "A8_VARIANTS", "MMA_VARIANTS", "onex1_variants", "OpenCLError", "OpenCLBuildError", "OpenCLUnavailableError"]

@@ -37,7 +37,7 @@ import threading
 import numpy as np
 
 from ..layouts.opencl import (OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLConvWeightLayout,
-                              OpenCLScaleLayout)
+                              OpenCLMMAWeightLayout, OpenCLScaleLayout)
 from . import tuning
 from .context import describe_device, import_pyopencl, memory_pool, profiling_queue, resolve
 from .errors import OpenCLUnavailableError, wrap_cl_error
@@ -63,6 +63,11 @@ GEMV_VARIANTS = {  # name -> U: 16-byte weight chunks per item loaded before any
 A8_VARIANTS = {  # name -> (NC output channels per item, fused) (gemv_a8: act_quant="row", N=H=W=1); the fused
     # ones first: one launch, faster wherever x's int8 words fit in local memory (the H200, 2026-11-30)
     "gemv_a8f_c1": (1, True), "gemv_a8f_c2": (2, True), "gemv_a8_c1": (1, False), "gemv_a8_c2": (2, False),
+}
+MMA_VARIANTS = {  # name -> (WM, WN warps, MT, NT m16n8k32 tiles per warp) (conv_mma: act_quant="row", int8 tensor
+    # cores, TM = 16*MT*WM output channels x TN = 8*NT*WN pixels per work-group of 32*WM*WN items)
+    "mma_32x64": (2, 2, 1, 4), "mma_64x64": (2, 2, 2, 4), "mma_128x64": (2, 2, 4, 4),
+    "mma_64x128": (2, 2, 2, 8), "mma_128x128": (2, 4, 4, 4),
 }
 ROW_QUANT_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt",)
 _INT32_MAX = 2**31 - 1
@@ -168,6 +173,8 @@ class OpenCLEngine:
             names = {**names, **GEMM_VARIANTS}
             if self.path == "1x1":
                 names = {**names, **GEMV_VARIANTS, **(A8_VARIANTS if self.act_row else {})}
+            if self.act_row:
+                names = {**names, **MMA_VARIANTS}
             if variant not in names:
                 raise ValueError(f"variant {variant!r} does not exist for the {self.path} path; choose from "
                                  f"{sorted(names)}")
@@ -179,6 +186,12 @@ class OpenCLEngine:
                 if not self._gemm_fits(variant):
                     raise ValueError(f"variant {variant!r}: its tiles do not fit {self.device.name}'s local "
                                      f"memory for this kernel size (or its split-K sums its weight tiles)")
+            if variant in MMA_VARIANTS:
+                if local_size is not None:
+                    raise ValueError(f"variant {variant!r} has a fixed local size; do not pass local_size")
+                why = self._mma_unsupported()
+                if why:
+                    raise ValueError(f"variant {variant!r} cannot run this conv: {why}")
         self.forced_variant = variant
         if local_size is not None:
             local_size = tuple(int(v) for v in local_size)
@@ -338,6 +351,11 @@ class OpenCLEngine:
         return opts
 
     def _general_candidates(self, layout, n, h, w, oh, ow):
+        if self.forced_variant in MMA_VARIANTS:
+            return [self._mma_candidate(self.forced_variant, layout, n, h, w, oh, ow)]
+        return self._with_mma(self._float_general_candidates(layout, n, h, w, oh, ow), layout, n, h, w, oh, ow)
+
+    def _float_general_candidates(self, layout, n, h, w, oh, ow):
         s, wt = self.spec, self.spec.weight
         o4 = _cdiv(wt.out_channels, 4)
         ipg = wt.q.shape[1]
@@ -421,6 +439,14 @@ class OpenCLEngine:
         return sizes or [None]
 
     def _onex1_candidates(self, layout, n, h, w):
+        if self.forced_variant in MMA_VARIANTS:
+            return [self._mma_candidate(self.forced_variant, layout, n, h, w, h, w)]
+        a8 = self._a8_names(n * h * w)
+        if a8:
+            return [self._a8_candidate(v, layout) for v in a8]
+        return self._with_mma(self._float_onex1_candidates(layout, n, h, w), layout, n, h, w, h, w)
+
+    def _float_onex1_candidates(self, layout, n, h, w):
         wt = self.spec.weight
         hw, m = h * w, n * h * w
         ocp = _cdiv(wt.out_channels, 4) * 4
@@ -429,9 +455,6 @@ class OpenCLEngine:
         gemm = self._gemm_names(layout, n, h, w, h, w)
         if self.forced_variant in GEMM_VARIANTS:
             return [self._gemm_candidate(self.forced_variant, layout, n, h, w, h, w)]
-        a8 = self._a8_names(m)
-        if a8:
-            return [self._a8_candidate(v, layout) for v in a8]
         gemv = self._gemv_names(m)
         if self.forced_variant in GEMV_VARIANTS and gemv:
             return [self._gemv_candidate(self.forced_variant, layout)]
@@ -791,6 +814,115 @@ class OpenCLEngine:
 
     # }}}
 
+    # {{{ conv_mma: int8 tensor cores (act_quant="row")
+
+    def _mma_unsupported(self) -> str:
+        """Why conv_mma cannot run this conv ('' when it can)."""
+        s, w = self.spec, self.spec.weight
+        taps = s.kernel_size[0] * s.kernel_size[1]
+        if not self.act_row:
+            return "it needs act_quant='row' (int8 activations)"
+        if w.groups != 1:
+            return "it needs an ungrouped conv"
+        if w.n_blocks > 1 and w.block_channels % OpenCLMMAWeightLayout.STEP_CHANNELS:
+            return f"its scale blocks must be a multiple of 32 input channels, got {w.block_channels}"
+        span = taps * (w.block_channels // 32 if w.n_blocks > 1 else 1)
+        if span > 4096:  # int32 sums of one block: 4096 steps of 32 products of at most 128*127
+            return f"a scale block spans {span} steps of 32 channels x 1 tap; at most 4096 keep int32 exact"
+        return ""
+
+    def _mma_native(self) -> bool:
+        """The device runs conv_mma's PTX mma.sync (an NVIDIA GPU of compute capability 8.0 or newer)."""
+        if not self.is_gpu or "NVIDIA" not in self.device.platform.name.upper():
+            return False
+        try:
+            return int(self.device.compute_capability_major_nv) >= 8
+        except Exception:  # no cl_nv_device_attribute_query
+            return False
+
+    def _mma_names(self, n, oh, ow):
+        """conv_mma tiles worth timing ([] unless act_quant="row" on a device with int8 mma.sync, or forced)."""
+        if self.forced_variant is not None or self._mma_unsupported() or not self._mma_native():
+            return []
+        p, oc = n * oh * ow, self.spec.out_channels
+        if p < 2:
+            return []  # one row: gemv_a8 streams the weights faster
+        names = ["mma_32x64", "mma_64x64"] if p <= 64 else ["mma_128x64", "mma_64x64", "mma_128x128", "mma_64x128"]
+        if oc <= 64:
+            names = [v for v in names if v != "mma_128x64"] + ["mma_128x64"]
+        return names if self.tune == "full" else names[:2] if self.tune == "fast" else names[:1]
+
+    def _with_mma(self, cands, layout, n, h, w, oh, ow):
+        """``cands`` after the conv_mma candidates (first: on the devices that run them, they win)."""
+        return [self._mma_candidate(v, layout, n, h, w, oh, ow) for v in self._mma_names(n, oh, ow)] + cands
+
+    def _mma_weights(self):
+        """The weights in :class:`OpenCLMMAWeightLayout` (uploaded at the first conv_mma candidate)."""
+        if getattr(self, "_wmma", None) is None:
+            self.mma_layout = OpenCLMMAWeightLayout(self.spec.weight.bits)
+            self._wmma = self._upload(self.mma_layout.pack_array(self.spec.weight.q))
+        return self._wmma
+
+    def _mma_candidate(self, name, layout, n, h, w, oh, ow):
+        """quant_rows_i8 (one work-group per sample) then conv_mma (NDRange (ceil(P/TN) * NTH, ceil(O/TM)),
+        local (NTH, 1)); ``launch`` returns conv_mma's event, (first, last) in ``info["state"]["events"]``."""
+        cl = import_pyopencl()
+        s, wt = self.spec, self.spec.weight
+        wm, wn, mt, nt = MMA_VARIANTS[name]
+        nth, tm, tn = 32 * wm * wn, 16 * mt * wm, 8 * nt * wn
+        wbuf = self._mma_weights()
+        opts = list(self.mma_layout.build_options) + list(self.scale_layout.build_options)
+        opts += ["-DASYM"] if wt.offsets is not None else []
+        opts += ["-DNBLK1"] if wt.n_blocks == 1 else [f"-DBLOCK_CH={wt.block_channels}"]
+        opts += ["-DHAS_BIAS"] if s.bias is not None else []
+        if s.activation:
+            opts.append(f"-DACT={1 if s.activation == 'relu' else 2}")
+        if layout == "nchw":
+            opts.append("-DOUT_NCHW")
+        # the emulation elsewhere is a test vehicle, built unoptimised: PoCL 5's optimiser miscompiles it for
+        # some tiles (mma_128x64 on int8: a segfault inside the work-group function)
+        opts.append("-DNV_PTX" if self._mma_native() else "-cl-opt-disable")
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
+        opts += [f"-DG_{k}={v}" for k, v in (("IC", wt.q.shape[1]), ("OC", wt.out_channels), ("KH", kh), ("KW", kw),
+                                              ("SH", sh), ("SW", sw), ("PH", ph), ("PW", pw), ("DH", dh), ("DW", dw))]
+        opts += [f"-DWM={wm}", f"-DWN={wn}", f"-DMT={mt}", f"-DNT={nt}"]
+        opts = tuple(opts)
+        qopts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
+        c = self.spec.in_channels
+        in_elems = n * (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
+        xq_bytes = _cdiv(c, 32) * 32 * n * h * w
+        ql = min(256, _pow2floor(int(self.device.max_work_group_size)))
+        gsize = (_cdiv(n * oh * ow, tn) * nth, _cdiv(wt.out_channels, tm))
+        scal = [np.int32(v) for v in (n, h, w, oh, ow)]
+        engine = self
+
+        def launch(queue, lws, bufs=None, wait_for=None):
+            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
+            key = queue.int_ptr  # scratch per queue (launches on one queue run in order)
+            if key not in state["scratch"]:
+                rw = cl.mem_flags.READ_WRITE
+                state["scratch"][key] = (cl.Buffer(engine.ctx, rw, xq_bytes), cl.Buffer(engine.ctx, rw, 4 * n))
+            xq, dx = state["scratch"][key]
+            in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+            quant = get_kernel(engine.ctx, "act_quant", qopts, "quant_rows_i8")
+            mma = get_kernel(engine.ctx, "conv_mma", opts, "conv_mma")
+            with _launch_lock:
+                quant.set_args(xbuf, xq, dx, cl.LocalMemory(4 * ql), np.int32(in_elems // n), np.int32(n),
+                               np.int32(c), np.int32(h * w))
+                ev_q = cl.enqueue_nd_range_kernel(queue, quant, (n * ql,), (ql,), wait_for=wait_for)
+                mma.set_args(xq, dx, wbuf, engine._ws, engine._wo, engine._bias, ybuf, *scal)
+                ev = cl.enqueue_nd_range_kernel(queue, mma, gsize, (nth, 1),
+                                                wait_for=None if in_order else [ev_q])
+            state["events"] = (ev_q, ev)
+            return ev
+
+        state = {"bufs": None, "events": None, "scratch": {}}
+        cand = tuning.Candidate(name, "conv_mma", opts, tuple(gsize) + (n, h, w, oh, ow), [(nth, 1)], launch)
+        cand.info["state"] = state
+        return cand
+
+    # }}}
+
     # {{{ forward
 
     def _shape_of(self, shape, layout):
@@ -864,7 +996,7 @@ class OpenCLEngine:
             self._plans[plan.key] = plan
         self._last_plan = plan
         try:
-            if self.act_row and plan.cand.program != "gemv_a8":
+            if self.act_row and plan.cand.program not in ("gemv_a8", "conv_mma"):
                 xbuf, wait_for = self._quantize_rows(queue, plan, xbuf, wait_for)
             return plan.cand.launch(queue, plan.lws, (xbuf, ybuf), wait_for)
         except cl.Error as exc:
@@ -958,8 +1090,9 @@ class OpenCLEngine:
         acts = "int8 activations per row" if self.act_row else "float activations"
         lay = f"{self.path} int{w.bits} {store}, scales {self.scale_layout.dtype}, {acts}"
         plan = self._last_plan.describe() if self._last_plan is not None else "kernel tuned at the first call"
-        if self.act_row and self._last_plan is not None and self._last_plan.cand.program != "gemv_a8":
-            plan = "act_quant:quant_rows + " + plan
+        if self.act_row and self._last_plan is not None:
+            first = {"gemv_a8": "", "conv_mma": "act_quant:quant_rows_i8 + "}
+            plan = first.get(self._last_plan.cand.program, "act_quant:quant_rows + ") + plan
         try:
             dev = describe_device(self.device)
         except Exception:  # pragma: no cover - descriptive only

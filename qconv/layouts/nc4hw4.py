@@ -10,7 +10,7 @@ axis        size                             index of element (n, c, h, w)
 0           ``ceil(C/P)``                    ``c // P``
 1           ``N``                            ``n``
 2, 3        ``H``, ``W``                     ``h``, ``w``
-4           ``P`` (4, 8 or 16)               ``c % P``
+4           ``P`` (4 ... 32)                 ``c % P``
 ==========  ===============================  =====================================
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PACKS = (4, 8, 16)
+PACKS = (4, 8, 16, 32)  # 32: the int8 activations of the OpenCL tensor-core kernel (conv_mma)
 
 
 def _channels(shape) -> int:

@@ -14,6 +14,9 @@ spec                       layout (logical q is int8 ``(O, I, kh, kw)``)        
 ``OpenCL1x1ImageLayout``    Image2D ``CL_RGBA/CL_SIGNED_INT32``, width            ``conv_1x1.cl`` (image)
                             ``ceil(O/4)*4``, height ``ceil(I/KC)``; texel
                             ``(o, k)`` = the 16 bytes of buffer chunk ``[k][o]``
+``OpenCLMMAWeightLayout``   ``[ceil(O/128)*128][ceil(I/32)*kh*kw][32 or 16]``:    ``conv_mma.cl``
+                            steps of 32 input channels x 1 tap (int4: nibbles
+                            ``8j + 0,4,1,5,2,6,3,7`` in word ``j``)
 ``OpenCLScaleLayout``       scales/offsets ``(O, n_blocks)`` -> ``[n_blocks][ceil(O/4)*4]``  every kernel
                             float32 or float16 (``vload_half``)
 =========================  ===================================================  =========================
@@ -408,9 +411,108 @@ class OpenCLScaleLayout:
 # }}}
 
 
-SPECS = (OpenCLConvWeightLayout, OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLScaleLayout)
+# {{{ tensor-core (mma) weights
+
+@dataclass(frozen=True)
+class OpenCLMMAWeightLayout:
+    """Weights of the int8 tensor-core implicit GEMM (``conv_mma.cl``, act_quant="row").
+
+    Logical ``q``: int8 ``(O, I, kh, kw)`` (ungrouped) or ``(O, I)``. K is walked in steps of 32 input
+    channels x one tap, chunk-major: step ``s = c*kh*kw + t`` holds ``q[o, 32c + e, ky, kx]`` for
+    ``e < 32`` (``t = ky*kw + kx``; channels ``>= I`` are 0). Stored as ``(OCp, S, step_bytes)`` with
+    ``OCp = ceil(O/oc_pack)*oc_pack`` (rows ``>= O`` are 0), ``S = ceil(I/32)*kh*kw``: int8 steps are the 32
+    bytes as they are; int4 steps are 16 bytes of :data:`OPENCL_INT4` nibbles in the order
+    ``e = 8j + (0, 4, 1, 5, 2, 6, 3, 7)``, so that the low nibbles of 32-bit word ``j`` are elements
+    ``8j .. 8j+3`` and the high nibbles ``8j+4 .. 8j+7`` (two masks give two int8 words of the mma operand).
+    """
+
+    bits: int = 8
+    oc_pack: int = 128
+
+    STEP_CHANNELS = 32
+
+    def __post_init__(self):
+        object.__setattr__(self, "bits", _check_bits(self.bits))
+        if self.oc_pack < 1 or self.oc_pack % 16:
+            raise ValueError(f"oc_pack must be a positive multiple of 16 (the mma tile), got {self.oc_pack!r}")
+
+    @property
+    def step_bytes(self) -> int:
+        return self.STEP_CHANNELS * self.bits // 8
+
+    @property
+    def build_options(self) -> tuple[str, ...]:
+        return (f"-DQBITS={self.bits}", f"-DMMA_OCP={self.oc_pack}")
+
+    @staticmethod
+    def _oikk(shape) -> tuple[int, int, int, int]:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) == 2:
+            return (*shape, 1, 1)
+        if len(shape) != 4:
+            raise ValueError(f"mma weights must be (O, I) or (O, I, kh, kw), got shape {shape}")
+        return shape
+
+    def packed_shape(self, shape) -> tuple[int, int, int]:
+        o, i, kh, kw = self._oikk(shape)
+        return (_cdiv(o, self.oc_pack) * self.oc_pack, _cdiv(i, self.STEP_CHANNELS) * kh * kw, self.step_bytes)
+
+    def nbytes(self, shape) -> int:
+        return int(np.prod(self.packed_shape(shape)))
+
+    def _nibble_order(self) -> np.ndarray:
+        return (8 * np.arange(4)[:, None] + np.array([0, 4, 1, 5, 2, 6, 3, 7])[None, :]).reshape(-1)
+
+    def pack_array(self, q) -> np.ndarray:
+        """int8 ``(O, I[, kh, kw])`` -> uint8 :meth:`packed_shape`."""
+        q = _check_q(q, self.bits, ndim=(2, 4))
+        o, i, kh, kw = self._oikk(q.shape)
+        ocp, steps, _ = self.packed_shape(q.shape)
+        nch = steps // (kh * kw)
+        full = np.zeros((ocp, nch * self.STEP_CHANNELS, kh * kw), np.int8)
+        full[:o, :i] = q.reshape(o, i, kh * kw)
+        v = full.reshape(ocp, nch, self.STEP_CHANNELS, kh * kw).transpose(0, 1, 3, 2)  # (o, c, t, e)
+        v = v.reshape(ocp, steps, self.STEP_CHANNELS)
+        if self.bits == 4:
+            v = v[..., self._nibble_order()]
+        return np.ascontiguousarray(_encode(v, self.bits))
+
+    def unpack_array(self, packed, shape) -> np.ndarray:
+        """Inverse of :meth:`pack_array`; ``shape`` is the logical ``(O, I[, kh, kw])``."""
+        o, i, kh, kw = self._oikk(shape)
+        want = self.packed_shape(shape)
+        packed = np.asarray(packed)
+        if packed.shape != want:
+            raise ValueError(f"packed mma weights must have shape {want} for {tuple(shape)}, got {packed.shape}")
+        v = _decode(packed, self.bits, self.STEP_CHANNELS)  # (ocp, steps, 32)
+        if self.bits == 4:
+            v = v[..., np.argsort(self._nibble_order())]
+        nch = want[1] // (kh * kw)
+        full = v.reshape(want[0], nch, kh * kw, self.STEP_CHANNELS).transpose(0, 1, 3, 2)
+        full = full.reshape(want[0], nch * self.STEP_CHANNELS, kh * kw)
+        return np.ascontiguousarray(full[:o, :i].reshape(tuple(int(s) for s in shape)))
+
+    @classmethod
+    def hypothesis_case(cls):
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            spec = cls(draw(st.sampled_from([8, 4])), draw(st.sampled_from([128, 16, 32])))
+            o, i = draw(st.integers(1, 40)), draw(st.integers(1, 70))
+            shape = (o, i) if draw(st.booleans()) else (o, i, draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+            return spec, _random_q(rng, spec.bits, shape)
+
+        return case()
+
+# }}}
+
+
+SPECS = (OpenCLConvWeightLayout, OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLMMAWeightLayout,
+         OpenCLScaleLayout)
 
 __all__ = ["OPENCL_INT4", "OpenCLConvWeightLayout", "OpenCL1x1BufferLayout", "OpenCL1x1ImageLayout",
-           "OpenCLScaleLayout", "SPECS"]
+           "OpenCLMMAWeightLayout", "OpenCLScaleLayout", "SPECS"]
 
 # vim: foldmethod=marker

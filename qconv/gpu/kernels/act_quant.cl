@@ -27,3 +27,36 @@ __kernel void quant_rows(__global const float *x, __global float *xd, __local fl
     for (int i = lid; i < E; i += nloc)
         xd[QR_INDEX(i)] = QR_VALID(i) ? (float)quant_row(x[QR_INDEX(i)], qd.x) * qd.y : 0.0f;
 }
+
+/* quant_rows_i8: x -> its int8 quantization per sample for conv_mma, in NC4HW4 with a pack of 32
+ * (qconv.layouts.NC4HW4(32) over int8: [CH32][N][HW][32] bytes, channels >= C are 0, as 32-bit words
+ * [CH32][N][HW][8], word j holding channels 4j .. 4j+3 of the chunk, byte e = channel 4j + e), and
+ * dx[n] = amax/127 (1 when amax is 0): one work-group per sample n. */
+__kernel void quant_rows_i8(__global const float *x, __global uint *xq, __global float *dx, __local float *red,
+                            const int E, const int nsamples, const int C, const int HW) {
+    const int n = get_group_id(0);
+    const int lid = get_local_id(0), nloc = get_local_size(0);
+    float m = 0.0f;
+    for (int i = lid; i < E; i += nloc)
+        if (QR_VALID(i))
+            m = fmax(m, fabs(x[QR_INDEX(i)]));
+    const float2 qd = row_params(work_group_amax(red, m, lid, nloc));
+    if (lid == 0)
+        dx[n] = qd.y;
+    /* word (c32, j, p), p fastest: neighbouring items read neighbouring pixels of one channel */
+    const int nwords = CDIV(C, 32) * 8 * HW;
+    for (int i = lid; i < nwords; i += nloc) {
+        const int p = i % HW, cj = i / HW; /* cj = 8 * c32 + j */
+        uint word = 0;
+        for (int e = 0; e < 4; e++) {
+            const int ch = 4 * cj + e;
+#ifdef IN_NCHW
+            const float v = ch < C ? x[(n * C + ch) * HW + p] : 0.0f;
+#else
+            const float v = ch < C ? x[(((ch / 4) * nsamples + n) * HW + p) * 4 + ch % 4] : 0.0f;
+#endif
+            word |= ((uint)quant_row(v, qd.x) & 0xFFu) << (8 * e);
+        }
+        xq[(((cj / 8) * nsamples + n) * HW + p) * 8 + cj % 8] = word;
+    }
+}
