@@ -72,7 +72,7 @@ for case in CASES:
             regs = ""
             if NV:
                 from qconv.gpu.programs import get_program
-                prog = get_program(eng.ctx, "conv_mma", plan.cand.opts + ("-cl-nv-verbose",))
+                prog = get_program(eng.ctx, "conv_mma", plan.cand.options + ("-cl-nv-verbose",))
                 log = prog.get_build_info(dev, __import__("pyopencl").program_build_info.LOG)
                 m = re.findall(r"Used (\d+) registers", log)
                 regs = f" regs={m[0] if m else '?'}"
