@@ -58,25 +58,30 @@ for case in CASES:
             eng = gpu.OpenCLEngine(spec, tune="none", variant=variant)
             xd = cla.to_device(eng.queue, x)
             yd = eng.forward(xd, "nchw")
-            err = float(np.abs(yd.get() - ref).max() / np.abs(ref).max())
             plan = eng.plans[("nchw", n, h, w)]
             bufs = (xd.base_data, yd.base_data)
             q = eng.queue
-            spans, alone = [], []
-            for _ in range(REP):
-                ev = plan.cand.launch(q, plan.lws, bufs)
-                ev.wait()
-                a, b = plan.cand.info["state"]["events"]
-                spans.append(b.profile.end - a.profile.start)
-                alone.append(b.profile.end - b.profile.start)
-            regs = ""
-            if NV:
-                from qconv.gpu.programs import get_program
-                prog = get_program(eng.ctx, "conv_mma", plan.cand.options + ("-cl-nv-verbose",))
-                log = prog.get_build_info(dev, __import__("pyopencl").program_build_info.LOG)
-                m = re.findall(r"Used (\d+) registers", log)
-                regs = f" regs={m[0] if m else '?'}"
-            flops = 2.0 * n * o * c * k * k * yd.shape[2] * yd.shape[3]
-            t = statistics.median(alone)
-            print(f"  {variant:12s} mma {t / 1e3:8.1f} us  with quant {statistics.median(spans) / 1e3:8.1f} us  "
-                  f"{flops / t / 1e3:7.1f} TOP/s  err={err:.1e}{regs}", flush=True)
+            nth = 32 * gpu.MMA_VARIANTS[variant][0] * gpu.MMA_VARIANTS[variant][1]
+            for ksub in eng._mma_ksubs(variant):
+                lws = (nth, ksub)
+                yd.fill(np.float32(np.nan))
+                plan.cand.launch(q, lws, bufs).wait()
+                err = float(np.abs(yd.get() - ref).max() / np.abs(ref).max())
+                spans, alone = [], []
+                for _ in range(REP):
+                    ev = plan.cand.launch(q, lws, bufs)
+                    ev.wait()
+                    a, b = plan.cand.info["state"]["events"]
+                    spans.append(b.profile.end - a.profile.start)
+                    alone.append(b.profile.end - b.profile.start)
+                regs = ""
+                if NV:
+                    from qconv.gpu.programs import get_program
+                    prog = get_program(eng.ctx, "conv_mma", plan.cand.options + (f"-DKSUB={ksub}", "-cl-nv-verbose"))
+                    log = prog.get_build_info(dev, __import__("pyopencl").program_build_info.LOG)
+                    m = re.findall(r"Used (\d+) registers", log)
+                    regs = f" regs={m[0] if m else '?'}"
+                flops = 2.0 * n * o * c * k * k * yd.shape[2] * yd.shape[3]
+                t = statistics.median(alone)
+                print(f"  {variant:12s} ksub={ksub} mma {t / 1e3:7.1f} us  with quant {statistics.median(spans) / 1e3:7.1f} us"
+                      f"  {flops / t / 1e3:6.1f} TOP/s  err={err:.1e}{regs}", flush=True)

@@ -47,18 +47,30 @@ def test_conv_mma_matches_reference(cl_device, data):
     assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, act_quant="row")
 
 
-@pytest.mark.parametrize("bits,block,sym", [(8, 0, True), (4, 32, False), (4, 64, True)])
-def test_conv_mma_many_steps_and_tiles(cl_device, bits, block, sym):
-    """Several tiles both ways, several scale blocks, and more steps than one flush of the int32 sums per
-    block (3x3 taps x 4 chunks): a fold of the sums at the wrong step, a wrong block's scale or a stale
-    double buffer shows here."""
-    rng = np.random.default_rng(bits + block)
-    weight = _weight(rng, 150, 128, 3, bits, block, sym)
+@pytest.mark.parametrize("bits,block,sym,k", [(8, 0, True, 3), (4, 32, False, 3), (4, 64, True, 3),
+                                              (4, 32, False, 1), (8, 64, False, 1)])
+def test_conv_mma_every_stage_depth(cl_device, bits, block, sym, k):
+    """Several tiles both ways, several scale blocks and every KSUB the tuner may pick (layout steps per
+    stage: blocks that end inside a stage, stages inside a block): a fold of the int32 sums at the wrong
+    step, a wrong block's scale or offset sum, or a stale double buffer shows here."""
+    import pyopencl.array as cla
+
+    rng = np.random.default_rng(bits + block + k)
+    weight = _weight(rng, 150, 192, k, bits, block, sym)
     bias = rng.standard_normal(150).astype(np.float32)
-    x = rng.standard_normal((2, 128, 9, 8)).astype(np.float32)
+    x = rng.standard_normal((2, 192, 9, 8)).astype(np.float32)
+    ref = qconv.reference.conv2d(x, weight, bias, 1, k // 2, act_quant="row")
     for variant in ("mma_64x64", "mma_128x128"):
-        eng = _mma_engine(weight, bias, 1, 1, device=cl_device, variant=variant)
-        assert_matches_reference(eng.forward(x), x, weight, bias, 1, 1, act_quant="row")
+        eng = _mma_engine(weight, bias, 1, k // 2, device=cl_device, variant=variant)
+        xd = cla.to_device(eng.queue, x)
+        yd = eng.forward(xd)
+        plan = eng.plans[("nchw", 2, 9, 8)]
+        ksubs = [ks for _, ks in eng._mma_candidate(variant, "nchw", 2, 9, 8, 9, 8).local_sizes]
+        assert ksubs == eng._mma_ksubs(variant)[:2] and len(eng._mma_ksubs(variant)) >= (2 if k == 1 else 1)
+        for lws in [(32 * np.prod(gpu.MMA_VARIANTS[variant][:2]), ks) for ks in eng._mma_ksubs(variant)]:
+            yd.fill(np.float32(np.nan))
+            plan.cand.launch(eng.queue, lws, (xd.base_data, yd.base_data)).wait()
+            np.testing.assert_allclose(yd.get(), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=str(lws))
 
 
 def test_quant_rows_i8_is_the_oracles_quantization(cl_device):
@@ -74,7 +86,7 @@ def test_quant_rows_i8_is_the_oracles_quantization(cl_device):
         eng = _mma_engine(weight, device=cl_device, variant="mma_32x64")
         _forward(eng, x, layout)
         state = eng.plans[(layout, 3, 2, 3)].cand.info["state"]
-        xq_buf, dx_buf = state["scratch"][eng.queue.int_ptr]
+        xq_buf, dx_buf, _ = state["scratch"][eng.queue.int_ptr]
         words = np.empty(2 * 3 * 2 * 3 * 8, np.uint32)
         dx = np.empty(3, np.float32)
         cl.enqueue_copy(eng.queue, words, xq_buf)

@@ -66,7 +66,7 @@ A8_VARIANTS = {  # name -> (NC output channels per item, fused) (gemv_a8: act_qu
 }
 MMA_VARIANTS = {  # name -> (WM, WN warps, MT, NT m16n8k32 tiles per warp) (conv_mma: act_quant="row", int8 tensor
     # cores, TM = 16*MT*WM output channels x TN = 8*NT*WN pixels per work-group of 32*WM*WN items)
-    "mma_32x64": (2, 2, 1, 4), "mma_64x64": (2, 2, 2, 4), "mma_128x64": (2, 2, 4, 4),
+    "mma_64x32": (2, 2, 2, 2), "mma_32x64": (2, 2, 1, 4), "mma_64x64": (2, 2, 2, 4), "mma_128x64": (2, 2, 4, 4),
     "mma_64x128": (2, 2, 2, 8), "mma_128x128": (2, 4, 4, 4),
 }
 ROW_QUANT_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt",)
@@ -111,6 +111,8 @@ class _Plan:
 
     def describe(self) -> str:
         lws = "driver" if self.lws is None else "x".join(map(str, self.lws))
+        if self.cand.program == "conv_mma":
+            lws = f"{self.lws[0]} ksub={self.lws[1]}"
         t = "" if self.ns is None else f", {self.ns / 1e3:.1f} us"
         return f"{self.cand.program}:{self.variant} lws={lws}{t}"
 
@@ -847,7 +849,8 @@ class OpenCLEngine:
         p, oc = n * oh * ow, self.spec.out_channels
         if p < 2:
             return []  # one row: gemv_a8 streams the weights faster
-        names = ["mma_32x64", "mma_64x64"] if p <= 64 else ["mma_128x64", "mma_64x64", "mma_128x128", "mma_64x128"]
+        names = (["mma_64x32", "mma_32x64", "mma_64x64"] if p <= 32 else ["mma_32x64", "mma_64x64"] if p <= 64
+                 else ["mma_64x64", "mma_128x64", "mma_128x128", "mma_64x128"])
         if oc <= 64:
             names = [v for v in names if v != "mma_128x64"] + ["mma_128x64"]
         return names if self.tune == "full" else names[:2] if self.tune == "fast" else names[:1]
@@ -863,9 +866,29 @@ class OpenCLEngine:
             self._wmma = self._upload(self.mma_layout.pack_array(self.spec.weight.q))
         return self._wmma
 
+    def _mma_ksubs(self, name):
+        """Layout steps per stage (conv_mma's KSUB) to time, most first: divisors of the steps that keep scale
+        blocks whole, whose double-buffered tiles fit local memory and whose prefetch fits 16 uint4 an item."""
+        s, wt = self.spec, self.spec.weight
+        wm, wn, mt, nt = MMA_VARIANTS[name]
+        nth, tm, tn = 32 * wm * wn, 16 * mt * wm, 8 * nt * wn
+        taps = s.kernel_size[0] * s.kernel_size[1]
+        ksteps = _cdiv(wt.q.shape[1], 32) * taps
+        block = min(ksteps, 4096) if wt.n_blocks == 1 else wt.block_channels // 32 * taps
+        sq = 2 if wt.bits == 8 else 1
+        lmem = int(self.device.local_mem_size) - 1024
+        ok = []
+        for k in range(8, 0, -1):
+            tile = 2 * k * (tm + tn) * 32 + (2 * k * tn * 8 if wt.offsets is not None else 0)
+            loads = _cdiv(tm * sq * k, nth) + _cdiv(tn * 2 * k, nth)
+            if ksteps % k == 0 and (block % k == 0 or k % block == 0) and tile <= lmem and (loads <= 16 or k == 1):
+                ok.append(k)
+        return ok
+
     def _mma_candidate(self, name, layout, n, h, w, oh, ow):
-        """quant_rows_i8 (one work-group per sample) then conv_mma (NDRange (ceil(P/TN) * NTH, ceil(O/TM)),
-        local (NTH, 1)); ``launch`` returns conv_mma's event, (first, last) in ``info["state"]["events"]``."""
+        """row_amax and quant_rows_i8 (act_quant.cl), then conv_mma (NDRange (ceil(P/TN) * NTH, ceil(O/TM)),
+        local (NTH, 1)). Its "local sizes" are (NTH, KSUB): KSUB layout steps per stage is a build option the
+        tuner picks. ``launch`` returns conv_mma's event, (first, last) in ``info["state"]["events"]``."""
         cl = import_pyopencl()
         s, wt = self.spec, self.spec.weight
         wm, wn, mt, nt = MMA_VARIANTS[name]
@@ -889,35 +912,45 @@ class OpenCLEngine:
         opts = tuple(opts)
         qopts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
         c = self.spec.in_channels
-        in_elems = n * (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
+        per_sample = (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
         xq_bytes = _cdiv(c, 32) * 32 * n * h * w
         ql = min(256, _pow2floor(int(self.device.max_work_group_size)))
+        g_amax = max(1, min(64, _cdiv(per_sample, 8 * ql)))  # partial maxima per sample
+        g_quant = max(1, min(4096, _cdiv(xq_bytes // (4 * n), 4 * ql)))  # quantizing groups per sample
         gsize = (_cdiv(n * oh * ow, tn) * nth, _cdiv(wt.out_channels, tm))
         scal = [np.int32(v) for v in (n, h, w, oh, ow)]
+        qargs = [np.int32(per_sample), np.int32(n), np.int32(c), np.int32(h * w)]
         engine = self
+        ksubs = [(nth, k) for k in self._mma_ksubs(name)]
+        if self.tune != "full":
+            ksubs = ksubs[:2]
 
         def launch(queue, lws, bufs=None, wait_for=None):
             xbuf, ybuf = bufs if bufs is not None else state["bufs"]
             key = queue.int_ptr  # scratch per queue (launches on one queue run in order)
             if key not in state["scratch"]:
                 rw = cl.mem_flags.READ_WRITE
-                state["scratch"][key] = (cl.Buffer(engine.ctx, rw, xq_bytes), cl.Buffer(engine.ctx, rw, 4 * n))
-            xq, dx = state["scratch"][key]
+                state["scratch"][key] = (cl.Buffer(engine.ctx, rw, xq_bytes), cl.Buffer(engine.ctx, rw, 4 * n),
+                                         cl.Buffer(engine.ctx, rw, 4 * n * g_amax))
+            xq, dx, part = state["scratch"][key]
             in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+            amax = get_kernel(engine.ctx, "act_quant", qopts, "row_amax")
             quant = get_kernel(engine.ctx, "act_quant", qopts, "quant_rows_i8")
-            mma = get_kernel(engine.ctx, "conv_mma", opts, "conv_mma")
+            ksub = (lws or ksubs[0])[1]
+            mma = get_kernel(engine.ctx, "conv_mma", opts + (f"-DKSUB={ksub}",), "conv_mma")
             with _launch_lock:
-                quant.set_args(xbuf, xq, dx, cl.LocalMemory(4 * ql), np.int32(in_elems // n), np.int32(n),
-                               np.int32(c), np.int32(h * w))
-                ev_q = cl.enqueue_nd_range_kernel(queue, quant, (n * ql,), (ql,), wait_for=wait_for)
+                amax.set_args(xbuf, part, cl.LocalMemory(4 * ql), *qargs)
+                ev_a = cl.enqueue_nd_range_kernel(queue, amax, (g_amax * ql, n), (ql, 1), wait_for=wait_for)
+                quant.set_args(xbuf, part, np.int32(g_amax), xq, dx, *qargs)
+                ev_q = cl.enqueue_nd_range_kernel(queue, quant, (g_quant * ql, n), (ql, 1),
+                                                  wait_for=None if in_order else [ev_a])
                 mma.set_args(xq, dx, wbuf, engine._ws, engine._wo, engine._bias, ybuf, *scal)
-                ev = cl.enqueue_nd_range_kernel(queue, mma, gsize, (nth, 1),
-                                                wait_for=None if in_order else [ev_q])
-            state["events"] = (ev_q, ev)
+                ev = cl.enqueue_nd_range_kernel(queue, mma, gsize, (nth, 1), wait_for=None if in_order else [ev_q])
+            state["events"] = (ev_a, ev)
             return ev
 
         state = {"bufs": None, "events": None, "scratch": {}}
-        cand = tuning.Candidate(name, "conv_mma", opts, tuple(gsize) + (n, h, w, oh, ow), [(nth, 1)], launch)
+        cand = tuning.Candidate(name, "conv_mma", opts, tuple(gsize) + (n, h, w, oh, ow), ksubs, launch)
         cand.info["state"] = state
         return cand
 
@@ -1091,7 +1124,7 @@ class OpenCLEngine:
         lay = f"{self.path} int{w.bits} {store}, scales {self.scale_layout.dtype}, {acts}"
         plan = self._last_plan.describe() if self._last_plan is not None else "kernel tuned at the first call"
         if self.act_row and self._last_plan is not None:
-            first = {"gemv_a8": "", "conv_mma": "act_quant:quant_rows_i8 + "}
+            first = {"gemv_a8": "", "conv_mma": "act_quant:row_amax+quant_rows_i8 + "}
             plan = first.get(self._last_plan.cand.program, "act_quant:quant_rows + ") + plan
         try:
             dev = describe_device(self.device)

@@ -28,24 +28,41 @@ __kernel void quant_rows(__global const float *x, __global float *xd, __local fl
         xd[QR_INDEX(i)] = QR_VALID(i) ? (float)quant_row(x[QR_INDEX(i)], qd.x) * qd.y : 0.0f;
 }
 
-/* quant_rows_i8: x -> its int8 quantization per sample for conv_mma, in NC4HW4 with a pack of 32
- * (qconv.layouts.NC4HW4(32) over int8: [CH32][N][HW][32] bytes, channels >= C are 0, as 32-bit words
- * [CH32][N][HW][8], word j holding channels 4j .. 4j+3 of the chunk, byte e = channel 4j + e), and
- * dx[n] = amax/127 (1 when amax is 0): one work-group per sample n. */
-__kernel void quant_rows_i8(__global const float *x, __global uint *xq, __global float *dx, __local float *red,
-                            const int E, const int nsamples, const int C, const int HW) {
-    const int n = get_group_id(0);
+/* act_quant="row" for conv_mma, in two launches over many work-groups (one per sample would leave most of a
+ * GPU idle): row_amax, then quant_rows_i8.
+ * row_amax: NDRange (G * L, N), local (L, 1): work-group (g, n) writes the max |x| over its share of sample
+ * n's E slots to part[n * G + g]. */
+__kernel void row_amax(__global const float *x, __global float *part, __local float *red, const int E,
+                       const int nsamples, const int C, const int HW) {
+    const int n = get_group_id(1), G = get_num_groups(0);
     const int lid = get_local_id(0), nloc = get_local_size(0);
     float m = 0.0f;
-    for (int i = lid; i < E; i += nloc)
+    for (int i = get_group_id(0) * nloc + lid; i < E; i += G * nloc)
         if (QR_VALID(i))
             m = fmax(m, fabs(x[QR_INDEX(i)]));
-    const float2 qd = row_params(work_group_amax(red, m, lid, nloc));
+    m = work_group_amax(red, m, lid, nloc);
     if (lid == 0)
+        part[n * G + get_group_id(0)] = m;
+}
+
+/* quant_rows_i8: NDRange (G2 * L, N), local (L, 1): x -> its int8 quantization per sample (amax: the max of
+ * row_amax's G partials) in NC4HW4 with a pack of 32 (qconv.layouts.NC4HW4(32) over int8: [CH32][N][HW][32]
+ * bytes, channels >= C are 0; as 32-bit words [CH32][N][HW][8], word j holding channels 4j .. 4j+3 of the
+ * chunk, byte e = channel 4j + e) and dx[n] = amax/127 (1 when amax is 0). */
+__kernel void quant_rows_i8(__global const float *x, __global const float *part, const int G,
+                            __global uint *xq, __global float *dx, const int E, const int nsamples, const int C,
+                            const int HW) {
+    const int n = get_group_id(1), G2 = get_num_groups(0);
+    const int lid = get_local_id(0), nloc = get_local_size(0);
+    float m = 0.0f;
+    for (int g = 0; g < G; g++)
+        m = fmax(m, part[n * G + g]);
+    const float2 qd = row_params(m);
+    if (get_group_id(0) == 0 && lid == 0)
         dx[n] = qd.y;
     /* word (c32, j, p), p fastest: neighbouring items read neighbouring pixels of one channel */
     const int nwords = CDIV(C, 32) * 8 * HW;
-    for (int i = lid; i < nwords; i += nloc) {
+    for (int i = get_group_id(0) * nloc + lid; i < nwords; i += G2 * nloc) {
         const int p = i % HW, cj = i / HW; /* cj = 8 * c32 + j */
         uint word = 0;
         for (int e = 0; e < 4; e++) {
