@@ -846,13 +846,12 @@ class OpenCLEngine:
         """conv_mma tiles worth timing ([] unless act_quant="row" on a device with int8 mma.sync, or forced)."""
         if self.forced_variant is not None or self._mma_unsupported() or not self._mma_native():
             return []
-        p, oc = n * oh * ow, self.spec.out_channels
+        p = n * oh * ow
         if p < 2:
             return []  # one row: gemv_a8 streams the weights faster
-        names = (["mma_64x32", "mma_32x64", "mma_64x64"] if p <= 32 else ["mma_32x64", "mma_64x64"] if p <= 64
-                 else ["mma_64x64", "mma_128x64", "mma_128x128", "mma_64x128"])
-        if oc <= 64:
-            names = [v for v in names if v != "mma_128x64"] + ["mma_128x64"]
+        # the H200's picks (scripts/mma_lab.py): small tiles keep more loads in flight per register
+        names = ["mma_64x32", "mma_32x64", "mma_64x64"] if p < 4096 else ["mma_64x64", "mma_64x32", "mma_32x64"]
+        names += [v for v in MMA_VARIANTS if v not in names]
         return names if self.tune == "full" else names[:2] if self.tune == "fast" else names[:1]
 
     def _with_mma(self, cands, layout, n, h, w, oh, ow):
@@ -878,7 +877,7 @@ class OpenCLEngine:
         sq = 2 if wt.bits == 8 else 1
         lmem = int(self.device.local_mem_size) - 1024
         ok = []
-        for k in range(8, 0, -1):
+        for k in (4, 2, 6, 3, 8, 5, 7, 1):  # the H200's order (scripts/mma_lab.py): 4 or 2 won every case
             tile = 2 * k * (tm + tn) * 32 + (2 * k * tn * 8 if wt.offsets is not None else 0)
             loads = _cdiv(tm * sq * k, nth) + _cdiv(tn * 2 * k, nth)
             if ksteps % k == 0 and (block % k == 0 or k % block == 0) and tile <= lmem and (loads <= 16 or k == 1):

@@ -67,6 +67,9 @@
 #else
 #define BLOCK_STEPS (BLOCK_CH / 32 * TAPS)
 #endif
+#if defined(NBLK1) && !defined(ASYM) && KSTEPS <= 4096
+#define ONE_FOLD /* symmetric per-channel scales, one fold of the int32 sums: in the epilogue, no float accumulators */
+#endif
 #define NA (TM * SQ * KSUB)       /* weight loads per stage */
 #define NB (TN * 2 * KSUB)        /* input loads per stage (32 bytes a pixel and layout step) */
 #define RA CDIV(NA, NTH)
@@ -200,7 +203,9 @@ void conv_mma(__global const uint4 *xq, __global const float *dxs, __global cons
         }                                                                                           \
     }
 
+#ifndef ONE_FOLD
     float facc[MT][NT][4];
+#endif
     int iacc[MT][NT][4];
 #pragma unroll
     for (int mi = 0; mi < MT; mi++)
@@ -208,7 +213,9 @@ void conv_mma(__global const uint4 *xq, __global const float *dxs, __global cons
         for (int ni = 0; ni < NT; ni++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
+#ifndef ONE_FOLD
                 facc[mi][ni][e] = 0.0f;
+#endif
                 iacc[mi][ni][e] = 0;
             }
 #ifdef ASYM
@@ -270,6 +277,7 @@ void conv_mma(__global const uint4 *xq, __global const float *dxs, __global cons
                     psum[ni][j] += sS[buf][kk][2 * col] + sS[buf][kk][2 * col + 1];
                 }
 #endif
+#ifndef ONE_FOLD
             const int ls = t * KSUB + kk;
             if ((ls + 1) % BLOCK_STEPS == 0 || ls + 1 == KSTEPS) {
                 /* fold the block's integer sums into the float accumulators */
@@ -305,6 +313,7 @@ void conv_mma(__global const uint4 *xq, __global const float *dxs, __global cons
                     psum[ni][0] = psum[ni][1] = 0;
 #endif
             }
+#endif
         }
         if (t + 1 < NSTAGE) {
             STORE_A(buf ^ 1)
@@ -324,6 +333,9 @@ void conv_mma(__global const uint4 *xq, __global const float *dxs, __global cons
 #else
             const float b = 0.0f;
 #endif
+#ifdef ONE_FOLD
+            const float sc = LOAD_S1(ws, min(o, OC - 1));
+#endif
 #pragma unroll
             for (int ni = 0; ni < NT; ni++)
 #pragma unroll
@@ -332,7 +344,12 @@ void conv_mma(__global const uint4 *xq, __global const float *dxs, __global cons
                     if (p >= P)
                         continue;
                     const int n = p / (OH * OW), q = p % (OH * OW);
-                    const float v = ACTIVATE(fma(dxs[n], facc[mi][ni][2 * h + j], b));
+#ifdef ONE_FOLD
+                    const float acc = sc * (float)iacc[mi][ni][2 * h + j];
+#else
+                    const float acc = facc[mi][ni][2 * h + j];
+#endif
+                    const float v = ACTIVATE(fma(dxs[n], acc, b));
 #ifdef OUT_NCHW
                     if (o < OC)
                         y[(n * OC + o) * (OH * OW) + q] = v;
