@@ -103,7 +103,6 @@ class _Plan:
     def __init__(self, cand, lws, ns, out_shape, in_elems, out_elems):
         self.cand, self.lws, self.ns = cand, lws, ns
         self.out_shape, self.in_elems, self.out_elems = out_shape, in_elems, out_elems
-        self.scratch = {}  # queue -> buffer of act_quant="row"'s quantized input (float kernels)
 
     @property
     def variant(self) -> str:
@@ -355,7 +354,8 @@ class OpenCLEngine:
     def _general_candidates(self, layout, n, h, w, oh, ow):
         if self.forced_variant in MMA_VARIANTS:
             return [self._mma_candidate(self.forced_variant, layout, n, h, w, oh, ow)]
-        return self._with_mma(self._float_general_candidates(layout, n, h, w, oh, ow), layout, n, h, w, oh, ow)
+        cands = self._with_row_quant(self._float_general_candidates(layout, n, h, w, oh, ow), layout, n, h, w)
+        return self._with_mma(cands, layout, n, h, w, oh, ow)
 
     def _float_general_candidates(self, layout, n, h, w, oh, ow):
         s, wt = self.spec, self.spec.weight
@@ -446,7 +446,8 @@ class OpenCLEngine:
         a8 = self._a8_names(n * h * w)
         if a8:
             return [self._a8_candidate(v, layout) for v in a8]
-        return self._with_mma(self._float_onex1_candidates(layout, n, h, w), layout, n, h, w, h, w)
+        cands = self._with_row_quant(self._float_onex1_candidates(layout, n, h, w), layout, n, h, w)
+        return self._with_mma(cands, layout, n, h, w, h, w)
 
     def _float_onex1_candidates(self, layout, n, h, w):
         wt = self.spec.weight
@@ -1028,29 +1029,46 @@ class OpenCLEngine:
             self._plans[plan.key] = plan
         self._last_plan = plan
         try:
-            if self.act_row and plan.cand.program not in ("gemv_a8", "conv_mma"):
-                xbuf, wait_for = self._quantize_rows(queue, plan, xbuf, wait_for)
             return plan.cand.launch(queue, plan.lws, (xbuf, ybuf), wait_for)
         except cl.Error as exc:
             raise wrap_cl_error(exc, f"running {plan.describe()} on {self.device.name}") from exc
 
-    def _quantize_rows(self, queue, plan, xbuf, wait_for):
-        """act_quant="row" for the float kernels: x quantized and dequantized per sample into a buffer of the
-        plan's, one per queue (launches on one queue run in order, so they never share it at the same time)."""
+    def _with_row_quant(self, cands, layout, n, h, w):
+        """act_quant="row" for the float kernels: each candidate's launch first runs ``quant_rows`` (x
+        quantized and dequantized per sample) into a buffer of the candidate's, one per queue (launches on one
+        queue run in order, so they never share it at the same time). The tuner times both launches."""
+        if not self.act_row:
+            return cands
         cl = import_pyopencl()
-        layout, n, h, w = plan.key
+        c = self.spec.in_channels
+        in_elems = n * (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
         opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
-        kernel = get_kernel(self.ctx, "act_quant", opts, "quant_rows")
-        lws = min(256, _pow2floor(int(self.device.max_work_group_size)))
-        xd = plan.scratch.get(queue.int_ptr)
-        if xd is None:
-            xd = plan.scratch[queue.int_ptr] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, 4 * plan.in_elems)
-        args = [xbuf, xd, cl.LocalMemory(4 * lws), np.int32(plan.in_elems // n), np.int32(n),
-                np.int32(self.spec.in_channels), np.int32(h * w)]
-        with _launch_lock:
-            kernel.set_args(*args)
-            evt = cl.enqueue_nd_range_kernel(queue, kernel, (n * lws,), (lws,), wait_for=wait_for)
-        return xd, [evt]
+        lws_q = min(256, _pow2floor(int(self.device.max_work_group_size)))
+        engine = self
+
+        def wrap(cand):
+            inner, state = cand.launch, cand.info["state"]
+            scratch = {}
+
+            def launch(queue, lws, bufs=None, wait_for=None):
+                xbuf, ybuf = bufs if bufs is not None else state["bufs"]
+                xd = scratch.get(queue.int_ptr)
+                if xd is None:
+                    xd = scratch[queue.int_ptr] = cl.Buffer(engine.ctx, cl.mem_flags.READ_WRITE, 4 * in_elems)
+                kernel = get_kernel(engine.ctx, "act_quant", opts, "quant_rows")
+                with _launch_lock:
+                    kernel.set_args(xbuf, xd, cl.LocalMemory(4 * lws_q), np.int32(in_elems // n), np.int32(n),
+                                    np.int32(c), np.int32(h * w))
+                    ev_q = cl.enqueue_nd_range_kernel(queue, kernel, (n * lws_q,), (lws_q,), wait_for=wait_for)
+                in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+                ev = inner(queue, lws, (xd, ybuf), None if in_order else [ev_q])
+                state["events"] = (ev_q, ev)
+                return ev
+
+            cand.launch = launch
+            return cand
+
+        return [cand if cand.program in ("gemv_a8", "conv_mma") else wrap(cand) for cand in cands]
 
     def forward(self, x, layout: str = "nchw"):
         """float32 NCHW ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)`` -> the output in the same

@@ -217,7 +217,13 @@ def _median_ns(queue, cand: Candidate, lws, repeats: int):
     cl = import_pyopencl()
     try:
         cand.launch(queue, lws).wait()  # warm-up (and, on PoCL, the per-local-size compile)
-        spans = [launch_span(cand, queue, lws) for _ in range(repeats)]
+        # all launches queued behind a user event before any runs: a candidate of several kernels is timed
+        # on the device, without the host's submit time between its kernels
+        gate = cl.UserEvent(queue.context)
+        try:
+            spans = [launch_span(cand, queue, lws, wait_for=[gate] if i == 0 else None) for i in range(repeats)]
+        finally:
+            gate.set_status(cl.command_execution_status.COMPLETE)
         queue.finish()
         times = [b.profile.end - a.profile.start for a, b in spans]
     except cl.Error:  # e.g. INVALID_WORK_GROUP_SIZE, OUT_OF_RESOURCES: not a candidate on this device
