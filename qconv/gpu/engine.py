@@ -910,16 +910,12 @@ class OpenCLEngine:
                                               ("SH", sh), ("SW", sw), ("PH", ph), ("PW", pw), ("DH", dh), ("DW", dw))]
         opts += [f"-DWM={wm}", f"-DWN={wn}", f"-DMT={mt}", f"-DNT={nt}"]
         opts = tuple(opts)
-        qopts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
+        qopts, qargs, g_amax, ql, enqueue_amax = self._row_amax_launch(layout, n, h, w)
         c = self.spec.in_channels
-        per_sample = (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
         xq_bytes = _cdiv(c, 32) * 32 * n * h * w
-        ql = min(256, _pow2floor(int(self.device.max_work_group_size)))
-        g_amax = max(1, min(64, _cdiv(per_sample, 8 * ql)))  # partial maxima per sample
         g_quant = max(1, min(4096, _cdiv(xq_bytes // (4 * n), 4 * ql)))  # quantizing groups per sample
         gsize = (_cdiv(n * oh * ow, tn) * nth, _cdiv(wt.out_channels, tm))
         scal = [np.int32(v) for v in (n, h, w, oh, ow)]
-        qargs = [np.int32(per_sample), np.int32(n), np.int32(c), np.int32(h * w)]
         engine = self
         ksubs = [(nth, k) for k in self._mma_ksubs(name)]
         if self.tune != "full":
@@ -934,13 +930,11 @@ class OpenCLEngine:
                                          cl.Buffer(engine.ctx, rw, 4 * n * g_amax))
             xq, dx, part = state["scratch"][key]
             in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
-            amax = get_kernel(engine.ctx, "act_quant", qopts, "row_amax")
             quant = get_kernel(engine.ctx, "act_quant", qopts, "quant_rows_i8")
             ksub = (lws or ksubs[0])[1]
             mma = get_kernel(engine.ctx, "conv_mma", opts + (f"-DKSUB={ksub}",), "conv_mma")
+            ev_a = enqueue_amax(queue, xbuf, part, wait_for)
             with _launch_lock:
-                amax.set_args(xbuf, part, cl.LocalMemory(4 * ql), *qargs)
-                ev_a = cl.enqueue_nd_range_kernel(queue, amax, (g_amax * ql, n), (ql, 1), wait_for=wait_for)
                 quant.set_args(xbuf, part, np.int32(g_amax), xq, dx, *qargs)
                 ev_q = cl.enqueue_nd_range_kernel(queue, quant, (g_quant * ql, n), (ql, 1),
                                                   wait_for=None if in_order else [ev_a])
@@ -1033,6 +1027,27 @@ class OpenCLEngine:
         except cl.Error as exc:
             raise wrap_cl_error(exc, f"running {plan.describe()} on {self.device.name}") from exc
 
+    def _row_amax_launch(self, layout, n, h, w):
+        """act_quant="row"'s first launch, shared by the float kernels' quant_rows and conv_mma's quant_rows_i8:
+        ``(opts, args, G, enqueue)`` where ``enqueue(queue, xbuf, part, wait_for)`` runs row_amax (G partial
+        maxima per sample into ``part``, 4*N*G bytes) and returns its event; ``args``: (E, N, C, HW)."""
+        cl = import_pyopencl()
+        c = self.spec.in_channels
+        per_sample = (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
+        ql = min(256, _pow2floor(int(self.device.max_work_group_size)))
+        g_amax = max(1, min(64, _cdiv(per_sample, 8 * ql)))
+        opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
+        args = (np.int32(per_sample), np.int32(n), np.int32(c), np.int32(h * w))
+        ctx = self.ctx
+
+        def enqueue(queue, xbuf, part, wait_for):
+            amax = get_kernel(ctx, "act_quant", opts, "row_amax")
+            with _launch_lock:
+                amax.set_args(xbuf, part, cl.LocalMemory(4 * ql), *args)
+                return cl.enqueue_nd_range_kernel(queue, amax, (g_amax * ql, n), (ql, 1), wait_for=wait_for)
+
+        return opts, args, g_amax, ql, enqueue
+
     def _with_row_quant(self, cands, layout, n, h, w):
         """act_quant="row" for the float kernels: each candidate's launch first runs ``quant_rows`` (x
         quantized and dequantized per sample) into a buffer of the candidate's, one per queue (launches on one
@@ -1040,10 +1055,9 @@ class OpenCLEngine:
         if not self.act_row:
             return cands
         cl = import_pyopencl()
-        c = self.spec.in_channels
-        in_elems = n * (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
-        opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
-        lws_q = min(256, _pow2floor(int(self.device.max_work_group_size)))
+        opts, qargs, g_amax, ql, enqueue_amax = self._row_amax_launch(layout, n, h, w)
+        in_elems = n * int(qargs[0])
+        g_quant = max(1, min(4096, _cdiv(int(qargs[0]), 4 * ql)))
         engine = self
 
         def wrap(cand):
@@ -1052,20 +1066,24 @@ class OpenCLEngine:
 
             def launch(queue, lws, bufs=None, wait_for=None):
                 xbuf, ybuf = bufs if bufs is not None else state["bufs"]
-                xd = scratch.get(queue.int_ptr)
-                if xd is None:
-                    xd = scratch[queue.int_ptr] = cl.Buffer(engine.ctx, cl.mem_flags.READ_WRITE, 4 * in_elems)
+                if queue.int_ptr not in scratch:
+                    rw = cl.mem_flags.READ_WRITE
+                    scratch[queue.int_ptr] = (cl.Buffer(engine.ctx, rw, 4 * in_elems),
+                                              cl.Buffer(engine.ctx, rw, 4 * n * g_amax))
+                xd, part = scratch[queue.int_ptr]
+                in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+                ev_a = enqueue_amax(queue, xbuf, part, wait_for)
                 kernel = get_kernel(engine.ctx, "act_quant", opts, "quant_rows")
                 with _launch_lock:
-                    kernel.set_args(xbuf, xd, cl.LocalMemory(4 * lws_q), np.int32(in_elems // n), np.int32(n),
-                                    np.int32(c), np.int32(h * w))
-                    ev_q = cl.enqueue_nd_range_kernel(queue, kernel, (n * lws_q,), (lws_q,), wait_for=wait_for)
-                in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+                    kernel.set_args(xbuf, part, np.int32(g_amax), xd, *qargs)
+                    ev_q = cl.enqueue_nd_range_kernel(queue, kernel, (g_quant * ql, n), (ql, 1),
+                                                      wait_for=None if in_order else [ev_a])
                 ev = inner(queue, lws, (xd, ybuf), None if in_order else [ev_q])
-                state["events"] = (ev_q, ev)
+                state["events"] = (ev_a, ev)
                 return ev
 
             cand.launch = launch
+            cand.options = cand.options + ("act_quant=row: row_amax + quant_rows first",)  # its own cache key
             return cand
 
         return [cand if cand.program in ("gemv_a8", "conv_mma") else wrap(cand) for cand in cands]

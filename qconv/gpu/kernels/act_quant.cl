@@ -3,33 +3,36 @@
  * Build options: IN_NCHW (else NC4HW4).
  */
 
-/* quant_rows: x -> dequantize(quantize_row(x)) per sample (the float kernels then read it): one
- * work-group per sample n. NCHW: the sample is E = C*H*W contiguous floats at n*E. NC4HW4
- * ([C4][N][HW][4], HW = E4 / (4 * C4)): lane c of block c4 is at ((c4*N + n)*HW + p)*4 + lane; padding
- * lanes (channel >= C) are left out of the max and written as 0. */
-__kernel void quant_rows(__global const float *x, __global float *xd, __local float *red, const int E,
-                         const int nsamples, const int C, const int HW) {
-    const int n = get_group_id(0);
-    const int lid = get_local_id(0), nloc = get_local_size(0);
+/* quant_rows: NDRange (G2 * L, N), local (L, 1): x -> dequantize(quantize_row(x)) per sample (the float kernels
+ * then read it), amax the max of row_amax's G partials (below). NCHW: the sample is E = C*H*W contiguous
+ * floats at n*E. NC4HW4 ([C4][N][HW][4], HW = E4 / (4 * C4)): lane c of block c4 is at
+ * ((c4*N + n)*HW + p)*4 + lane; padding lanes (channel >= C) are left out of the max and written as 0. */
 #ifdef IN_NCHW
 #define QR_INDEX(i) (n * E + (i))
 #define QR_VALID(i) true
 #else
-    /* i runs over the sample's C4*HW*4 slots */
+/* i runs over the sample's C4*HW*4 slots */
 #define QR_INDEX(i) ((((i) / (HW * 4)) * nsamples + n) * HW * 4 + (i) % (HW * 4))
 #define QR_VALID(i) (((i) / (HW * 4)) * 4 + (i) % 4 < C)
 #endif
+
+inline float2 row_params_of(__global const float *part, int n, int G) {
     float m = 0.0f;
-    for (int i = lid; i < E; i += nloc)
-        if (QR_VALID(i))
-            m = fmax(m, fabs(x[QR_INDEX(i)]));
-    const float2 qd = row_params(work_group_amax(red, m, lid, nloc));
-    for (int i = lid; i < E; i += nloc)
+    for (int g = 0; g < G; g++)
+        m = fmax(m, part[n * G + g]);
+    return row_params(m);
+}
+
+__kernel void quant_rows(__global const float *x, __global const float *part, const int G, __global float *xd,
+                         const int E, const int nsamples, const int C, const int HW) {
+    const int n = get_group_id(1), G2 = get_num_groups(0);
+    const float2 qd = row_params_of(part, n, G);
+    for (int i = get_group_id(0) * get_local_size(0) + get_local_id(0); i < E; i += G2 * get_local_size(0))
         xd[QR_INDEX(i)] = QR_VALID(i) ? (float)quant_row(x[QR_INDEX(i)], qd.x) * qd.y : 0.0f;
 }
 
-/* act_quant="row" for conv_mma, in two launches over many work-groups (one per sample would leave most of a
- * GPU idle): row_amax, then quant_rows_i8.
+/* act_quant="row" in two launches over many work-groups (one per sample would leave most of a GPU idle):
+ * row_amax, then quant_rows (float kernels) or quant_rows_i8 (conv_mma).
  * row_amax: NDRange (G * L, N), local (L, 1): work-group (g, n) writes the max |x| over its share of sample
  * n's E slots to part[n * G + g]. */
 __kernel void row_amax(__global const float *x, __global float *part, __local float *red, const int E,
@@ -54,10 +57,7 @@ __kernel void quant_rows_i8(__global const float *x, __global const float *part,
                             const int HW) {
     const int n = get_group_id(1), G2 = get_num_groups(0);
     const int lid = get_local_id(0), nloc = get_local_size(0);
-    float m = 0.0f;
-    for (int g = 0; g < G; g++)
-        m = fmax(m, part[n * G + g]);
-    const float2 qd = row_params(m);
+    const float2 qd = row_params_of(part, n, G);
     if (get_group_id(0) == 0 && lid == 0)
         dx[n] = qd.y;
     /* word (c32, j, p), p fastest: neighbouring items read neighbouring pixels of one channel */
