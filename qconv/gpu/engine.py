@@ -19,11 +19,15 @@ Three kernel families (``kernels/*.cl``):
   PTX on NVIDIA, a portable fallback elsewhere), integer sums exact; a grid of at most g work-groups per
   compute unit loops over tiles of output channels (local sizes ``(l0, SPLIT, g)``).
 
+* ``conv_mma``: with ``act_quant="row"``, ungrouped convs and batched linear layers as an implicit GEMM on
+  int8 tensor cores (``mma_<TM>x<TN>``; PTX ``mma.sync`` on NVIDIA sm_80+, the tuner's first choice there;
+  elsewhere only when forced, as an emulation), after ``row_amax`` + ``quant_rows_i8`` (``act_quant.cl``).
+
 Activations and accumulation are float32 by default (``act_quant=None``); weights stay int8/int4 in device
 memory and are dequantised in registers (``w = q*scale + offset``). ``act_quant="row"`` quantizes each
 sample's activations to int8 exactly as the oracle does (``clip(round(x*127/amax), -127, 127)``): linear
-layers then run ``gemv_a8``; every other shape runs the float kernels on the dequantized activations
-(``quant_rows`` first, in ``act_quant.cl``). Inputs and outputs are float32 NCHW
+layers then run ``gemv_a8``, other ungrouped shapes ``conv_mma`` where it runs, and the rest the float
+kernels on the dequantized activations (``row_amax`` + ``quant_rows`` first, in ``act_quant.cl``). Inputs and outputs are float32 NCHW
 ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)`` (padding lanes written as zeros), numpy arrays
 (copied in and out) or ``pyopencl.array.Array`` (kept on the device: the result is an Array on the
 input's queue). The kernels read and write both layouts directly: no conversion launches.
