@@ -1033,8 +1033,8 @@ class OpenCLEngine:
 
     def _row_amax_launch(self, layout, n, h, w):
         """act_quant="row"'s first launch, shared by the float kernels' quant_rows and conv_mma's quant_rows_i8:
-        ``(opts, args, G, enqueue)`` where ``enqueue(queue, xbuf, part, wait_for)`` runs row_amax (G partial
-        maxima per sample into ``part``, 4*N*G bytes) and returns its event; ``args``: (E, N, C, HW)."""
+        ``(opts, args, G, L, enqueue)`` where ``enqueue(queue, xbuf, part, wait_for)`` runs row_amax (G partial
+        maxima per sample into ``part``, 4*N*G bytes; local size L) and returns its event; ``args``: (E, N, C, HW)."""
         cl = import_pyopencl()
         c = self.spec.in_channels
         per_sample = (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
