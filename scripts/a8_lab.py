@@ -1,8 +1,10 @@
-"""gemv_a8 lab (H200 experiments, not the engine): times the fused int8-activation GEMV (gemv_a8f) on
-8192->28672 over build options and local sizes (l0, SPLIT, work-groups per compute unit), next to the read floor (a kernel that only reads the same
-bytes) and the float4 copy. Every configuration's output is checked against the numpy oracle.
+"""gemv_a8 lab (H200 experiments, not the engine): times the fused int8-activation GEMV (gemv_a8f) over
+build options and local sizes (l0, SPLIT, work-groups per compute unit: the engine's candidates, balanced
+tiles first, plus LAB_LWS), next to the read floor (a kernel that only reads the same bytes) and the float4
+copy. Every configuration's output is checked against the numpy oracle.
 
     OUT=... python3 scripts/a8_lab.py     # on the GPU machine (wheels + ICD as in scripts/h200.sh)
+    LAB_SHAPES="4096x11008 8192x28672" LAB_LWS="64,8,2 128,4,2" python3 scripts/a8_lab.py
     LAB_SMALL=1 python scripts/a8_lab.py  # a small smoke run on PoCL
 """
 import itertools
@@ -42,14 +44,13 @@ REP = 5 if SMALL else 30
 bw = bg.copy_bandwidth(ctx, dev, queue, (16 if SMALL else 1024) << 20, REP)
 print(f"# {dev.name}: copy {bw / 1e9:.0f} GB/s, empty kernel {bg.null_kernel_ns(ctx, queue, REP) / 1e3:.2f} us",
       flush=True)
-K, O = (1024, 2048) if SMALL else (8192, 28672)
+SHAPES = ([(1024, 2048)] if SMALL else
+          [tuple(int(v) for v in t.split("x")) for t in os.environ.get("LAB_SHAPES", "8192x28672").split()])
 rng = np.random.default_rng(0)
 NV = "NVIDIA" in dev.platform.name.upper()  # -cl-nv-verbose: ptxas' register count in the build log
 EXTRAS = [()]  # e.g. ("-DU=6",): build options to compare
-LWS = ([(32, 16, 1), (64, 8, 1), (16, 4, 1)] if SMALL else
-       [(a, b, g) for a, b in ((32, 16), (32, 32), (64, 8), (128, 4), (256, 4)) for g in (1, 2, 8)
-        if a * b * g <= 4096])
-for scheme in ("int4", "int4-b32-asym", "int8"):
+LAB_LWS = [tuple(int(v) for v in t.split(",")) for t in os.environ.get("LAB_LWS", "").split()]
+for (K, O), scheme in itertools.product(SHAPES, ("int4", "int4-b32-asym", "int8")):
     qw = bg.make_weight(rng, O, K, 1, scheme, True)
     spec = ConvSpec(qw, rng.standard_normal(O).astype(np.float32) * np.float32(0.1), 1, 0, 1, None, "row")
     eng = gpu.OpenCLEngine(spec, tune="none", variant="gemv_a8f_c1")
@@ -90,11 +91,13 @@ for scheme in ("int4", "int4-b32-asym", "int8"):
               f"err {err:.1e}{bad} {regs}", flush=True)
         return ns
 
-    for v, extra, lws in itertools.product(cands, EXTRAS, LWS):
-        run(v, extra, lws)
+    for v in cands:
+        sizes = eng._a8_local_sizes(*engine_mod.A8_VARIANTS[v])
+        for extra, lws in itertools.product(EXTRAS, list(dict.fromkeys(sizes + LAB_LWS))):
+            run(v, extra, lws)
     results.sort()
-    for ns, v, extra, lws in results[:3]:  # deeper / shallower weight prefetch on the best three
-        for u in (2, 8):
+    for ns, v, extra, lws in results[:3]:  # LAB_U="2 8": deeper / shallower weight prefetch on the best three
+        for u in os.environ.get("LAB_U", "").split():
             run(v, extra + (f"-DU={u}",), lws)
     results.sort()
     print("best:", [(round(ns / 1e3, 1), v, " ".join(e), lws) for ns, v, e, lws in results[:5]], flush=True)
