@@ -41,7 +41,7 @@ import threading
 import numpy as np
 
 from ..layouts.opencl import (OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLConvWeightLayout,
-                              OpenCLMMAWeightLayout, OpenCLScaleLayout)
+                              OpenCLGemvMMALayout, OpenCLMMAWeightLayout, OpenCLScaleLayout)
 from . import tuning
 from .context import describe_device, import_pyopencl, memory_pool, profiling_queue, resolve
 from .errors import OpenCLUnavailableError, wrap_cl_error
@@ -72,6 +72,10 @@ MMA_VARIANTS = {  # name -> (WM, WN warps, MT, NT m16n8k32 tiles per warp) (conv
     # cores, TM = 16*MT*WM output channels x TN = 8*NT*WN pixels per work-group of 32*WM*WN items)
     "mma_64x32": (2, 2, 2, 2), "mma_32x64": (2, 2, 1, 4), "mma_64x64": (2, 2, 2, 4), "mma_128x64": (2, 2, 4, 4),
     "mma_64x128": (2, 2, 2, 8), "mma_128x128": (2, 4, 4, 4),
+}
+GEMV_MMA_VARIANTS = {  # name -> U: 16-byte loads per lane in flight (gemv_mma: float activations, N=H=W=1, f16
+    # tensor cores; x split into two f16 numbers per element)
+    "gemv_mma": 4,
 }
 ROW_QUANT_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt",)
 _INT32_MAX = 2**31 - 1
@@ -179,6 +183,8 @@ class OpenCLEngine:
             names = {**names, **GEMM_VARIANTS}
             if self.path == "1x1":
                 names = {**names, **GEMV_VARIANTS, **(A8_VARIANTS if self.act_row else {})}
+                if spec.act_quant is None:
+                    names = {**names, **GEMV_MMA_VARIANTS}
             if self.act_row:
                 names = {**names, **MMA_VARIANTS}
             if variant not in names:
@@ -241,13 +247,16 @@ class OpenCLEngine:
                 if image is False:
                     raise ValueError(f"variant {variant!r} needs image weights, but image=False")
                 self.forced_variant = "buf" + variant[3:]  # image did not fit / no image support: buffer
-            elif (variant in GEMM_VARIANTS or variant in GEMV_VARIANTS or variant in A8_VARIANTS) and self.image:
+            elif (variant in GEMM_VARIANTS or variant in GEMV_VARIANTS or variant in A8_VARIANTS
+                  or variant in GEMV_MMA_VARIANTS) and self.image:
                 raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
             elif variant is not None and variant.startswith("buf") and self.image:
                 raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
         self._base_options = self._make_base_options()
         if variant in GEMV_VARIANTS and "-DLANE_SCALE" in self._base_options:
             raise ValueError(f"variant {variant!r} needs scale blocks of a multiple of 4 input channels")
+        if variant in GEMV_MMA_VARIANTS and self._gemv_mma_unsupported():
+            raise ValueError(f"variant {variant!r} cannot run this layer: {self._gemv_mma_unsupported()}")
         self._a8_group = self._a8_scale_group()
         if variant in A8_VARIANTS and self._a8_group is None:
             raise ValueError(f"variant {variant!r} needs per-channel scales or blocks that are a multiple or a "
@@ -463,6 +472,10 @@ class OpenCLEngine:
         gemm = self._gemm_names(layout, n, h, w, h, w)
         if self.forced_variant in GEMM_VARIANTS:
             return [self._gemm_candidate(self.forced_variant, layout, n, h, w, h, w)]
+        if self.forced_variant in GEMV_MMA_VARIANTS:
+            if m != 1:
+                raise ValueError(f"variant {self.forced_variant!r} runs linear layers on one row (N = H = W = 1)")
+            return [self._gemv_mma_candidate(self.forced_variant, layout)]
         gemv = self._gemv_names(m)
         if self.forced_variant in GEMV_VARIANTS and gemv:
             return [self._gemv_candidate(self.forced_variant, layout)]
@@ -484,6 +497,8 @@ class OpenCLEngine:
             # and the fast level's time budget still reaches both); untuned, the 1x1 kernels stay first
             extra = [self._gemv_candidate(v, layout) for v in gemv]
             cands = cands[:1] + extra + cands[1:] if self.is_gpu and self.tune != "none" else cands + extra
+        if m == 1 and self.forced_variant is None and self._mma_native() and not self._gemv_mma_unsupported():
+            cands = cands[:1] + [self._gemv_mma_candidate(v, layout) for v in GEMV_MMA_VARIANTS] + cands[1:]
         return self._with_gemm(cands, gemm, layout, n, h, w, h, w)
 
     def _gemv_names(self, m):
@@ -689,6 +704,80 @@ class OpenCLEngine:
         state = {"bufs": None, "events": None, "scratch": {}}
         c = tuning.Candidate(name, "gemv_a8", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
                              self._a8_local_sizes(nc, fused), launch)
+        c.info["state"] = state
+        return c
+
+    def _gemv_mma_unsupported(self) -> str:
+        """Why gemv_mma cannot run this layer ("" when it can)."""
+        w = self.spec.weight
+        if self.spec.act_quant is not None:
+            return "it needs float activations (act_quant=None)"
+        if self.path != "1x1" or self.image:
+            return "it needs a linear / 1x1 layer with buffer weights (image=False)"
+        kt = OpenCLGemvMMALayout(w.bits).k_per_load
+        if w.n_blocks > 1:
+            bc = w.block_channels
+            if bc % 16 or (kt % bc and bc % kt):
+                return f"its scale blocks must be 16, 32{', 64' if w.bits == 4 else ''} or a multiple of {kt} " \
+                       f"input channels, got {bc}"
+        ks = _cdiv(w.q.shape[1], kt) * kt // 16
+        need = 64 * ks + 4 * _cdiv(w.q.shape[1], 16) + 4 * 1024 + (0 if self._mma_native() else 4 * 32 * 288)
+        if need > int(self.device.local_mem_size):
+            return (f"x's f16 halves need {need} bytes of local memory for {w.q.shape[1]} input channels; "
+                    f"{self.device.name} has {int(self.device.local_mem_size)}")
+        return ""
+
+    def _gemv_mma_weights(self):
+        """The weights in :class:`OpenCLGemvMMALayout` (uploaded at the first gemv_mma candidate)."""
+        if getattr(self, "_wgmma", None) is None:
+            self.gemv_mma_layout = OpenCLGemvMMALayout(self.spec.weight.bits)
+            self._wgmma = self._upload(self.gemv_mma_layout.pack_array(self.spec.weight.q))
+        return self._wgmma
+
+    def _gemv_mma_local_sizes(self):
+        """(32, SPLIT, g) to time: SPLIT warps a work-group, at most g work-groups per compute unit."""
+        if self.forced_lws is not None:
+            if self.forced_lws[0] != 32:
+                raise ValueError(f"gemv_mma runs warps of 32 items: local_size[0] must be 32, got "
+                                 f"{self.forced_lws!r}")
+            return [(32, self.forced_lws[1], 1)]
+        if self._mma_native():
+            sizes = [(32, 8, 2), (32, 4, 4), (32, 16, 1), (32, 4, 2)]
+        else:
+            sizes = [(32, 2, 1), (32, 1, 1)]
+        maxwg = int(self.device.max_work_group_size)
+        return [sz for sz in sizes if sz[0] * sz[1] <= maxwg]
+
+    def _gemv_mma_candidate(self, name, layout):
+        """gemv_mma (local (32, SPLIT), at most g * compute units work-groups over ceil(O/16) tiles)."""
+        cl = import_pyopencl()
+        wt = self.spec.weight
+        wq = self._gemv_mma_weights()
+        opts = [o for o in self._base_options if not o.startswith(("-DSG=", "-DLANE_SCALE", "-DKC=", "-DQBITS="))]
+        opts += list(self.gemv_mma_layout.build_options) + [f"-DU={GEMV_MMA_VARIANTS[name]}"]
+        if not any(o.startswith("-DG_IC=") for o in opts):  # local memory sized by IC
+            opts.append(f"-DG_IC={wt.q.shape[1]}")
+        if layout == "nchw":
+            opts.append("-DOUT_NCHW")
+        if self._mma_native():
+            opts.append("-DNV_PTX")
+        opts = tuple(opts)
+        scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
+        engine, cus, tiles = self, int(self.device.max_compute_units), _cdiv(wt.out_channels, 16)
+
+        def launch(queue, lws, bufs=None, wait_for=None):
+            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
+            _, split, g = lws
+            kernel = get_kernel(engine.ctx, "gemv_mma", opts + (f"-DSPLIT={split}",), "gemv_mma")
+            groups = min(tiles, g * cus)
+            with _launch_lock:
+                kernel.set_args(xbuf, wq, engine._ws, engine._wo, engine._bias, ybuf, *scal)
+                return cl.enqueue_nd_range_kernel(queue, kernel, (32 * groups, split), (32, split),
+                                                  wait_for=wait_for)
+
+        state = {"bufs": None}
+        c = tuning.Candidate(name, "gemv_mma", opts, (_cdiv(wt.out_channels, 4) * 4, 1, wt.q.shape[1],
+                                                      wt.out_channels), self._gemv_mma_local_sizes(), launch)
         c.info["state"] = state
         return c
 

@@ -509,10 +509,122 @@ class OpenCLMMAWeightLayout:
 # }}}
 
 
+# {{{ f16 tensor-core GEMV weights
+
+@dataclass(frozen=True)
+class OpenCLGemvMMALayout:
+    """Weights of the f16 tensor-core GEMV (``gemv_mma.cl``: linear layers on one row, float activations).
+
+    Logical ``q``: int8 ``(O, I)`` or ``(O, I, 1, 1)``. Output channels go in tiles of 16 rows, K in
+    loads of ``KT = 64`` (int4) or ``32`` (int8) input channels; stored as ``(ceil(O/16), ceil(I/KT), 32,
+    16)`` uint8 (rows ``>= O`` and channels ``>= I`` are 0): the 16 bytes of lane ``l`` of a warp are its
+    ``mma.m16n8k16`` A fragments for the ``KT/16`` k-steps of the load. With ``g = l // 4``, ``t = l % 4``
+    and row ``r``, column ``c`` inside the 16x16 step, fragment element ``j`` (the PTX ISA's ``a_j``) is
+    ``(g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1) (g, 2t+8) (g, 2t+9) (g+8, 2t+8) (g+8, 2t+9)`` for
+    ``j = 0 .. 7``. int8 steps are the 8 bytes ``a_0 .. a_7``; int4 steps are one 32-bit word of
+    :data:`OPENCL_INT4` nibbles ``a_0 a_2 a_4 a_6 a_1 a_3 a_5 a_7`` (bits 0-3 first), so one mask of
+    ``0x000F000F`` (then ``0x00F000F0``, then both after ``>> 8``) puts the pairs ``(a_0, a_1)``,
+    ``(a_2, a_3)``, ... into the halves of a 32-bit word.
+    """
+
+    bits: int = 4
+
+    TILE_ROWS = 16
+
+    def __post_init__(self):
+        object.__setattr__(self, "bits", _check_bits(self.bits))
+
+    @property
+    def k_per_load(self) -> int:
+        """Input channels per 16-byte load of a lane (KT)."""
+        return 64 if self.bits == 4 else 32
+
+    @property
+    def build_options(self) -> tuple[str, ...]:
+        return (f"-DQBITS={self.bits}",)
+
+    @staticmethod
+    def _oi(shape) -> tuple[int, int]:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) == 4 and shape[2:] == (1, 1):
+            shape = shape[:2]
+        if len(shape) != 2:
+            raise ValueError(f"gemv mma weights must be (O, I) or (O, I, 1, 1), got shape {shape}")
+        return shape
+
+    def packed_shape(self, shape) -> tuple[int, int, int, int]:
+        o, i = self._oi(shape)
+        return (_cdiv(o, self.TILE_ROWS), _cdiv(i, self.k_per_load), 32, 16)
+
+    def nbytes(self, shape) -> int:
+        return int(np.prod(self.packed_shape(shape)))
+
+    def _fragments(self):
+        """(row, column) inside a 16x16 step of lane l's element j: arrays (32, 8)."""
+        lane = np.arange(32)
+        g, t = lane // 4, lane % 4
+        rows = np.stack([g, g, g + 8, g + 8, g, g, g + 8, g + 8], 1)
+        cols = np.stack([2 * t, 2 * t + 1, 2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9, 2 * t + 8, 2 * t + 9], 1)
+        return rows, cols
+
+    _INT4_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])
+
+    def pack_array(self, q) -> np.ndarray:
+        """int8 ``(O, I[, 1, 1])`` -> uint8 :meth:`packed_shape`."""
+        q = _check_q(q, self.bits, ndim=(2, 4))
+        o, i = self._oi(q.shape)
+        ot, kl, _, _ = self.packed_shape(q.shape)
+        steps = self.k_per_load // 16
+        full = np.zeros((ot * 16, kl * self.k_per_load), np.int8)
+        full[:o, :i] = q.reshape(o, i)
+        tiles = full.reshape(ot, 16, kl, steps, 16)  # (tile, row, load, step, column)
+        rows, cols = self._fragments()
+        v = tiles[:, rows, :, :, cols]  # (32, 8, tile, load, step)
+        v = v.transpose(2, 3, 0, 4, 1)  # (tile, load, lane, step, j)
+        if self.bits == 4:
+            v = v[..., self._INT4_ORDER]
+        return np.ascontiguousarray(_encode(v.reshape(ot, kl, 32, steps * 8), self.bits))
+
+    def unpack_array(self, packed, shape) -> np.ndarray:
+        """Inverse of :meth:`pack_array`; ``shape`` is the logical ``(O, I[, 1, 1])``."""
+        o, i = self._oi(shape)
+        want = self.packed_shape(shape)
+        packed = np.asarray(packed)
+        if packed.shape != want:
+            raise ValueError(f"packed gemv mma weights must have shape {want} for {tuple(shape)}, "
+                             f"got {packed.shape}")
+        ot, kl = want[:2]
+        steps = self.k_per_load // 16
+        v = _decode(packed, self.bits, steps * 8).reshape(ot, kl, 32, steps, 8)
+        if self.bits == 4:
+            v = v[..., np.argsort(self._INT4_ORDER)]
+        rows, cols = self._fragments()
+        tiles = np.zeros((ot, 16, kl, steps, 16), np.int8)
+        tiles[:, rows, :, :, cols] = v.transpose(2, 4, 0, 1, 3)
+        full = tiles.reshape(ot * 16, kl * self.k_per_load)
+        return np.ascontiguousarray(full[:o, :i].reshape(tuple(int(s) for s in shape)))
+
+    @classmethod
+    def hypothesis_case(cls):
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            spec = cls(draw(st.sampled_from([8, 4])))
+            o, i = draw(st.integers(1, 40)), draw(st.integers(1, 150))
+            shape = (o, i) if draw(st.booleans()) else (o, i, 1, 1)
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+            return spec, _random_q(rng, spec.bits, shape)
+
+        return case()
+
+# }}}
+
+
 SPECS = (OpenCLConvWeightLayout, OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLMMAWeightLayout,
-         OpenCLScaleLayout)
+         OpenCLGemvMMALayout, OpenCLScaleLayout)
 
 __all__ = ["OPENCL_INT4", "OpenCLConvWeightLayout", "OpenCL1x1BufferLayout", "OpenCL1x1ImageLayout",
-           "OpenCLMMAWeightLayout", "OpenCLScaleLayout", "SPECS"]
+           "OpenCLMMAWeightLayout", "OpenCLGemvMMALayout", "OpenCLScaleLayout", "SPECS"]
 
 # vim: foldmethod=marker

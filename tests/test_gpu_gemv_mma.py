@@ -1,0 +1,82 @@
+"""gemv_mma: linear layers on one row with float activations on f16 tensor cores (x split per element into
+two f16 numbers, int4/int8 codes exact in f16, f32 accumulation).
+
+The variant is forced, so it runs on every visible OpenCL device: PoCL in CI emulates each mma through local
+memory (same fragments, layout, scale folding and epilogue), the H200 run executes the PTX ``mma.sync``.
+The float-activation tolerance applies (``RTOL_FLOAT``).
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qconv
+from qconv import gpu
+from qconv.testing import assert_matches_reference
+from qconv.testing.strategies import activations, conv_geometries
+
+from test_gpu_engine import _PROP, _draw_layer, _engine, _forward, _weight, cl_device  # noqa: F401
+
+
+@settings(_PROP, max_examples=12)
+@given(data=st.data())
+def test_gemv_mma_matches_reference(cl_device, data):
+    """Odd channel counts (padding of the 16-row tiles and of the 64/32-channel loads), both layouts,
+    int8/int4, per-channel and blockwise scales (blocks that do not fit the loads are refused), bias and
+    activations, one or two warps per work-group."""
+    geo = data.draw(conv_geometries(pointwise=True, max_channels=200, max_out_channels=40, max_spatial=1,
+                                    max_batch=1))
+    weight, bias, act = _draw_layer(data, geo)
+    layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
+    split = data.draw(st.sampled_from([None, 1, 2]))
+    x = data.draw(activations((1, geo.c, 1, 1)))
+    lws = None if split is None else (32, split, 1)
+    try:
+        eng = _engine(weight, bias, activation=act, device=cl_device, image=False, variant="gemv_mma",
+                      local_size=lws)
+    except ValueError as exc:
+        assert weight.n_blocks > 1 and "scale blocks" in str(exc)
+        return
+    y = _forward(eng, x, layout)
+    assert eng.plans[(layout, 1, 1, 1)].cand.program == "gemv_mma"
+    assert_matches_reference(y, x, weight, bias, activation=act, act_quant=None)
+
+
+@pytest.mark.parametrize("bits,block,sym", [(4, 0, True), (8, 0, False), (4, 32, False), (4, 128, True),
+                                            (8, 16, False), (8, 64, True)])
+def test_gemv_mma_many_tiles_and_ranges(cl_device, bits, block, sym):
+    """More 16-row tiles than work-groups, K over several warps and loads (blocks inside a load, loads
+    inside a block), fp16 scales, and inputs whose range needs the 2^e scaling: huge, tiny and mixed
+    magnitudes (x * 2^e keeps the f16 halves finite and accurate)."""
+    rng = np.random.default_rng(bits + block)
+    w = _weight(rng, 300, 512, 1, bits, block, sym)
+    half = lambda a: None if a is None else a.astype(np.float16).astype(np.float32)  # noqa: E731
+    w16 = qconv.QuantizedWeight(w.q, half(w.scales), half(w.offsets), bits, block)
+    bias = rng.standard_normal(300).astype(np.float32)
+    x = rng.standard_normal((1, 512, 1, 1)).astype(np.float32)
+    for split in (1, 2):
+        eng = _engine(w16, bias, device=cl_device, image=False, variant="gemv_mma", local_size=(32, split, 1))
+        assert eng.scale_layout.dtype == "float16"
+        for xs in (x, x * np.float32(1e30), x * np.float32(1e-30), x * np.logspace(-6, 6, 512, dtype=np.float32)
+                   .reshape(1, 512, 1, 1), np.zeros_like(x)):
+            assert_matches_reference(eng.forward(xs), xs, w16, bias, act_quant=None)
+
+
+def test_gemv_mma_candidates_and_errors(cl_device):
+    rng = np.random.default_rng(3)
+    w = _weight(rng, 20, 96, 1, 4, 32, False)
+    eng = _engine(w, device=cl_device, image=False)
+    names = [c.variant for c in eng._plan_for("nchw", 1, 1, 1)[0].cand]
+    assert ("gemv_mma" in names) == eng._mma_native()  # offered where the tensor cores run (NVIDIA sm_80+)
+    forced = _engine(w, device=cl_device, image=False, variant="gemv_mma")
+    with pytest.raises(ValueError, match="one row"):
+        forced.forward(np.zeros((2, 96, 1, 1), np.float32))
+    with pytest.raises(ValueError, match="scale blocks"):
+        _engine(_weight(rng, 4, 96, 1, 4, 48, True), device=cl_device, image=False, variant="gemv_mma")
+    with pytest.raises(ValueError, match="local_size"):
+        _engine(w, device=cl_device, image=False, variant="gemv_mma", local_size=(16, 2, 1)).forward(
+            np.zeros((1, 96, 1, 1), np.float32))
+    with pytest.raises(ValueError, match="variant"):
+        gpu.OpenCLEngine(qconv.geometry.ConvSpec(w, act_quant="row"), device=cl_device, variant="gemv_mma")
+    forced.forward(np.ones((1, 96, 1, 1), np.float32))
+    assert "gemv_mma" in forced.describe()
