@@ -75,7 +75,7 @@ MMA_VARIANTS = {  # name -> (WM, WN warps, MT, NT m16n8k32 tiles per warp) (conv
 }
 GEMV_MMA_VARIANTS = {  # name -> U: 16-byte loads per lane in flight (gemv_mma: float activations, N=H=W=1, f16
     # tensor cores; x split into two f16 numbers per element)
-    "gemv_mma": 4,
+    "gemv_mma": 8,
 }
 ROW_QUANT_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt",)
 _INT32_MAX = 2**31 - 1
@@ -742,7 +742,7 @@ class OpenCLEngine:
                                  f"{self.forced_lws!r}")
             return [(32, self.forced_lws[1], 1)]
         if self._mma_native():
-            sizes = [(32, 8, 2), (32, 4, 4), (32, 16, 1), (32, 4, 2)]
+            sizes = [(32, 16, 2), (32, 8, 4), (32, 16, 4)]  # the H200's best (scripts/gemv_mma_lab.py)
         else:
             sizes = [(32, 2, 1), (32, 1, 1)]
         maxwg = int(self.device.max_work_group_size)
