@@ -19,6 +19,11 @@ Three kernel families (``kernels/*.cl``):
   PTX on NVIDIA, a portable fallback elsewhere), integer sums exact; a grid of at most g work-groups per
   compute unit loops over tiles of output channels (local sizes ``(l0, SPLIT, g)``).
 
+* ``gemv_mma``: with float activations, linear layers on one row on f16 tensor cores (PTX ``mma.sync``
+  m16n8k16 on NVIDIA sm_80+, offered to the tuner there; elsewhere only when forced, as an emulation): x
+  split per element into two f16 numbers (``x * 2^e = hi + lo``), weights in :class:`OpenCLGemvMMALayout`
+  (the mma's A fragments), f32 sums; local sizes ``(32, SPLIT, g)``.
+
 * ``conv_mma``: with ``act_quant="row"``, ungrouped convs and batched linear layers as an implicit GEMM on
   int8 tensor cores (``mma_<TM>x<TN>``; PTX ``mma.sync`` on NVIDIA sm_80+, the tuner's first choice there;
   elsewhere only when forced, as an emulation), after ``row_amax`` + ``quant_rows_i8`` (``act_quant.cl``).
