@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 
 from qconv.layouts.opencl import (OPENCL_INT4, SPECS, OpenCL1x1BufferLayout, OpenCL1x1ImageLayout,
-                                  OpenCLConvWeightLayout, OpenCLScaleLayout)
+                                  OpenCLConvWeightLayout, OpenCLGemvMMALayout, OpenCLScaleLayout)
 from qconv.testing import assert_layout_roundtrip
 
 
@@ -81,6 +81,38 @@ def test_1x1_buffer_index_map_and_padding(bits):
             want = q[o, c] if o < 5 and c < 37 else 0
             assert vals[c // kc, o, c % kc] == want
     assert spec.build_options == (f"-DQBITS={bits}", f"-DKC={kc}")
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_gemv_mma_fragment_map(bits):
+    """Lane l = 4g + t, k-step m of load kl of tile T holds the PTX A fragment of rows 16T + (g, g+8) and
+    columns KT*kl + 16m + (2t, 2t+1, 2t+8, 2t+9): int8 bytes a0..a7, int4 nibbles a0 a2 a4 a6 a1 a3 a5 a7;
+    rows past O and channels past I are 0."""
+    rng = np.random.default_rng(bits)
+    lo, hi = (-8, 7) if bits == 4 else (-128, 127)
+    o, i = 37, 150
+    q = rng.integers(lo, hi + 1, (o, i)).astype(np.int8)
+    spec = OpenCLGemvMMALayout(bits)
+    packed = spec.pack_array(q)
+    kt = spec.k_per_load
+    assert packed.shape == (3, -(-i // kt), 32, 16)
+    full = np.zeros((48, packed.shape[1] * kt), np.int8)
+    full[:o, :i] = q
+    for tile, kl, lane, m in ((0, 0, 0, 0), (1, 1, 5, 1), (2, packed.shape[1] - 1, 31, kt // 16 - 1)):
+        g, t = lane // 4, lane % 4
+        r0, c0 = 16 * tile, kt * kl + 16 * m
+        a = [full[r0 + r, c0 + c] for r, c in ((g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1),
+                                               (g, 2 * t + 8), (g, 2 * t + 9), (g + 8, 2 * t + 8),
+                                               (g + 8, 2 * t + 9))]
+        lane_bytes = packed[tile, kl, lane]
+        if bits == 8:
+            got = lane_bytes[8 * m:8 * m + 8].view(np.int8).tolist()
+        else:
+            word = int(lane_bytes[4 * m:4 * m + 4].view("<u4")[0])
+            nib = [((word >> (4 * p)) & 15) - 8 for p in range(8)]
+            got = [nib[p] for p in (0, 4, 1, 5, 2, 6, 3, 7)]  # a0 .. a7
+        assert got == a, (tile, kl, lane, m)
+
 
 
 @pytest.mark.parametrize("bits", [8, 4])
