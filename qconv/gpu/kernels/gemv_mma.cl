@@ -19,6 +19,8 @@
  * in flight, and the warps' partial sums are added in local memory in a fixed order. Every group first
  * splits x into hi/lo in local memory (KS k-steps x 2 columns x 4 lanes x uint2 = 64 bytes per 16 k).
  *
+ * Non-finite x gives non-finite outputs (NaN where the CUDA-core kernels may give +-inf: lo = inf - inf).
+ *
  * Without -DNV_PTX the mma is emulated through local memory (each lane writes its fragment, every lane
  * computes its part of D): the same fragment mapping and sums, for devices without PTX (CI on PoCL).
  *
