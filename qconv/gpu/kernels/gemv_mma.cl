@@ -154,7 +154,9 @@ void gemv_mma(__global const float *x,
     const int OT = CDIV(OC, 16);
 
     __local uint2 xb[2 * KS * 4];     /* [column hi/lo][k-step][t]: the B fragments (b0b1, b2b3) */
-    __local float xsum[NXB];          /* sums of x per XB channels (unscaled) */
+#ifdef ASYM
+    __local float xsum[NXB];          /* sums of x per XB channels (unscaled): the offsets' factor */
+#endif
     __local float red[QT];            /* max |x|, then the warps' partial sums [SPLIT][16] */
 #ifndef NV_PTX
     __local float emu[SPLIT * (256 + 32)];
@@ -180,12 +182,14 @@ void gemv_mma(__global const float *x,
         vstore_half2_rte(v, 0, ph);
         vstore_half2_rte(v - vload_half2(0, ph), 0, pl);
     }
+#ifdef ASYM
     for (int b = lin; b < NXB; b += QT) {
         float s = 0.0f;
         for (int k = b * XB; k < min(IC, (b + 1) * XB); ++k)
             s += x[k];
         xsum[b] = s;
     }
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
 #if defined(NBLK1) && defined(ASYM)
     float xtotal = 0.0f;
