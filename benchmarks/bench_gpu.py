@@ -178,6 +178,27 @@ def null_kernel_ns(ctx, queue, repeats):
     return profiled_median_ns(queue, lambda: k(queue, (1,), (1,), buf), repeats)
 
 
+def lab_setup(small_shape):
+    """The GEMV lab scripts' common start (``scripts/a8_lab.py``, ``scripts/gemv_mma_lab.py``): the OpenCL
+    device, a profiling queue, repeats, the float4 copy bandwidth (printed with the empty kernel's time) and
+    the environment knobs: ``LAB_SMALL`` (a smoke run on ``small_shape``), ``LAB_SHAPES`` ("KxO ...", default
+    8192x28672) and ``LAB_LWS`` (extra local sizes "a,b,c ...")."""
+    from types import SimpleNamespace
+
+    small = bool(os.environ.get("LAB_SMALL"))
+    ctx, dev = gpu.resolve("opencl")
+    queue = gpu.context.profiling_queue(ctx, dev)
+    rep = 5 if small else 30
+    bw = copy_bandwidth(ctx, dev, queue, (16 if small else 1024) << 20, rep)
+    print(f"# {dev.name}: copy {bw / 1e9:.0f} GB/s, empty kernel {null_kernel_ns(ctx, queue, rep) / 1e3:.2f} us",
+          flush=True)
+    shapes = ([small_shape] if small else
+              [tuple(int(v) for v in t.split("x")) for t in os.environ.get("LAB_SHAPES", "8192x28672").split()])
+    lws = [tuple(int(v) for v in t.split(",")) for t in os.environ.get("LAB_LWS", "").split()]
+    return SimpleNamespace(ctx=ctx, dev=dev, queue=queue, rep=rep, bw=bw, shapes=shapes, lws=lws,
+                           nv="NVIDIA" in dev.platform.name.upper())
+
+
 def bench_ours(case, scheme, device, args, rng, variant=None):
     import pyopencl.array as cla
 

@@ -25,7 +25,6 @@ from qconv import gpu  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
 from qconv.gpu import engine as engine_mod  # noqa: E402
 
-SMALL = bool(os.environ.get("LAB_SMALL"))
 EXTRA = []  # build options appended to gemv_a8's (replacing -DU= when one is given)
 _get_kernel = engine_mod.get_kernel
 
@@ -38,18 +37,11 @@ def patched_get_kernel(ctx, program, opts, name):
 
 
 engine_mod.get_kernel = patched_get_kernel
-ctx, dev = gpu.resolve("opencl")
-queue = gpu.context.profiling_queue(ctx, dev)
-REP = 5 if SMALL else 30
-bw = bg.copy_bandwidth(ctx, dev, queue, (16 if SMALL else 1024) << 20, REP)
-print(f"# {dev.name}: copy {bw / 1e9:.0f} GB/s, empty kernel {bg.null_kernel_ns(ctx, queue, REP) / 1e3:.2f} us",
-      flush=True)
-SHAPES = ([(1024, 2048)] if SMALL else
-          [tuple(int(v) for v in t.split("x")) for t in os.environ.get("LAB_SHAPES", "8192x28672").split()])
+lab = bg.lab_setup((1024, 2048))
+ctx, dev, queue, REP, bw, SHAPES, LAB_LWS, NV = (lab.ctx, lab.dev, lab.queue, lab.rep, lab.bw, lab.shapes, lab.lws,
+                                                 lab.nv)  # NV: -cl-nv-verbose gives ptxas' registers
 rng = np.random.default_rng(0)
-NV = "NVIDIA" in dev.platform.name.upper()  # -cl-nv-verbose: ptxas' register count in the build log
 EXTRAS = [()]  # e.g. ("-DU=6",): build options to compare
-LAB_LWS = [tuple(int(v) for v in t.split(",")) for t in os.environ.get("LAB_LWS", "").split()]
 for (K, O), scheme in itertools.product(SHAPES, ("int4", "int4-b32-asym", "int8")):
     qw = bg.make_weight(rng, O, K, 1, scheme, True)
     spec = ConvSpec(qw, rng.standard_normal(O).astype(np.float32) * np.float32(0.1), 1, 0, 1, None, "row")

@@ -25,18 +25,11 @@ from qconv import gpu  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
 from qconv.gpu import engine as engine_mod  # noqa: E402
 
-SMALL = bool(os.environ.get("LAB_SMALL"))
-ctx, dev = gpu.resolve("opencl")
-queue = gpu.context.profiling_queue(ctx, dev)
-REP = 5 if SMALL else 30
-bw = bg.copy_bandwidth(ctx, dev, queue, (16 if SMALL else 1024) << 20, REP)
-print(f"# {dev.name}: copy {bw / 1e9:.0f} GB/s, empty kernel {bg.null_kernel_ns(ctx, queue, REP) / 1e3:.2f} us",
-      flush=True)
-SHAPES = ([(256, 300)] if SMALL else
-          [tuple(int(v) for v in t.split("x")) for t in os.environ.get("LAB_SHAPES", "8192x28672").split()])
-LAB_LWS = [tuple(int(v) for v in t.split(",")) for t in os.environ.get("LAB_LWS", "").split()]
-US = [int(u) for u in os.environ.get("LAB_U", "4").split()]
-NV = "NVIDIA" in dev.platform.name.upper()
+lab = bg.lab_setup((256, 300))
+ctx, dev, queue, REP, bw, SHAPES, LAB_LWS, NV = (lab.ctx, lab.dev, lab.queue, lab.rep, lab.bw, lab.shapes, lab.lws,
+                                                 lab.nv)  # NV: -cl-nv-verbose gives ptxas' registers
+U0 = engine_mod.GEMV_MMA_VARIANTS["gemv_mma"]  # the engine's loads in flight per lane
+US = [int(u) for u in os.environ.get("LAB_U", str(U0)).split()]
 rng = np.random.default_rng(0)
 for (K, O), scheme in itertools.product(SHAPES, ("int4", "int4-b32-asym", "int8")):
     qw = bg.make_weight(rng, O, K, 1, scheme, True)
@@ -48,7 +41,8 @@ for (K, O), scheme in itertools.product(SHAPES, ("int4", "int4-b32-asym", "int8"
     xd = cla.to_device(tuned.queue, x)
     yd = tuned.forward(xd, "nchw")
     plan = tuned.plans[("nchw", 1, 1, 1)]
-    base_ns = bg.profiled_median_ns(tuned.queue, lambda: plan.cand.launch(tuned.queue, plan.lws, (xd.base_data, yd.base_data)), REP)
+    bufs = (xd.base_data, yd.base_data)
+    base_ns = bg.profiled_median_ns(tuned.queue, lambda: plan.cand.launch(tuned.queue, plan.lws, bufs), REP)
     nbytes = (tuned.layout.nbytes(qw.q.shape) + qw.scales.size * tuned.scale_layout.itemsize
               * (1 if qw.offsets is None else 2) + 4 * (K + O))
     floor = bg.read_floor_ns(ctx, dev, queue, nbytes, REP)
@@ -64,7 +58,8 @@ for (K, O), scheme in itertools.product(SHAPES, ("int4", "int4-b32-asym", "int8"
         ye = cla.zeros(eng.queue, (1, O, 1, 1), np.float32)
         for lws in list(dict.fromkeys(cand.local_sizes + LAB_LWS)):
             try:
-                ns = bg.profiled_median_ns(eng.queue, lambda: cand.launch(eng.queue, lws, (xe.base_data, ye.base_data)), REP)
+                launch = lambda: cand.launch(eng.queue, lws, (xe.base_data, ye.base_data))  # noqa: E731
+                ns = bg.profiled_median_ns(eng.queue, launch, REP)
             except Exception as exc:  # noqa: BLE001 (a local size the device refuses)
                 print(f"U={u} {lws}: {type(exc).__name__} {str(exc)[:100]}")
                 continue
@@ -77,7 +72,7 @@ for (K, O), scheme in itertools.product(SHAPES, ("int4", "int4-b32-asym", "int8"
             results.append((ns, u, lws))
             print(f"gemv_mma U={u} {str(lws):12s} {ns / 1e3:7.1f} us {100 * nbytes / ns * 1e9 / bw:5.1f}% "
                   f"err {err:.1e}{' BAD' if err > 1e-5 else ''} {regs}", flush=True)
-        engine_mod.GEMV_MMA_VARIANTS["gemv_mma"] = 4
+        engine_mod.GEMV_MMA_VARIANTS["gemv_mma"] = U0
         del eng
     results.sort()
     print("best:", [(round(ns / 1e3, 1), u, lws) for ns, u, lws in results[:3]], flush=True)
