@@ -73,9 +73,10 @@ def test_gemv_mma_candidates_and_errors(cl_device):
         forced.forward(np.zeros((2, 96, 1, 1), np.float32))
     with pytest.raises(ValueError, match="scale blocks"):
         _engine(_weight(rng, 4, 96, 1, 4, 48, True), device=cl_device, image=False, variant="gemv_mma")
-    with pytest.raises(ValueError, match="local_size"):
-        _engine(w, device=cl_device, image=False, variant="gemv_mma", local_size=(16, 2, 1)).forward(
-            np.zeros((1, 96, 1, 1), np.float32))
+    for lws in ((16, 2, 1), (32, 64, 1)):  # not whole warps; over 1024 items
+        with pytest.raises(ValueError, match="local_size"):
+            _engine(w, device=cl_device, image=False, variant="gemv_mma", local_size=lws).forward(
+                np.zeros((1, 96, 1, 1), np.float32))
     with pytest.raises(ValueError, match="variant"):
         gpu.OpenCLEngine(qconv.geometry.ConvSpec(w, act_quant="row"), device=cl_device, variant="gemv_mma")
     forced.forward(np.ones((1, 96, 1, 1), np.float32))

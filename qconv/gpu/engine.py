@@ -741,16 +741,18 @@ class OpenCLEngine:
 
     def _gemv_mma_local_sizes(self):
         """(32, SPLIT, g) to time: SPLIT warps a work-group, at most g work-groups per compute unit."""
+        maxwg = min(int(self.device.max_work_group_size), 1024)
         if self.forced_lws is not None:
-            if self.forced_lws[0] != 32:
-                raise ValueError(f"gemv_mma runs warps of 32 items: local_size[0] must be 32, got "
+            split = self.forced_lws[1]
+            if self.forced_lws[0] != 32 or 32 * split > maxwg or not (self._mma_native() or not split & (split - 1)):
+                raise ValueError(f"gemv_mma runs work-groups of (32, SPLIT) items: local_size must be (32, SPLIT, 1) "
+                                 f"with 32 * SPLIT <= {maxwg} (and SPLIT a power of two off NVIDIA), got "
                                  f"{self.forced_lws!r}")
-            return [(32, self.forced_lws[1], 1)]
+            return [(32, split, 1)]
         if self._mma_native():
             sizes = [(32, 16, 2), (32, 8, 4), (32, 16, 4)]  # the H200's best (scripts/gemv_mma_lab.py)
         else:
             sizes = [(32, 2, 1), (32, 1, 1)]
-        maxwg = int(self.device.max_work_group_size)
         return [sz for sz in sizes if sz[0] * sz[1] <= maxwg]
 
     def _gemv_mma_candidate(self, name, layout):
