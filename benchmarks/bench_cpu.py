@@ -13,7 +13,11 @@ original float weights, and peak RSS of the process during that engine's run (Vm
 A second table gives qconv's speed-up against each baseline of the same case.
 
     python benchmarks/bench_cpu.py [--quick] [--json out.json] [--cases SUBSTRING] [--block]
-    python benchmarks/bench_cpu.py --summarize run1.json run2.json ...   # median table over runs
+    python benchmarks/bench_cpu.py --summarize run1.json run2.json ... [--json all.json]  # median table over runs
+    python benchmarks/bench_cpu.py --summarize docs/results/bench_cpu.json --headline  # the README's table
+
+``--summarize`` takes single runs or files it wrote (``--json`` there writes one file holding every run:
+``docs/results/bench_cpu.json`` is the current one, see docs/benchmarks_cpu.md).
 """
 from __future__ import annotations
 
@@ -500,15 +504,71 @@ def report(rows, ceil, args):
     text = "\n".join(out)
     print(text)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(threads=THREADS, quick=args.quick, ceilings=ceil, rows=rows), fh, indent=1)
+        info = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), machine=_cpu_model(), kernel=qconv.cpu.select_kernel(),
+                    numpy=np.__version__, qconv=qconv.__version__, command=" ".join(sys.argv))
+        _write_json(args.json, dict(info=info, threads=THREADS, quick=args.quick, ceilings=ceil, rows=rows))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs"
+
+
+def _write_json(path, obj):
+    """JSON with one row per line (diffable, a tenth of indent=1's lines)."""
+    def dump(o, ind):
+        if isinstance(o, dict) and any(isinstance(v, (dict, list)) for v in o.values()):
+            items = [f'{ind} {json.dumps(k)}: {dump(v, ind + " ")}' for k, v in o.items()]
+            return "{\n" + ",\n".join(items) + "\n" + ind + "}"
+        if isinstance(o, list) and any(isinstance(v, (dict, list)) for v in o):
+            return "[\n" + ",\n".join(f"{ind} {dump(v, ind + ' ')}" for v in o) + "\n" + ind + "]"
+        return json.dumps(o)
+
+    with open(path, "w") as fh:
+        fh.write(dump(obj, "") + "\n")
+
+
+def load_runs(paths):
+    """Single ``--json`` runs and files of several runs (``{"runs": [...]}``) -> a list of runs."""
+    runs = []
+    for p in paths:
+        with open(p) as fh:
+            d = json.load(fh)
+        runs += d["runs"] if "runs" in d else [d]
+    return runs
+
+
+def headline(runs):
+    """The README's table: per case and scheme the median qconv ms and, in brackets, the median ratio against the
+    fastest same-scheme dynamic peer (> 1: qconv is faster)."""
+    schemes = [s[0] for s in SCHEMES]
+    out = ["| case | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
+    for case in [c[0] for c in CONVS + LINEARS]:
+        cells = []
+        for scheme in schemes:
+            ms, ratio = [], []
+            for run in runs:
+                q = [b for b in run["rows"] if b["case"] == case and b["scheme"] == scheme
+                     and b["engine"] == "qconv cpu" and "ms" in b]
+                if q:
+                    ms.append(q[0]["ms"])
+                    peers = _peer_rows(run["rows"], q[0])
+                    if peers:
+                        ratio.append(peers[0]["ms"] / q[0]["ms"])
+            cells.append((f"{np.median(ms):.3f}" + (f" ({np.median(ratio):.2f}x)" if ratio else "")) if ms else "-")
+        out.append(f"| {case} | " + " | ".join(cells) + " |")
+    print("\n".join(out))
 
 
 def summarize(paths):
     """Markdown table over several ``--json`` runs: per qconv row the median ms, the ratio against the fastest
     same-scheme dynamic peer of each run (median, and min-max over the runs), % of the int8 peak (convs) or
     GB/s (linears), and the 1 -> 2 thread speed-up (median)."""
-    runs = [json.load(open(p)) for p in paths]
+    runs = load_runs(paths)
     med = lambda v: float(np.median(v)) if v else None  # noqa: E731
     out = [f"{len(runs)} runs; ratio = fastest same-scheme dynamic peer ms / qconv ms (> 1: qconv is faster), "
            "median [min-max] over the runs", "",
@@ -567,10 +627,18 @@ def main(argv=None):
                    help='also time act_quant="block" (act_block=32), and "tensor" for the linears')
     p.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains this")
     p.add_argument("--summarize", nargs="+", metavar="JSON",
-                   help="print the same-scheme summary over these --json runs (no benchmarking)")
+                   help="print the same-scheme summary over these --json runs (no benchmarking); with --json, "
+                        "also write them into one file")
+    p.add_argument("--headline", action="store_true", help="with --summarize: the README's short table instead")
     args = p.parse_args(argv)
     if args.summarize:
-        summarize(args.summarize)
+        if args.headline:
+            headline(load_runs(args.summarize))
+        else:
+            summarize(args.summarize)
+        if args.json:
+            runs = load_runs(args.summarize)
+            _write_json(args.json, dict(info=runs[-1].get("info", {}), runs=runs))
         return
     import qconv.cpu  # noqa: F401,F811  (fail early when the extension is not built)
     ceil = ceilings()

@@ -12,7 +12,9 @@ size can show: small, L2-resident weights are launch-bound). Schemes
 (``gemv_a8_c*``), the time spans both (quant_x_a8's start to gemv_a8's end, all launches queued before the
 first runs; ``us_host_paced`` in the JSON is the same span with each call running as Python submits it).
 
-    python benchmarks/bench_gpu.py [--device opencl:0:0] [--quick] [--baselines] [--json out.json]
+    python benchmarks/bench_gpu.py [--device opencl:0:0] [--quick] [--baselines] [--check] [--json out.json]
+    python benchmarks/bench_gpu.py --merge a.json b.json ... --json all.json  # runs of parts of the suite -> one
+    python benchmarks/bench_gpu.py --table docs/results/bench_gpu_h200.json     # the markdown table of a result
 
 ``--baselines`` adds torch on CUDA when importable: ``F.conv2d`` in float32 with TF32 off (cuDNN) and in fp16
 (tensor cores; the faster of NCHW and channels-last), a bf16
@@ -178,25 +180,19 @@ def null_kernel_ns(ctx, queue, repeats):
     return profiled_median_ns(queue, lambda: k(queue, (1,), (1,), buf), repeats)
 
 
-def lab_setup(small_shape):
-    """The GEMV lab scripts' common start (``scripts/a8_lab.py``, ``scripts/gemv_mma_lab.py``): the OpenCL
-    device, a profiling queue, repeats, the float4 copy bandwidth (printed with the empty kernel's time) and
-    the environment knobs: ``LAB_SMALL`` (a smoke run on ``small_shape``), ``LAB_SHAPES`` ("KxO ...", default
-    8192x28672) and ``LAB_LWS`` (extra local sizes "a,b,c ...")."""
-    from types import SimpleNamespace
+def _git_commit() -> str:
+    """The checkout's commit (+ "-dirty" with local changes), or "" outside a git work tree."""
+    import subprocess
 
-    small = bool(os.environ.get("LAB_SMALL"))
-    ctx, dev = gpu.resolve("opencl")
-    queue = gpu.context.profiling_queue(ctx, dev)
-    rep = 5 if small else 30
-    bw = copy_bandwidth(ctx, dev, queue, (16 if small else 1024) << 20, rep)
-    print(f"# {dev.name}: copy {bw / 1e9:.0f} GB/s, empty kernel {null_kernel_ns(ctx, queue, rep) / 1e3:.2f} us",
-          flush=True)
-    shapes = ([small_shape] if small else
-              [tuple(int(v) for v in t.split("x")) for t in os.environ.get("LAB_SHAPES", "8192x28672").split()])
-    lws = [tuple(int(v) for v in t.split(",")) for t in os.environ.get("LAB_LWS", "").split()]
-    return SimpleNamespace(ctx=ctx, dev=dev, queue=queue, rep=rep, bw=bw, shapes=shapes, lws=lws,
-                           nv="NVIDIA" in dev.platform.name.upper())
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return head + ("-dirty" if head and dirty else "")
 
 
 def bench_ours(case, scheme, device, args, rng, variant=None):
@@ -318,7 +314,15 @@ def main(argv=None):
     ap.add_argument("--variants", default=None,
                     help="comma-separated kernel variants to time one by one (forced, untuned) instead of the "
                          "tuner's choice; 'gemm' = every GEMM tile; variants a case cannot run are skipped")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge these results into --json (no benchmarking)")
+    ap.add_argument("--table", metavar="JSON", help="print the markdown table of a result (no benchmarking)")
     args = ap.parse_args(argv)
+    if args.merge or args.table:
+        if args.merge:
+            write_json(args.json, merge(args.merge))
+        if args.table:
+            table(args.table)
+        return []
     args.repeat = args.repeat or (3 if args.quick else 20)
     args.tune = gpu.tuning.tune_level(args.tune)
 
@@ -328,6 +332,7 @@ def main(argv=None):
     bw = copy_bandwidth(ctx, dev, queue, copy_bytes, args.repeat)
     info = {"device": gpu.describe_device(args.device), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "host": platform.node(), "tune": args.tune, "copy_GBps": bw / 1e9, "command": " ".join(sys.argv),
+            "qconv": qconv.__version__, "commit": _git_commit(),
             "null_kernel_us": null_kernel_ns(ctx, queue, args.repeat) / 1e3}
     print(f"# {info['device']}  tune={args.tune}  float4 copy: {bw / 1e9:.1f} GB/s (read+write)  "
           f"empty kernel: {info['null_kernel_us']:.2f} us")
@@ -356,9 +361,49 @@ def main(argv=None):
                     row["read_floor_us"] = read_floor_ns(ctx, dev, queue, row["bytes"], args.repeat) / 1e3
                 rows.append(report(case, row, base or {}, bw))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"info": info, "results": rows}, fh, indent=1)
+        write_json(args.json, {"info": info, "results": rows})
     return rows
+
+
+def write_json(path, result):
+    """``{"info": ..., "results": [...]}`` with one row per line."""
+    with open(path, "w") as fh:
+        fh.write('{"info": ' + json.dumps(result["info"]) + ',\n "results": [\n  '
+                 + ",\n  ".join(json.dumps(r) for r in result["results"]) + "\n ]}\n")
+
+
+def merge(paths):
+    """Results of runs over parts of the suite (``--only``) -> one result in suite order; a later file's row
+    replaces an earlier one's for the same (case, scheme); ``info.parts`` keeps each run's info."""
+    rows, parts = {}, []
+    for p in paths:
+        with open(p) as fh:
+            d = json.load(fh)
+        parts += d["info"].get("parts", [d["info"]])
+        for r in d["results"]:
+            rows[(r["case"], r["scheme"])] = r
+    order = {(c[0], s): i for i, c in enumerate(suite(False)) for s in c[-1]}
+    info = {"device": parts[-1]["device"], "date": max(p["date"] for p in parts), "parts": parts}
+    return {"info": info, "results": sorted(rows.values(), key=lambda r: order.get((r["case"], r["scheme"]), 1e9))}
+
+
+def table(path):
+    """The markdown table of a ``--json`` result: one call's device time, %copy (and that of a read-only kernel of
+    the same bytes), torch in the same run, the tuner's kernel and the error against the oracle."""
+    with open(path) as fh:
+        d = json.load(fh)
+    out = ["| case | scheme | us | %copy | read floor %copy | torch us (same run) | kernel, local size | max rel err |",
+           "|---|---|---:|---:|---:|---|---|---:|"]
+    names = {"torch_conv_fp32_us": "cuDNN fp32", "torch_conv_fp16_us": "fp16", "torch_bf16_mm_us": "bf16",
+             "torch_int4pack_mm_us": "int4pack"}
+    for r in d["results"]:
+        torch = " / ".join(f"{n} {r[k]:.1f}" for k, n in names.items() if k in r)
+        pct = lambda k: f"{r[k]:.0f}" if r.get(k) is not None else ""  # noqa: E731
+        lws = "driver" if r["lws"] is None else "x".join(map(str, r["lws"]))
+        err = f"{r['max_rel_err']:.1e}" if "max_rel_err" in r else ""
+        out.append(f"| {r['case']} | {r['scheme']} | {r['us']:.1f} | {pct('pct_copy')} | {pct('pct_copy_read_floor')} "
+                   f"| {torch} | {r['variant']} {lws} | {err} |")
+    print("\n".join(out))
 
 
 def report(case, row, baselines, bw):

@@ -15,7 +15,7 @@ from .geometry import ConvSpec
 from .layer import Conv2d, Linear, conv2d
 from .weights import QuantizedWeight, quantize_weight
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["QuantizedWeight", "quantize_weight", "Conv2d", "Linear", "conv2d", "ConvSpec", "reference",
            "layouts", "available_devices", "__version__"]

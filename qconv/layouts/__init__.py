@@ -11,8 +11,14 @@ spec                   layout                                      module
 ``NC4HW4(pack)``       activations ``[ceil(C/P)][N][H][W][P]``     :mod:`qconv.layouts.nc4hw4`
 ``Int4Packing``        two nibbles a byte (MNN / ONNX / GGUF)      :mod:`qconv.layouts.int4`
 ``TiledWeightLayout``  CPU int8 GEMM weight tiles                  :mod:`qconv.layouts.gemm_tiles`
-OpenCL weight specs    general conv, 1x1 buffer, 1x1 Image2D       :mod:`qconv.layouts.opencl`
+OpenCL specs           ``SPECS`` of :mod:`qconv.layouts.opencl`:   :mod:`qconv.layouts.opencl`
+                       general conv, 1x1 buffer, 1x1 Image2D,
+                       scales, int8 tensor-core conv, f16
+                       tensor-core GEMV
 =====================  ==========================================  ==============================
+
+:func:`all_specs` lists every spec class; :func:`markdown_table` renders the layouts table of ``README.md``
+and ``docs/DESIGN.md`` from them (``tests/test_docs.py`` checks that the committed tables match it).
 """
 from .int4 import GGUF_Q4, MNN_INT4, ONNX_INT4, ONNX_UINT4, Int4Packing
 from .nc4hw4 import NC4HW4
@@ -44,5 +50,31 @@ def all_specs():
     return specs
 
 
+def _md(text: str) -> str:
+    """reST inline literals and line breaks -> one markdown table cell."""
+    return " ".join(text.replace("``", "`").split()).replace("|", "\\|")
+
+
+def markdown_table(link_root: str = "") -> str:
+    """The layouts table of the docs, one row per class of :func:`all_specs`: the spec (with the module-level
+    instances of it, e.g. ``MNN_INT4``), the file that defines it, and what it holds (the first paragraph of
+    the class docstring). ``link_root``: the path from the markdown file to the repository root (``"../"``
+    for ``docs/``)."""
+    import importlib
+    import inspect
+
+    specs = all_specs()
+    modules = [importlib.import_module(m) for m in dict.fromkeys(cls.__module__ for cls in specs)]
+    rows = ["| spec | defined in | what it holds |", "|---|---|---|"]
+    for cls in specs:
+        names = [name for mod in modules for name, v in vars(mod).items()
+                 if isinstance(v, cls) and not name.startswith("_")]
+        spec = f"`{cls.__name__}`" + (" (" + ", ".join(f"`{n}`" for n in names) + ")" if names else "")
+        path = "qconv/" + cls.__module__.removeprefix("qconv.").replace(".", "/") + ".py"
+        summary = inspect.getdoc(cls).split("\n\n")[0]
+        rows.append(f"| {spec} | [{path}]({link_root}{path}) | {_md(summary)} |")
+    return "\n".join(rows)
+
+
 __all__ = ["NC4HW4", "Int4Packing", "MNN_INT4", "ONNX_INT4", "ONNX_UINT4", "GGUF_Q4", "pack", "unpack",
-           "all_specs"]
+           "all_specs", "markdown_table"]

@@ -40,7 +40,10 @@ def _up(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class TiledWeightLayout:
-    """Spec of the tiled GEMM weight layout (see the module docstring).
+    """Weight tiles of the CPU int8 GEMM: ``[G][blocks][ceil(O/UNIT)][blockL][UNIT][SRC_UNIT]``
+    (``order="block"``, MNN's) or ``[G][ceil(O/UNIT)][blocks][blockL][UNIT][SRC_UNIT]`` (``order="tile"``, the
+    CPU engine's); reduction index ``l = tap * ICL + c`` per block; int4 tiles half-split into nibbles; padding
+    ``q = 0`` (details in the module docstring).
 
     ``out_channels``: ``O`` (all groups); ``in_channels``: input channels per group (``I/groups``);
     ``taps``: ``kh*kw``; ``n_blocks``: blocks per output channel (must divide ``in_channels``);

@@ -27,7 +27,9 @@ ENCODINGS = ("offset8", "twos_complement", "unsigned")
 
 @dataclass(frozen=True)
 class Int4Packing:
-    """Spec of a packed-int4 byte stream.
+    """Two int4 values a byte, the nibble order and code as fields: MNN's (high nibble first, ``q + 8``),
+    ONNX's (low first, ``q & 15`` or unsigned), GGUF's (split halves per 32 values), OpenCL's (low first,
+    ``q + 8``).
 
     ``order``: one of :data:`ORDERS`. ``encoding``: how a value becomes a nibble — ``offset8``
     (``q + 8``, q in [-8, 7]), ``twos_complement`` (``q & 15``), ``unsigned`` (u in [0, 15] stored as is).

@@ -36,7 +36,9 @@ def _channels(shape) -> int:
 
 @dataclass(frozen=True)
 class NC4HW4:
-    """Spec of the ``[ceil(C/P)][N][H][W][P]`` activation layout."""
+    """Activations ``[ceil(C/P)][N][H][W][P]``, ``P = pack`` in 4, 8, 16, 32: MNN's CPU layout (batch inside
+    the channel blocks, padding lanes zero); the public ``layout="nc4hw4"`` uses P = 4, ``conv_mma``'s int8
+    activations P = 32."""
 
     pack: int = 4
 

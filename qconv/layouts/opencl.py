@@ -17,6 +17,9 @@ spec                       layout (logical q is int8 ``(O, I, kh, kw)``)        
 ``OpenCLMMAWeightLayout``   ``[ceil(O/128)*128][ceil(I/32)*kh*kw][32 or 16]``:    ``conv_mma.cl``
                             steps of 32 input channels x 1 tap (int4: nibbles
                             ``8j + 0,4,1,5,2,6,3,7`` in word ``j``)
+``OpenCLGemvMMALayout``     ``[ceil(O/16)][ceil(I/KT)][32][16]``, ``KT`` = 64     ``gemv_mma.cl``
+                            (int4) or 32 (int8): lane ``l``'s 16 bytes are its
+                            ``mma.m16n8k16`` A fragments
 ``OpenCLScaleLayout``       scales/offsets ``(O, n_blocks)`` -> ``[n_blocks][ceil(O/4)*4]``  every kernel
                             float32 or float16 (``vload_half``)
 =========================  ===================================================  =========================
@@ -87,7 +90,9 @@ def _random_q(rng, bits, shape) -> np.ndarray:
 
 @dataclass(frozen=True)
 class OpenCLConvWeightLayout:
-    """Weights of the general (any kernel size) conv kernels.
+    """Weights of the general conv kernels (``conv_general.cl``; ``conv_gemm.cl`` on that path):
+    ``[ceil(I/4)*4/p][ceil(O/4)][kh*kw][p][4]``, ``p = ic_pack``: 1 is MNN's ``[ICp][ceil(O/4)][K][4]``, 4 (the
+    default) puts a 4x4 (in x out) tile in one load.
 
     Logical ``q``: int8 ``(O, I, kh, kw)`` with ``I`` the input channels of one group. Stored as
     ``(ceil(I/4)*4/p, ceil(O/4), kh*kw, unit)`` with ``p = ic_pack``. One unit holds the values
@@ -169,7 +174,8 @@ class OpenCLConvWeightLayout:
 
 @dataclass(frozen=True)
 class OpenCL1x1BufferLayout:
-    """Weights of the 1x1 (GEMV/GEMM) kernels in a buffer.
+    """Weights of the 1x1 / GEMV kernels in a buffer (``conv_1x1.cl``, ``gemv_a8.cl``; ``conv_gemm.cl`` on
+    that path): ``[ceil(I/KC)][OCp][KC]``, one 16-byte chunk (16 int8 or 32 int4 values) per (k, o).
 
     Logical ``q``: int8 ``(O, I)`` or ``(O, I, 1, 1)``. Stored as ``(ceil(I/KC), OCp, chunk_bytes)`` with
     ``KC = ic_pack`` input channels per chunk and ``OCp = ceil(O/oc_pack)*oc_pack``: element
@@ -253,7 +259,8 @@ class OpenCL1x1BufferLayout:
 
 @dataclass(frozen=True)
 class OpenCL1x1ImageLayout:
-    """Weights of the 1x1 kernels in an Image2D of ``CL_RGBA / CL_SIGNED_INT32`` texels (read_imagei).
+    """The 1x1 weights as an Image2D of ``CL_RGBA / CL_SIGNED_INT32`` texels (``read_imagei``): texel
+    ``(o, k)`` = buffer chunk ``[k][o]``; the engine falls back to the buffer beyond the device's image limits.
 
     A texel is 16 bytes = 16 int8 or 32 int4 values, so the image holds exactly the bytes of
     :class:`OpenCL1x1BufferLayout` with ``ic_pack = 16 / 32`` and ``oc_pack = 4``: texel ``(x=o, y=k)`` =
@@ -337,7 +344,8 @@ class OpenCL1x1ImageLayout:
 
 @dataclass(frozen=True)
 class OpenCLScaleLayout:
-    """Per (output channel, block) scales or offsets: float32 ``(O, n_blocks)`` -> ``[n_blocks][OCp]``.
+    """Scales or offsets of every OpenCL kernel: float32 ``(O, n_blocks)`` -> ``[n_blocks][OCp]``, stored as
+    float32 or float16 (``vload_half``).
 
     ``dtype``: ``"float32"`` or ``"float16"`` (read with ``vload_half``, core OpenCL, no ``cl_khr_fp16``
     needed). Padding channels ``[O, OCp)`` hold 0. Adjacent output channels are adjacent, so a work-item
@@ -415,7 +423,9 @@ class OpenCLScaleLayout:
 
 @dataclass(frozen=True)
 class OpenCLMMAWeightLayout:
-    """Weights of the int8 tensor-core implicit GEMM (``conv_mma.cl``, act_quant="row").
+    """Weights of the int8 tensor-core implicit GEMM (``conv_mma.cl``, ``act_quant="row"``):
+    ``[OCp][ceil(I/32)*kh*kw][32 or 16 bytes]``, a step = 32 input channels x one tap; int4 nibbles ordered so
+    that two masks give two int8 words.
 
     Logical ``q``: int8 ``(O, I, kh, kw)`` (ungrouped) or ``(O, I)``. K is walked in steps of 32 input
     channels x one tap, chunk-major: step ``s = c*kh*kw + t`` holds ``q[o, 32c + e, ky, kx]`` for
@@ -513,7 +523,9 @@ class OpenCLMMAWeightLayout:
 
 @dataclass(frozen=True)
 class OpenCLGemvMMALayout:
-    """Weights of the f16 tensor-core GEMV (``gemv_mma.cl``: linear layers on one row, float activations).
+    """Weights of the f16 tensor-core GEMV (``gemv_mma.cl``: linear layers on one row, float activations):
+    ``[ceil(O/16)][ceil(I/KT)][32 lanes][16 bytes]``, ``KT`` = 64 (int4) or 32 (int8); a lane's 16 bytes are
+    its ``mma.m16n8k16`` A fragments.
 
     Logical ``q``: int8 ``(O, I)`` or ``(O, I, 1, 1)``. Output channels go in tiles of 16 rows, K in
     loads of ``KT = 64`` (int4) or ``32`` (int8) input channels; stored as ``(ceil(O/16), ceil(I/KT), 32,
