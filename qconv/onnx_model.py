@@ -37,6 +37,7 @@ class ModelLayer:
     groups: int
     input_name: str
     output_name: str
+    node_index: int = -1  # position of the node in ``model.graph.node``
 
     @property
     def is_linear(self) -> bool:
@@ -78,6 +79,10 @@ def _attrs(node) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
+class UnsupportedLayer(ValueError):
+    """A Conv/MatMul/Gemm with a constant weight that qconv cannot take (the reason is the message)."""
+
+
 def _conv_layer(node, consts) -> ModelLayer | None:
     if node.input[1] not in consts:
         return None
@@ -85,9 +90,13 @@ def _conv_layer(node, consts) -> ModelLayer | None:
     if w.ndim != 4:
         return None  # 1-D/3-D convs are out of scope
     a = _attrs(node)
-    if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"", ""):
-        raise ValueError(f"{node.name}: auto_pad={a['auto_pad']!r} is not supported; export with explicit pads")
-    pads = list(a.get("pads", [0, 0, 0, 0]))
+    auto_pad = a.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "", "VALID"):
+        raise UnsupportedLayer(f"{node.name}: auto_pad={auto_pad!r} is not supported; export with explicit pads")
+    if len(node.input) > 2 and node.input[2] and node.input[2] not in consts:
+        raise UnsupportedLayer(f"{node.name}: the bias {node.input[2]!r} is not a constant")
+    pads = list(a.get("pads", [0, 0, 0, 0])) if auto_pad != "VALID" else [0, 0, 0, 0]
     top, left, bottom, right = pads
     ph, pw = min(top, bottom), min(left, right)
     bias = np.asarray(consts[node.input[2]], np.float32) if len(node.input) > 2 and node.input[2] else None
@@ -123,27 +132,47 @@ def _linear_layer(node, consts) -> ModelLayer | None:
                       (1, 1), (0, 0), (0, 0, 0, 0), (1, 1), 1, node.input[0], node.output[0])
 
 
-def load_layers(path) -> tuple[object, list[ModelLayer]]:
-    """``(onnx model, [ModelLayer])`` for every Conv and constant-weight MatMul/Gemm of the model."""
+def load_model(path):
+    """``onnx.ModelProto`` of the file at ``path`` (ValueError for a file that is not ONNX)."""
     onnx = _need("onnx")
     try:
-        model = onnx.load(str(path))
+        return onnx.load(str(path))
     except FileNotFoundError:
         raise
     except Exception as exc:  # onnx raises DecodeError and friends on corrupt files
         raise ValueError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+
+
+def model_layers(model, skipped: dict | None = None) -> list[ModelLayer]:
+    """``[ModelLayer]`` for every Conv and constant-weight MatMul/Gemm of an ``onnx.ModelProto``, in graph order.
+
+    A constant-weight layer qconv cannot take (``auto_pad=SAME_*``, a non-constant bias) raises
+    :class:`UnsupportedLayer`, or, when ``skipped`` is a dict, is recorded there as ``{name: reason}``."""
     consts = _constants(model)
     layers = []
-    for node in model.graph.node:
-        if node.op_type == "Conv":
-            layer = _conv_layer(node, consts)
-        elif node.op_type in ("MatMul", "Gemm"):
-            layer = _linear_layer(node, consts)
-        else:
+    for index, node in enumerate(model.graph.node):
+        try:
+            if node.op_type == "Conv":
+                layer = _conv_layer(node, consts)
+            elif node.op_type in ("MatMul", "Gemm"):
+                layer = _linear_layer(node, consts)
+            else:
+                continue
+        except UnsupportedLayer as exc:
+            if skipped is None:
+                raise
+            skipped[node.name or node.output[0]] = str(exc)
             continue
         if layer is not None:
+            layer.node_index = index
             layers.append(layer)
-    return model, layers
+    return layers
+
+
+def load_layers(path) -> tuple[object, list[ModelLayer]]:
+    """``(onnx model, [ModelLayer])`` for every Conv and constant-weight MatMul/Gemm of the model."""
+    model = load_model(path)
+    return model, model_layers(model)
 
 
 def default_input(model, shape=None, seed: int = 0) -> dict:
@@ -158,9 +187,10 @@ def default_input(model, shape=None, seed: int = 0) -> dict:
     return {inp.name: rng.standard_normal(dims).astype(np.float32)}
 
 
-def load_input(model, path, shape=None) -> dict:
-    """Feed from a ``.npy`` tensor or an image (PNG/JPEG through Pillow: RGB in [0, 1], NCHW, resized to the
-    model's spatial size or ``shape``)."""
+def load_input(model, path, shape=None, mean=None, std=None) -> dict:
+    """Feed from a ``.npy`` tensor or an image (PNG/JPEG through Pillow: RGB in [0, 1], NCHW float32
+    ``(1, 3, H, W)``, resized to the model's spatial size or ``shape``; then ``(x - mean) / std`` when given,
+    scalars or one value per channel, e.g. PP-OCR's ``mean=0.5, std=0.5``)."""
     inp = model.graph.input[0]
     if str(path).endswith(".npy"):
         x = np.load(path, allow_pickle=False)
@@ -172,8 +202,12 @@ def load_input(model, path, shape=None) -> dict:
     dims = list(shape) if shape else [d.dim_value or 0 for d in inp.type.tensor_type.shape.dim]
     h, w = (dims[2] or 256, dims[3] or 256) if len(dims) == 4 else (256, 256)
     img = Image.open(path).convert("RGB").resize((w, h))
-    x = np.asarray(img, np.float32).transpose(2, 0, 1)[None] / 255.0
-    return {inp.name: np.ascontiguousarray(x)}
+    x = np.asarray(img, np.float32).transpose(2, 0, 1)[None] / np.float32(255.0)
+    if mean is not None or std is not None:
+        m = np.asarray(0.0 if mean is None else mean, np.float32).reshape(1, -1, 1, 1)
+        sd = np.asarray(1.0 if std is None else std, np.float32).reshape(1, -1, 1, 1)
+        x = (x - m) / sd
+    return {inp.name: np.ascontiguousarray(x, np.float32)}
 
 
 def capture(model, layers, feed: dict, threads: int = 2) -> dict:

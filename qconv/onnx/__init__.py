@@ -1,0 +1,19 @@
+"""Whole ONNX models with qconv weights: quantize once, run end to end in onnxruntime with qconv's kernels.
+
+::
+
+    import qconv.onnx
+    q = qconv.onnx.quantize_model("model.onnx", scheme="int8-ch-sym")   # an onnx.ModelProto
+    onnx.save(q, "model.q.onnx")                                         # small: packed weights
+    sess = qconv.onnx.InferenceSession("model.q.onnx", threads=2)
+    y, = sess.run(None, {"x": x})
+
+Needs ``onnx``, ``onnxruntime`` and ``onnxruntime-extensions`` (``pip install qconv[interop]``).
+:mod:`qconv.onnx.nodes` describes the custom nodes, :mod:`qconv.onnx.quantize` the rewrite,
+:mod:`qconv.onnx.session` the session and its activation default, :mod:`qconv.onnx.kernels` the operators.
+"""
+from .nodes import DOMAIN, QCONV, QMATMUL, weight_bytes
+from .quantize import model_summary, quantize_model
+from .session import InferenceSession
+
+__all__ = ["quantize_model", "InferenceSession", "weight_bytes", "model_summary", "DOMAIN", "QCONV", "QMATMUL"]

@@ -1,0 +1,145 @@
+"""qconv nodes as onnxruntime custom operators (onnxruntime-extensions' Python operators).
+
+onnxruntime-extensions registers Python operators process-wide, one per ``domain::op_type``; a session that
+loads its library (``SessionOptions.register_custom_ops_library``) gets them all. So the two operators here
+(``ai.qconv::QConv`` and ``ai.qconv::QMatMul``, one float32 input, one float32 output) only look up a prepared
+kernel: the node that onnxruntime sees carries a single string attribute ``qconv_key``
+(``"<session id>/<node name>"``), and :data:`KERNELS` maps it to the kernel its :class:`InferenceSession`
+prepared (built once per session; removed when the session is closed or collected).
+
+onnxruntime-extensions' stock invocation hook returns every output as a Python list (``tolist()``), which costs
+tens of ns per element; :func:`_invoke` is the same hook returning the numpy array itself (its C++ side reads a
+``py::array`` either way, then copies it into onnxruntime's output). It is installed for all Python operators
+of the process; it changes nothing but the speed of numeric outputs.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .nodes import DOMAIN, QCONV, QMATMUL, QNode
+
+KEY_ATTR = "qconv_key"
+KERNELS: dict = {}
+_LOCK = threading.Lock()
+_REGISTERED = False
+
+
+def _need_extensions():
+    try:
+        import onnxruntime_extensions
+    except ImportError:
+        raise ImportError("qconv.onnx sessions need onnxruntime-extensions: pip install onnxruntime-extensions "
+                          "(or pip install qconv[interop])") from None
+    return onnxruntime_extensions
+
+
+class ConvKernel:
+    """A prepared ``QConv``: ``x`` float32 ``(N, C, H, W)`` -> float32 ``(N, O, OH, OW)``."""
+
+    def __init__(self, qnode: QNode, device="cpu", threads=None, act_quant="auto", **options):
+        import qconv
+
+        self.name = qnode.name
+        self.extra_pad = qnode.extra_pad
+        self.layer = qconv.Conv2d(qnode.weight, qnode.bias, qnode.stride, qnode.padding, qnode.dilation,
+                                  qnode.activation, device=device, act_quant=act_quant, threads=threads, **options)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if any(self.extra_pad):
+            t, b, l, r = self.extra_pad
+            x = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
+        return self.layer(x)
+
+
+class MatMulKernel:
+    """A prepared ``QMatMul``: ``x`` float32 ``(..., K)`` -> float32 ``(..., N)`` (rows through qconv.Linear)."""
+
+    def __init__(self, qnode: QNode, device="cpu", threads=None, act_quant="auto", **options):
+        import qconv
+
+        self.name = qnode.name
+        self.layer = qconv.Linear(qnode.weight, qnode.bias, qnode.activation, device=device, act_quant=act_quant,
+                                  threads=threads, **options)
+        self.k = qnode.weight.in_channels
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.shape[-1] != self.k:
+            raise ValueError(f"qconv node {self.name!r}: input has {x.shape[-1]} features on its last axis, "
+                             f"the weight takes {self.k} (input shape {x.shape})")
+        y = self.layer(x.reshape(-1, self.k))
+        return y.reshape(x.shape[:-1] + (y.shape[-1],))
+
+
+def make_kernel(qnode: QNode, **options):
+    """The prepared kernel of a qconv node (``options``: device, threads, act_quant, ... of the qconv layer;
+    ``threads`` is dropped for the numpy reference, which has none)."""
+    if options.get("device") == "reference":
+        options.pop("threads", None)
+    return (ConvKernel if qnode.op == QCONV else MatMulKernel)(qnode, **options)
+
+
+def _run(x, qconv_key):
+    kernel = KERNELS.get(qconv_key)
+    if kernel is None:
+        raise RuntimeError(f"qconv: no prepared kernel for {qconv_key!r} (its session was closed?)")
+    if getattr(_ERRORS, "exc", None) is not None:
+        return np.zeros(0, np.float32)  # an earlier node of this run failed: skip the work
+    return kernel(x)
+
+
+_ERRORS = threading.local()
+
+
+def take_error():
+    """The first exception a qconv kernel raised on this thread since the last call (or None), cleared."""
+    exc = getattr(_ERRORS, "exc", None)
+    _ERRORS.exc = None
+    return exc
+
+
+def _invoke(k_id, feed, attributes):
+    """onnxruntime-extensions' invocation hook, returning numeric outputs as arrays (module docstring).
+
+    An exception escaping the hook aborts the process (onnxruntime-extensions rethrows it as a C++ exception
+    through onnxruntime's C API), so a qconv kernel's exception is kept (:func:`take_error`, raised again by
+    :meth:`InferenceSession.run`) and the node returns an empty tensor instead."""
+    from onnxruntime_extensions._ocos import Opdef
+
+    op = Opdef._odlist.get(k_id)
+    if op is None:
+        raise RuntimeError(f"Unable to find function id={k_id}. Did you decorate the operator with @onnx_op?")
+    if op.body is _run:
+        try:
+            rv = op.body(*feed, **op.cast_attributes(attributes))
+        except BaseException as exc:  # noqa: BLE001 - reported by InferenceSession.run
+            if getattr(_ERRORS, "exc", None) is None:
+                _ERRORS.exc = exc
+            return (k_id, (0,), np.zeros(0, np.float32))
+    else:
+        rv = op.body(*feed, **op.cast_attributes(attributes))
+    res = [k_id]
+    for r in (rv if isinstance(rv, tuple) else (rv,)):
+        r = np.asarray(r)
+        if r.dtype.kind in "OUS":
+            res += [r.shape, r.flatten().tolist()]
+        else:
+            res += [r.shape, np.ascontiguousarray(r).reshape(-1)]
+    return tuple(res)
+
+
+def register() -> str:
+    """Define the qconv Python operators once per process; returns the custom-op library path for sessions."""
+    global _REGISTERED
+    ext = _need_extensions()
+    with _LOCK:
+        if not _REGISTERED:
+            from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+            for op in (QCONV, QMATMUL):
+                onnx_op(op_type=f"{DOMAIN}::{op}", inputs=[PyCustomOpDef.dt_float],
+                        outputs=[PyCustomOpDef.dt_float], attrs={KEY_ATTR: PyCustomOpDef.dt_string})(_run)
+            PyCustomOpDef.install_hooker(_invoke)
+            _REGISTERED = True
+    return ext.get_library_path()

@@ -1,0 +1,165 @@
+"""The qconv custom nodes of a quantized ONNX model: how a quantized layer is written and read back.
+
+Domain ``ai.qconv`` (opset 1), two operators:
+
+``QConv(X, q, scales, offsets?, B?) -> Y``
+  ``X`` float32 NCHW ``(N, C, H, W)``; ``Y`` float32 ``(N, O, OH, OW)``. Attributes: ``strides``, ``pads``
+  (ONNX order ``[top, left, bottom, right]``, asymmetric allowed), ``dilations``, ``group``, ``bits``,
+  ``block_size`` (input channels per block, 0 = per channel), ``activation`` (``""``, ``"relu"``,
+  ``"relu6"``: a fused Relu/Clip), ``scheme`` (the label it was quantized with, informative).
+``QMatMul(X, q, scales, offsets?, B?) -> Y``
+  ``Y = X @ W.T + B`` over the last axis: ``X`` float32 ``(..., K)``, ``Y`` float32 ``(..., N)`` (a MatMul with a
+  constant ``[K, N]`` weight, or a Gemm, ``alpha``/``beta`` folded in). Attributes ``bits``, ``block_size``,
+  ``activation``, ``scheme``.
+
+Weight initializers, exactly the fields of :class:`~qconv.weights.QuantizedWeight` (no float weight anywhere):
+``q`` the integer codes ``(O, I/groups, kh, kw)`` (``(N, K, 1, 1)`` for QMatMul) as ONNX ``INT8``, or ``INT4``
+for 4-bit weights (two codes a byte, first in the low nibble: :data:`~qconv.layouts.ONNX_INT4`); ``scales``
+float32 ``(O, n_blocks)``; ``offsets`` float32 ``(O, n_blocks)`` for asymmetric weights (``w = q * s + a``),
+absent (``""``) for symmetric ones; ``B`` float32 ``(O,)`` or absent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..interop.onnx_format import from_tensor_proto, to_tensor_proto
+from ..weights import QuantizedWeight
+
+DOMAIN = "ai.qconv"
+OPSET = 1
+QCONV = "QConv"
+QMATMUL = "QMatMul"
+OPS = (QCONV, QMATMUL)
+ACTIVATIONS = ("", "relu", "relu6")
+
+
+@dataclass
+class QNode:
+    """A qconv node read back from a model: everything needed to build its qconv layer."""
+
+    name: str
+    op: str                      # QCONV or QMATMUL
+    weight: QuantizedWeight
+    bias: np.ndarray | None
+    activation: str | None       # None, "relu", "relu6"
+    input_name: str
+    output_name: str
+    stride: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)   # top, left, bottom, right
+    dilation: tuple[int, int] = (1, 1)
+    scheme: str = ""
+
+    @property
+    def padding(self) -> tuple[int, int]:
+        """The symmetric part of the padding (what qconv's layers take)."""
+        t, l, b, r = self.pads
+        return min(t, b), min(l, r)
+
+    @property
+    def extra_pad(self) -> tuple[int, int, int, int]:
+        """``(top, bottom, left, right)`` beyond :attr:`padding`, applied to the input with zeros."""
+        t, l, b, r = self.pads
+        ph, pw = self.padding
+        return t - ph, b - ph, l - pw, r - pw
+
+
+def is_qnode(node) -> bool:
+    return node.domain == DOMAIN and node.op_type in OPS
+
+
+def make_qnode(name: str, op: str, qw: QuantizedWeight, bias, activation, input_name: str, output_name: str,
+               *, stride=(1, 1), pads=(0, 0, 0, 0), dilation=(1, 1), scheme: str = ""):
+    """``(NodeProto, [TensorProto])``: a qconv node and its initializers (named ``name + ".q"`` etc.)."""
+    import onnx
+
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    activation = activation or ""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    inits = [to_tensor_proto(f"{name}.q", qw.q, qw.bits),
+             onnx.numpy_helper.from_array(np.ascontiguousarray(qw.scales, np.float32), f"{name}.scales")]
+    names = [input_name, inits[0].name, inits[1].name, "", ""]
+    if qw.offsets is not None:
+        inits.append(onnx.numpy_helper.from_array(np.ascontiguousarray(qw.offsets, np.float32), f"{name}.offsets"))
+        names[3] = inits[-1].name
+    if bias is not None:
+        inits.append(onnx.numpy_helper.from_array(np.ascontiguousarray(bias, np.float32), f"{name}.bias"))
+        names[4] = inits[-1].name
+    while names[-1] == "":
+        names.pop()
+    attrs = dict(bits=qw.bits, block_size=qw.block_size, activation=activation, scheme=scheme)
+    if op == QCONV:
+        attrs.update(strides=list(stride), pads=list(pads), dilations=list(dilation), group=qw.groups)
+    node = onnx.helper.make_node(op, names, [output_name], name=name, domain=DOMAIN, **attrs)
+    return node, inits
+
+
+def read_qnode(node, initializers: dict) -> QNode:
+    """A qconv node and ``{name: TensorProto}`` -> :class:`QNode` (ValueError on a malformed node)."""
+    import onnx
+
+    if not is_qnode(node):
+        raise ValueError(f"node {node.name!r} ({node.domain}:{node.op_type}) is not a qconv node")
+    a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+    a = {k: v.decode() if isinstance(v, bytes) else v for k, v in a.items()}
+
+    def tensor(i):
+        name = node.input[i] if i < len(node.input) else ""
+        if not name:
+            return None, 8
+        if name not in initializers:
+            raise ValueError(f"qconv node {node.name!r}: input {name!r} is not an initializer")
+        return from_tensor_proto(initializers[name])
+
+    (q, qbits), (scales, _), (offsets, _), (bias, _) = (tensor(i) for i in (1, 2, 3, 4))
+    if q is None or scales is None:
+        raise ValueError(f"qconv node {node.name!r} has no weight codes/scales")
+    bits = int(a.get("bits", qbits))
+    if q.ndim == 2:
+        q = q[:, :, None, None]
+    qw = QuantizedWeight(q.astype(np.int8, copy=False), np.asarray(scales, np.float32),
+                         None if offsets is None else np.asarray(offsets, np.float32), bits,
+                         int(a.get("block_size", 0)), int(a.get("group", 1)))
+    extra = {}
+    if node.op_type == QCONV:
+        extra = dict(stride=tuple(a.get("strides", (1, 1))), pads=tuple(a.get("pads", (0, 0, 0, 0))),
+                     dilation=tuple(a.get("dilations", (1, 1))))
+    return QNode(node.name or node.output[0], node.op_type, qw, None if bias is None else bias.astype(np.float32),
+                 a.get("activation", "") or None, node.input[0], node.output[0], scheme=a.get("scheme", ""), **extra)
+
+
+def _tensor_nbytes(t) -> int:
+    """Bytes a TensorProto stores (raw data; INT4 two values a byte)."""
+    import onnx
+
+    n = int(np.prod(t.dims)) if len(t.dims) else 1
+    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return (n + 1) // 2
+    return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
+def weight_bytes(model) -> dict:
+    """Bytes of the weights of every Conv/MatMul/Gemm layer of ``model`` (float or quantized):
+
+    ``{"stored": bytes as stored (qconv nodes: codes + scales + offsets; float layers: float32 weight),
+    "float": the same weights in float32, "ratio": stored / float, "quantized_layers": n, "float_layers": n}``.
+    Biases are not counted (they stay float32 either way)."""
+    from ..onnx_model import model_layers
+
+    inits = {t.name: t for t in model.graph.initializer}
+    stored = flt = nq = 0
+    for node in model.graph.node:
+        if is_qnode(node):
+            q = inits[node.input[1]]
+            stored += sum(_tensor_nbytes(inits[n]) for n in node.input[1:4] if n)
+            flt += 4 * int(np.prod(q.dims))
+            nq += 1
+    layers = model_layers(model, skipped={})
+    for layer in layers:
+        stored += 4 * layer.weight.size
+        flt += 4 * layer.weight.size
+    return dict(stored=stored, float=flt, ratio=stored / flt if flt else float("nan"), quantized_layers=nq,
+                float_layers=len(layers))

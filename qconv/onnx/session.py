@@ -1,0 +1,178 @@
+"""``InferenceSession``: run a quantized (or float) ONNX model in onnxruntime with qconv's kernels.
+
+At construction the qconv nodes (:mod:`qconv.onnx.nodes`) are read, each becomes a prepared qconv layer (its
+weight goes straight from the packed initializers into the engine's layout: no float copy of a quantized
+weight is made), and onnxruntime gets the graph with those nodes reduced to ``X -> Y`` plus a key attribute
+(:mod:`qconv.onnx.kernels`), without the weight initializers; the parsed model is then dropped.
+
+Activations: ``act_quant="auto"`` (the default) is each engine's own default: on the CPU, per-tensor asymmetric
+dynamic int8 for convs (the integer GEMM path qconv is built for, and what ``inspect`` measures) and per-row
+symmetric int8 for QMatMul (``qconv.Linear``: a row's result never depends on the other rows of the batch,
+e.g. on the sequence length); OpenCL keeps activations float.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import numpy as np
+
+from .kernels import KERNELS, KEY_ATTR, make_kernel, register, take_error
+from .nodes import DOMAIN, is_qnode, read_qnode
+
+_IDS = itertools.count(1)
+_NP_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+             "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+             "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+
+
+def _runtime_graph(model, key_prefix: str, layer_options: dict) -> dict:
+    """Replace every qconv node of ``model`` (in place) by its ``X -> Y`` form; returns ``{key: kernel}``."""
+    import onnx
+
+    inits = {t.name: t for t in model.graph.initializer}
+    kernels, drop = {}, set()
+    for node in model.graph.node:
+        if not is_qnode(node):
+            continue
+        qn = read_qnode(node, inits)
+        key = f"{key_prefix}/{qn.name}"
+        if key in kernels:
+            raise ValueError(f"two qconv nodes are named {qn.name!r}")
+        kernels[key] = make_kernel(qn, **layer_options)
+        drop.update(n for n in node.input[1:] if n)
+        new = onnx.helper.make_node(node.op_type, [node.input[0]], [node.output[0]], name=node.name,
+                                    domain=DOMAIN, **{KEY_ATTR: key})
+        node.CopyFrom(new)
+    used = {n for node in model.graph.node for n in node.input}
+    keep = [t for t in model.graph.initializer if not (t.name in drop and t.name not in used)]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    return kernels
+
+
+def _release(keys):
+    for k in keys:
+        KERNELS.pop(k, None)
+
+
+class InferenceSession:
+    """onnxruntime's ``InferenceSession`` interface over a model quantized by :func:`qconv.onnx.quantize_model`.
+
+    ``path_or_model``: path of an ``.onnx`` file or an ``onnx.ModelProto`` (a float model runs too: plain
+    onnxruntime). ``device``: the qconv engine of the qconv nodes (``"cpu"``, ``"opencl"``, ``"reference"``, ...).
+    ``threads``: threads of both qconv's layers and onnxruntime's intra-op pool (default: every core of this
+    process), with onnxruntime's spinning off (``session.intra_op.allow_spinning=0``) so that its idle workers do
+    not hold the cores qconv's threads need. ``options``: ``act_quant`` (default ``"auto"``, see the module
+    docstring; a plan's ``act_quant`` when the model was quantized with one), ``act_block``, other qconv layer
+    options (``kernel``, ...) and any ``onnxruntime.SessionOptions`` attribute (``graph_optimization_level``,
+    ``log_severity_level``, ...). ``providers`` defaults to the CPU execution provider.
+
+    ``run(output_names, feeds)`` -> list of numpy arrays, as onnxruntime's; ``get_inputs()``, ``get_outputs()``.
+    """
+
+    def __init__(self, path_or_model, device="cpu", threads=None, *, providers=None, **options):
+        import onnx
+        import onnxruntime as ort
+
+        from ..cpu.engine import default_threads
+        from ..onnx_model import load_model
+        from .quantize import model_summary
+
+        if isinstance(path_or_model, onnx.ModelProto):
+            model = onnx.ModelProto()
+            model.CopyFrom(path_or_model)
+        else:
+            model = load_model(path_or_model)
+        threads = default_threads() if threads is None else int(threads)
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        so = ort.SessionOptions()
+        for name in [k for k in options if hasattr(so, k) and not k.startswith("_")]:
+            setattr(so, name, options.pop(name))
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        act_quant = options.pop("act_quant", None) or model_summary(model).get("act_quant") or "auto"
+        self.device, self.threads, self.act_quant = device, threads, act_quant
+        self._id = f"s{next(_IDS)}"
+        kernels = _runtime_graph(model, self._id, dict(device=device, threads=threads, act_quant=act_quant,
+                                                       **options))
+        self.kernels = list(kernels.values())
+        KERNELS.update(kernels)
+        self._finalizer = weakref.finalize(self, _release, list(kernels))
+        if kernels:
+            so.register_custom_ops_library(register())
+        try:
+            self._sess = ort.InferenceSession(model.SerializeToString(), so,
+                                              providers=providers or ["CPUExecutionProvider"])
+        except Exception:
+            self._finalizer()
+            raise
+        del model
+        self._inputs = self._sess.get_inputs()
+
+    def get_inputs(self):
+        return self._sess.get_inputs()
+
+    def get_outputs(self):
+        return self._sess.get_outputs()
+
+    def get_modelmeta(self):
+        return self._sess.get_modelmeta()
+
+    def check_feeds(self, feeds: dict) -> None:
+        """Raise a clear error for missing, unknown, wrongly typed or wrongly shaped inputs."""
+        if not isinstance(feeds, dict):
+            raise TypeError(f"feeds must be a dict {{input name: array}}, got {type(feeds).__name__}")
+        names = [i.name for i in self._inputs]
+        missing = [n for n in names if n not in feeds]
+        if missing:
+            raise ValueError(f"missing input(s) {missing}; the model takes {names}")
+        unknown = [n for n in feeds if n not in names]
+        if unknown:
+            raise ValueError(f"unknown input(s) {unknown}; the model takes {names}")
+        for inp in self._inputs:
+            x = feeds[inp.name]
+            want = _NP_TYPES.get(inp.type)
+            dtype = getattr(x, "dtype", None)
+            if want is not None and dtype != want:
+                raise TypeError(f"input {inp.name!r} must be {np.dtype(want).name} ({inp.type}), got "
+                                f"{dtype if dtype is not None else type(x).__name__}")
+            shape = np.shape(x)
+            if len(shape) != len(inp.shape):
+                raise ValueError(f"input {inp.name!r} must have {len(inp.shape)} dimensions {inp.shape}, got shape "
+                                 f"{shape}")
+            bad = [(i, d, s) for i, (d, s) in enumerate(zip(inp.shape, shape)) if isinstance(d, int) and d != s]
+            if bad:
+                raise ValueError(f"input {inp.name!r} must have shape {inp.shape}, got {shape} (dimension "
+                                 f"{bad[0][0]} must be {bad[0][1]})")
+
+    def run(self, output_names, feeds, run_options=None):
+        """``output_names`` (None = all) -> list of numpy arrays for ``feeds`` ``{input name: array}``."""
+        if self._sess is None:
+            raise RuntimeError("this session is closed")
+        self.check_feeds(feeds)
+        take_error()
+        try:
+            out = self._sess.run(output_names, feeds, run_options)
+        except Exception as exc:
+            kernel_exc = take_error()
+            if kernel_exc is not None:
+                raise kernel_exc from exc
+            raise
+        kernel_exc = take_error()
+        if kernel_exc is not None:
+            raise kernel_exc
+        return out
+
+    def close(self) -> None:
+        """Release the prepared kernels (the session cannot run afterwards)."""
+        self._finalizer()
+        self._sess = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,252 @@
+"""qconv.onnx: whole models quantized once and run in onnxruntime with qconv's kernels as custom operators.
+
+Every graph is built here with onnx.helper. The quantized session must equal running the same qconv layers one
+by one (same weights, same fused activation, same engine) exactly, and the float model within the scheme's error.
+"""
+import gc
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="needs onnx (interop extra)")
+ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime (interop extra)")
+pytest.importorskip("onnxruntime_extensions", reason="needs onnxruntime-extensions (interop extra)")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import qconv  # noqa: E402
+import qconv.onnx as qo  # noqa: E402
+from qconv.model_report import Plan, Scheme  # noqa: E402
+from qconv.onnx import kernels as qk  # noqa: E402
+from qconv.testing.asserts import sqnr_db  # noqa: E402
+
+RNG = np.random.default_rng(21)
+# SQNR (dB) of the whole small graph vs float, with margin below what was measured (2026-12-01)
+MIN_DB = {"int8-ch-sym": 30.0, "int4-b8-asym": 12.0, "int4-b8-asym-mse": 12.0}
+
+
+def _w(*shape, scale=None):
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+    return (RNG.standard_normal(shape) / np.sqrt(fan_in) * (scale or 1.0)).astype(np.float32)
+
+
+def _model(nodes, inputs, outputs, inits, opset=13):
+    g = helper.make_graph(nodes, "t", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                                for o in outputs], [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _float_run(model, feeds):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def conv_chain():
+    """x(1,8,12,12) -> conv3x3+Relu -> grouped s2 conv + Clip(0,6) -> depthwise d2 conv (+ residual Add)
+    -> 1x1 conv with asymmetric pads -> y."""
+    w = dict(w1=_w(16, 8, 3, 3), b1=_w(16), w2=_w(16, 4, 3, 3), b2=_w(16), w3=_w(16, 1, 3, 3), b3=_w(16),
+             w4=_w(8, 16, 1, 1), b4=_w(8))
+    consts = dict(w, lo=np.array(0, np.float32), hi=np.array(6, np.float32))
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", group=4, strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"], name="clip2"),
+             helper.make_node("Conv", ["r2", "w3", "b3"], ["c3"], name="dw3", group=16, dilations=[2, 2],
+                              pads=[2, 2, 2, 2]),
+             helper.make_node("Add", ["c3", "r2"], ["s3"], name="residual"),
+             helper.make_node("Conv", ["s3", "w4", "b4"], ["y"], name="conv4", pads=[0, 0, 1, 1])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])], ["y"], consts)
+
+    def one_by_one(x, scheme, device="cpu", **kw):
+        s = Scheme.parse(scheme)
+        q = {k: s.quantize(w[k], g) for k, g in (("w1", 1), ("w2", 4), ("w3", 16), ("w4", 1))}
+        r1 = qconv.Conv2d(q["w1"], w["b1"], padding=1, activation="relu", device=device, **kw)(x)
+        r2 = qconv.Conv2d(q["w2"], w["b2"], stride=2, padding=1, activation="relu6", device=device, **kw)(r1)
+        c3 = qconv.Conv2d(q["w3"], w["b3"], padding=2, dilation=2, device=device, **kw)(r2)
+        s3 = c3 + r2
+        return qconv.Conv2d(q["w4"], w["b4"], device=device, **kw)(np.pad(s3, ((0, 0), (0, 0), (0, 1), (0, 1))))
+
+    return model, one_by_one
+
+
+def linear_graph():
+    """x(2,5,32) -> MatMul(W[32,24]) -> Add(bias) -> Relu -> Reshape(10,24) -> Gemm(alpha, beta, transB) -> y."""
+    w = dict(W=_w(24, 32).T.copy(), bias=_w(24), G=_w(12, 24), C=_w(12), shape=np.array([10, 24], np.int64))
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+             helper.make_node("Add", ["bias", "m"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["r2"], name="reshape"),
+             helper.make_node("Gemm", ["r2", "G", "C"], ["y"], name="gemm", alpha=0.5, beta=2.0, transB=1)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 32])], ["y"], w)
+
+    def one_by_one(x, scheme, device="cpu", **kw):
+        s = Scheme.parse(scheme)
+        q1 = s.quantize(w["W"].T[:, :, None, None], 1)
+        q2 = s.quantize((w["G"] * np.float32(0.5))[:, :, None, None], 1)
+        r = qconv.Linear(q1, w["bias"], activation="relu", device=device, **kw)(x.reshape(10, 32))
+        return qconv.Linear(q2, w["C"] * np.float32(2.0), device=device, **kw)(r)
+
+    return model, one_by_one
+
+
+@pytest.mark.parametrize("scheme", sorted(MIN_DB))
+@pytest.mark.parametrize("graph", [conv_chain, linear_graph])
+def test_session_equals_layers_one_by_one_and_float_within_scheme_error(graph, scheme):
+    model, one_by_one = graph()
+    x = RNG.standard_normal(tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim))
+    x = x.astype(np.float32)
+    q = qo.quantize_model(model, scheme)
+    assert not [n.op_type for n in q.graph.node if n.op_type in ("Conv", "MatMul", "Gemm", "Relu", "Clip")]
+    with qo.InferenceSession(q, threads=2) as sess:
+        y, = sess.run(None, {"x": x})
+    expect = one_by_one(x, scheme, threads=2)
+    np.testing.assert_array_equal(y, expect)
+    y_float, = _float_run(model, {"x": x})
+    assert sqnr_db(y, y_float) >= MIN_DB[scheme], sqnr_db(y, y_float)
+
+
+def test_fused_activation_and_bias_really_apply():
+    """Fusion must not drop the Relu/Clip or the bias Add: the results differ from the unfused layers."""
+    model, one_by_one = conv_chain()
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    y, = qo.InferenceSession(qo.quantize_model(model), threads=1).run(None, {"x": x})
+    q_unfused = qo.quantize_model(model, fuse=False)
+    assert [n.op_type for n in q_unfused.graph.node].count("Relu") == 1
+    y2, = qo.InferenceSession(q_unfused, threads=1).run(None, {"x": x})
+    np.testing.assert_allclose(y, y2, rtol=0.05, atol=0.05 * np.abs(y).max())  # same math, other rounding
+    summary = qo.model_summary(qo.quantize_model(linear_graph()[0]))
+    assert summary["layers"]["mm"] == dict(scheme="int8-ch-sym", op="MatMul", activation="relu", fused_bias_add=True)
+
+
+def test_conv_with_a_computed_weight_stays_float():
+    w1, wd = _w(8, 4, 3, 3), _w(6, 8, 1, 1)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="qconv_me", pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["wd", "two"], ["wdyn"], name="make_weight"),
+             helper.make_node("Conv", ["c1", "wdyn"], ["y"], name="computed_weight")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6]),
+                           helper.make_tensor_value_info("wd", TensorProto.FLOAT, [6, 8, 1, 1])], ["y"],
+                   dict(w1=w1, two=np.array(2, np.float32)))
+    q = qo.quantize_model(model, "int8-ch-sym")
+    assert [n.op_type for n in q.graph.node] == ["QConv", "Mul", "Conv"]
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    y, = qo.InferenceSession(q, threads=1).run(None, {"x": x, "wd": wd})
+    c1 = qconv.Conv2d(qconv.quantize_weight(w1, 8), padding=1, threads=1)(x)
+    np.testing.assert_allclose(y, np.einsum("oi,nihw->nohw", (wd * 2)[:, :, 0, 0], c1), rtol=1e-5, atol=1e-5)
+
+
+def test_saved_model_is_small_and_round_trips(tmp_path):
+    model, _ = conv_chain()
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    for scheme, ratio in (("int8-ch-sym", 0.30), ("int4-b8-asym", 0.25)):
+        q = qo.quantize_model(model, scheme)
+        path = tmp_path / f"{scheme}.onnx"
+        onnx.save(q, path)
+        nb = qo.weight_bytes(q)
+        assert nb["quantized_layers"] == 4 and nb["float_layers"] == 0 and nb["ratio"] <= ratio, nb
+        assert not {"w1", "w2", "w3", "w4"} & {t.name for t in onnx.load(path).graph.initializer}
+        y_mem, = qo.InferenceSession(q, threads=1).run(None, {"x": x})
+        y_file, = qo.InferenceSession(str(path), threads=1).run(None, {"x": x})
+        np.testing.assert_array_equal(y_mem, y_file)
+        if scheme.startswith("int4"):
+            t = {t.name: t for t in onnx.load(path).graph.initializer}["conv1.q"]
+            assert t.data_type == TensorProto.INT4 and len(t.raw_data) == 16 * 8 * 9 // 2
+        from qconv.onnx.nodes import read_qnode
+        loaded = onnx.load(path)
+        qn = read_qnode(loaded.graph.node[0], {t.name: t for t in loaded.graph.initializer})
+        w1 = numpy_helper.to_array({t.name: t for t in model.graph.initializer}["w1"])
+        assert qn.name == "conv1" and qn.weight == Scheme.parse(scheme).quantize(w1, 1)
+
+
+def test_plan_applies_per_layer_and_unnamed_layers_stay_float():
+    model, _ = conv_chain()
+    plan = Plan("chain", 25.0, None, {"conv1": dict(scheme="int4-b8-asym", bytes=0, sqnr_db=0.0),
+                                      "dw3": dict(scheme="int8-ch-sym", bytes=0, sqnr_db=0.0),
+                                      "conv4": dict(scheme="float", bytes=0, sqnr_db=0.0)})
+    q = qo.quantize_model(model, plan=plan)
+    ops = {n.name: (n.op_type, {a.name: helper.get_attribute_value(a) for a in n.attribute}.get("bits"))
+           for n in q.graph.node}
+    assert ops["conv1"] == ("QConv", 4) and ops["dw3"] == ("QConv", 8)
+    assert ops["conv2"][0] == "Conv" and ops["conv4"][0] == "Conv"
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    y, = qo.InferenceSession(q, threads=1).run(None, {"x": x})
+    assert sqnr_db(y, _float_run(model, {"x": x})[0]) > 12
+    bad = Plan("other", 25.0, None, {"nope": dict(scheme="int8-ch-sym", bytes=0, sqnr_db=0.0)})
+    with pytest.raises(ValueError, match="plan names layers"):
+        qo.quantize_model(model, plan=bad)
+
+
+def test_clear_errors():
+    relu_only = _model([helper.make_node("Relu", ["x"], ["y"])],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])], ["y"], {})
+    with pytest.raises(ValueError, match="no Conv or constant-weight MatMul/Gemm"):
+        qo.quantize_model(relu_only)
+    model, _ = conv_chain()
+    sess = qo.InferenceSession(qo.quantize_model(model), threads=1)
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"missing input\(s\) \['x'\]"):
+        sess.run(None, {})
+    with pytest.raises(ValueError, match="unknown input"):
+        sess.run(None, {"x": x, "z": x})
+    with pytest.raises(TypeError, match="must be float32"):
+        sess.run(None, {"x": x.astype(np.float64)})
+    with pytest.raises(ValueError, match="dimension 1 must be 8"):
+        sess.run(None, {"x": x[:, :7]})
+    with pytest.raises(ValueError, match="must have 4 dimensions"):
+        sess.run(None, {"x": x[0]})
+    with pytest.raises(ValueError, match="scheme 'int3' not understood"):
+        qo.quantize_model(model, "int3")
+
+
+def test_kernel_error_is_raised_not_fatal():
+    """An exception inside a qconv operator comes back from run() (it would abort the process if it escaped)."""
+    w = _w(6, 16)
+    model = _model([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "k"])], ["y"], dict(W=w.T.copy()))
+    sess = qo.InferenceSession(qo.quantize_model(model), threads=1)
+    with pytest.raises(ValueError, match="takes 16"):
+        sess.run(None, {"x": np.ones((2, 5), np.float32)})
+    y, = sess.run(None, {"x": np.ones((2, 16), np.float32)})   # the session still works afterwards
+    assert y.shape == (2, 6)
+
+
+def test_kernels_are_per_session_and_released():
+    model, one_by_one = conv_chain()
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    gc.collect()  # sessions of earlier tests
+    before = len(qk.KERNELS)
+    s8 = qo.InferenceSession(qo.quantize_model(model, "int8-ch-sym"), threads=1)
+    s4 = qo.InferenceSession(qo.quantize_model(model, "int4-b8-asym"), threads=1)
+    assert len(qk.KERNELS) == before + 8
+    y8, = s8.run(None, {"x": x})
+    y4, = s4.run(None, {"x": x})
+    np.testing.assert_array_equal(y8, one_by_one(x, "int8-ch-sym", threads=1))
+    np.testing.assert_array_equal(y4, one_by_one(x, "int4-b8-asym", threads=1))
+    s8.close()
+    del s4
+    gc.collect()
+    assert len(qk.KERNELS) == before
+    with pytest.raises(RuntimeError, match="closed"):
+        s8.run(None, {"x": x})
+
+
+def test_threads_and_activation_mode_reach_the_layers():
+    model, one_by_one = conv_chain()
+    sess = qo.InferenceSession(qo.quantize_model(model), threads=1, act_quant="block")
+    assert {k.layer.engine.threads for k in sess.kernels} == {1}
+    assert {k.layer.spec.act_quant for k in sess.kernels} == {"block"}
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], one_by_one(x, "int8-ch-sym", threads=1,
+                                                                            act_quant="block"))
+
+
+def test_opencl_session_equals_opencl_layers():
+    if not any(d.startswith("opencl") for d in qconv.available_devices()):
+        pytest.skip("no OpenCL device")
+    for graph in (conv_chain, linear_graph):
+        model, one_by_one = graph()
+        shape = tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+        x = RNG.standard_normal(shape).astype(np.float32)
+        y, = qo.InferenceSession(qo.quantize_model(model, "int4-b8-asym"), device="opencl").run(None, {"x": x})
+        np.testing.assert_array_equal(y, one_by_one(x, "int4-b8-asym", device="opencl"))
