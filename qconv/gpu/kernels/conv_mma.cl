@@ -287,13 +287,16 @@ void conv_mma(__global const uint4 *xq, __global const float *dxs, __global cons
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int o = min(m0 + (wm * MT + mi) * 16 + g + 8 * h, OC - 1);
-#ifdef NBLK1
+#ifdef NBLK1 /* one scale row: blk counts the 4096-step folds, not scale blocks */
                         const float sc = LOAD_S1(ws, o);
+#ifdef ASYM
+                        const float of = LOAD_S1(wo, o);
+#endif
 #else
                         const float sc = LOAD_S1(ws, blk * OCP4 + o);
-#endif
 #ifdef ASYM
                         const float of = LOAD_S1(wo, blk * OCP4 + o);
+#endif
 #endif
 #pragma unroll
                         for (int ni = 0; ni < NT; ni++)

@@ -21,7 +21,7 @@
  * channels per item (o and o + L0 inside the tile, so a 32-item sub-group loads 512 contiguous bytes per
  * chunk); dim 1: split-K lanes (lane lk takes chunks lk, lk + SPLIT, ...), partial sums reduced by a tree
  * of fixed shape in local memory. Integer sums are exact; per-channel scales apply once at the end,
- * blockwise ones once per scale group. Loads in flight: U chunks per item, issued before they are used:
+ * blockwise ones once per scale group (rows too long for exact int32 sums: see Bounds below). Loads in flight: U chunks per item, issued before they are used:
  * a tile's first chunks load during the previous tile's reduction (the first tile's: during the fused
  * prologue, after x's loads). Registers bound this kernel (the loads in flight come from occupancy): the
  * fused prologue keeps x in registers only until it is packed into local memory.
@@ -79,6 +79,23 @@ inline float4 load_x4(__global const float *x, int i, int ic) {
     (SPLIT <= 1 ? 1 : SPLIT <= 2 ? 2 : SPLIT <= 4 ? 4 : SPLIT <= 8 ? 8 : SPLIT <= 16 ? 16 : SPLIT <= 32 ? 32 \
      : SPLIT <= 64 ? 64 : SPLIT <= 128 ? 128 : SPLIT <= 256 ? 256 : SPLIT <= 512 ? 512 : 1024)
 #define NGS (KP / KC * NSG)    /* scale groups */
+/* Bounds (the engine's A8_EXACT_MAX_IC and A8_MAX_NV): per-channel int32 sums over the whole row are exact
+ * while IC * (largest product) < 2^31 (int8: 128 * 127; int4: unsigned nibbles (q + 8) * xq, 15 * 127);
+ * longer rows need -DA8_WIDE: each chunk's int32 sum (at most KC products) is added into 64-bit integers,
+ * reduced over the split-K lanes in 64 bits (red holds 8 bytes per item), converted to float once. Blockwise
+ * sums run over one scale group of one chunk (<= 32 products). x is held in registers by the quantizing
+ * items: at most 256 float4 each. */
+#if defined(NBLK1) && !defined(A8_WIDE) && defined(G_IC) && G_IC > (QBITS == 8 ? 132104 : 1127288)
+#error "per-channel gemv_a8 past its int32 bound needs -DA8_WIDE"
+#endif
+#ifdef A8_WIDE
+#define IACC long
+#else
+#define IACC int
+#endif
+#if defined(G_IC) && NV > 256
+#error "gemv_a8: more than 256 float4 of x per quantizing item"
+#endif
 
 /* Quantization of x by the QT items of one work-group (lid: linear id). load_x: item lid's NV float4
  * of x (all loads in flight; amax4: their max |x|); pack_x4: the xq bytes of x[i .. i+3] (i % 4 == 0) with
@@ -184,7 +201,7 @@ void gemv_a8(const int gws0, A8_INPUT,
              __global const SCALE_T *wo,
              __global const float *bias,
              __global float *y,
-             __local float *red, /* NC * L0 * SPLIT: the split-K reduction (FUSED: and x's amax) */
+             __local float *red, /* NC * L0 * SPLIT sums (A8_WIDE: 64-bit) of the split-K reduction (FUSED: and x's amax) */
              const int a_ic, const int a_oc) {
     const int lid0 = get_local_id(0), lk = get_local_id(1);
     const int lin = lk * L0 + lid0;
@@ -271,7 +288,7 @@ void gemv_a8(const int gws0, A8_INPUT,
     /* tiles t, t + G, ... (G work-groups: the engine sizes the grid to the device's resident work-groups) */
     for (; t < NT; t += get_num_groups(0)) {
 #ifdef NBLK1
-        int ia[NC];
+        IACC ia[NC];
 #pragma unroll
         for (int c = 0; c < NC; ++c)
             ia[c] = 0;
@@ -361,7 +378,7 @@ void gemv_a8(const int gws0, A8_INPUT,
 #pragma unroll
         for (int c = 0; c < NC; ++c)
 #ifdef NBLK1
-            ((__local int *)red)[c * (L0 * SPLIT) + lin] = ia[c];
+            ((__local IACC *)red)[c * (L0 * SPLIT) + lin] = ia[c];
 #else
             red[c * (L0 * SPLIT) + lin] = acc[c];
 #endif
@@ -371,7 +388,7 @@ void gemv_a8(const int gws0, A8_INPUT,
 #pragma unroll
                 for (int c = 0; c < NC; ++c)
 #ifdef NBLK1
-                    ((__local int *)red)[c * (L0 * SPLIT) + lin] += ((__local int *)red)[c * (L0 * SPLIT) + lin + h * L0];
+                    ((__local IACC *)red)[c * (L0 * SPLIT) + lin] += ((__local IACC *)red)[c * (L0 * SPLIT) + lin + h * L0];
 #else
                     red[c * (L0 * SPLIT) + lin] += red[c * (L0 * SPLIT) + lin + h * L0];
 #endif
@@ -386,7 +403,7 @@ void gemv_a8(const int gws0, A8_INPUT,
                 const int o = o0 + c * L0;
 #ifdef NBLK1
                 /* exact integer sums: q.xq (int4: minus 8 * sum xq) and sum xq */
-                int tq = ((__local int *)red)[c * (L0 * SPLIT) + lid0];
+                IACC tq = ((__local IACC *)red)[c * (L0 * SPLIT) + lid0];
 #if QBITS == 4
                 tq -= 8 * tx;
 #endif
