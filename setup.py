@@ -2,8 +2,8 @@
 
 Every ``qconv/_ext/*.pyx`` becomes ``qconv._ext.<name>``. OpenMP (for ``prange``) is used when the
 compiler accepts ``-fopenmp``; otherwise the loops build serial. ``QCONV_SANITIZE=1`` adds
-``-fsanitize=address,undefined`` (see ``make sanitize``); ``QCONV_PORTABLE=1`` builds without
-``-march`` flags (the SIMD kernels are selected at run time either way).
+``-fsanitize=address,undefined`` (see ``make sanitize``). No ``-march`` flag is ever passed: every SIMD kernel
+is compiled through target attributes and picked at run time from CPUID, so one build runs on any x86-64 CPU.
 """
 import glob
 import os

@@ -57,11 +57,12 @@ def check_int(value, name: str, *, minimum: int = 0) -> int:
     return int(value)
 
 
-def float_array(x, name: str, *, ndim=None, finite: bool = True) -> np.ndarray:
+def float_array(x, name: str, *, ndim=None, finite: bool = True, empty_ok: bool = False) -> np.ndarray:
     """Return ``x`` as a C-contiguous float32 ndarray (copying only when needed).
 
     Accepts float16/32/64 arrays (and nested sequences of floats); integer, bool, complex and object
-    arrays are refused so that a wrong argument order is not silently accepted.
+    arrays are refused so that a wrong argument order is not silently accepted. Empty arrays are refused
+    unless ``empty_ok``.
     """
     if not isinstance(x, np.ndarray):
         try:
@@ -75,7 +76,7 @@ def float_array(x, name: str, *, ndim=None, finite: bool = True) -> np.ndarray:
         if x.ndim not in allowed:
             want = " or ".join(str(a) for a in allowed)
             raise ValueError(f"{name} must have {want} dimensions, got shape {x.shape}")
-    if x.size == 0:
+    if x.size == 0 and not empty_ok:
         raise ValueError(f"{name} must not be empty, got shape {x.shape}")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if finite and not np.isfinite(x).all():

@@ -86,7 +86,9 @@ class Conv2d:
     ``output_qparams`` of the CPU engine's static int8 path).
 
     ``layer(x)`` takes float32 NCHW ``(N, C, H, W)`` and returns float32 NCHW ``(N, O, OH, OW)``;
-    ``layer(x, layout="nc4hw4")`` takes and returns ``(ceil(C/4), N, H, W, 4)`` arrays (padding lanes zero).
+    ``layer(x, layout="nc4hw4")`` takes ``(ceil(C/4), N, H, W, 4)`` arrays (the input's padding lanes are ignored)
+    and returns them (padding lanes zero). An empty batch (``N = 0``) returns an empty output of that shape on
+    every engine (a device array for a device array).
     """
 
     _default_act_quant_key = "default_act_quant"
@@ -130,38 +132,73 @@ class Conv2d:
                 f"act_quant={s.act_quant!r}, engine={self.engine.describe()})")
 
     # --- calls ----------------------------------------------------------------------------------
+    def _nhw(self, shape, layout: str):
+        """``(N, H, W)`` of an input of ``shape`` in ``layout``; ``ValueError`` unless it fits the layer with
+        ``H, W >= 1`` (``N = 0`` is allowed)."""
+        c = self.spec.in_channels
+        if layout == "nchw":
+            if len(shape) != 4:
+                raise ValueError(f"x must be NCHW (N, C, H, W), got shape {shape}")
+            if shape[1] != c:
+                raise ValueError(f"x has {shape[1]} channels, the layer expects {c} (x shape {shape})")
+            n, h, w = shape[0], shape[2], shape[3]
+        else:
+            want = -(-c // 4)
+            if len(shape) != 5 or shape[4] != 4 or shape[0] != want:
+                raise ValueError(f"x must be NC4HW4 ({want}, N, H, W, 4) for {c} channels, got shape {shape}")
+            n, h, w = shape[1], shape[2], shape[3]
+        if h == 0 or w == 0:
+            raise ValueError(f"x must not be empty, got shape {shape}")
+        return n, h, w
+
     def _check_input(self, x, layout: str):
         V.check_choice(layout, "layout", LAYOUTS)
         if _is_cl_array(x):
-            return x  # device arrays are checked by the OpenCL engine
+            if x.size == 0:  # an empty batch is answered by the layer: check what the engine would have
+                if x.dtype != np.float32:
+                    raise TypeError(f"x must be a float32 pyopencl Array, got dtype {x.dtype}")
+                self.spec.out_hw(*self._nhw(x.shape, layout)[1:])
+            return x  # other device arrays are checked by the OpenCL engine
         int8_input = getattr(self.engine, "int8_input", False)
         if int8_input:
             x = np.asarray(x)
             if x.dtype != np.int8:
                 raise TypeError(f"this layer has input_qparams, so x must be int8, got dtype {x.dtype}")
             x = np.ascontiguousarray(x)
-            if x.size == 0:
-                raise ValueError(f"x must not be empty, got shape {x.shape}")
         else:
-            x = V.float_array(x, "x", finite=not getattr(self.engine, "rejects_nonfinite", False))
-        c = self.spec.in_channels
-        if layout == "nchw":
-            if x.ndim != 4:
-                raise ValueError(f"x must be NCHW (N, C, H, W), got shape {x.shape}")
-            if x.shape[1] != c:
-                raise ValueError(f"x has {x.shape[1]} channels, the layer expects {c} (x shape {x.shape})")
-            n, h, w = x.shape[0], x.shape[2], x.shape[3]
-        else:
-            want = -(-c // 4)
-            if x.ndim != 5 or x.shape[4] != 4 or x.shape[0] != want:
-                raise ValueError(f"x must be NC4HW4 ({want}, N, H, W, 4) for {c} channels, got shape {x.shape}")
-            n, h, w = x.shape[1], x.shape[2], x.shape[3]
+            x = V.float_array(x, "x", finite=False, empty_ok=True)
+        n, h, w = self._nhw(x.shape, layout)
+        if not int8_input and not getattr(self.engine, "rejects_nonfinite", False):
+            self._check_finite(x, layout)
         oh, ow = self.spec.out_hw(h, w)
         V.check_alloc(4 * n * oh * ow * (-(-self.spec.out_channels // 4) * 4), "the output")
         return x
 
+    def _check_finite(self, x, layout: str):
+        """``ValueError`` when a real value of float32 ``x`` is NaN or inf (NC4HW4 padding lanes are not looked at)."""
+        tail = self.spec.in_channels % 4
+        parts = (x,) if layout == "nchw" or not tail else (x[:-1], x[-1, ..., :tail])
+        bad = sum(p.size - int(np.count_nonzero(np.isfinite(p))) for p in parts)
+        if bad:
+            raise ValueError(f"x contains {bad} non-finite value(s) (NaN or inf); qconv refuses them")
+
+    def _empty_output(self, x, layout: str):
+        """The output of an empty batch ``x`` (validated): ``(0, O, OH, OW)`` or ``(ceil(O/4), 0, OH, OW, 4)``,
+        int8 when the engine has ``output_qparams``, else float32; a device array (on ``x``'s queue) for one."""
+        oh, ow = self.spec.out_hw(x.shape[2], x.shape[3])
+        o = self.spec.out_channels
+        shape = (0, o, oh, ow) if layout == "nchw" else (-(-o // 4), 0, oh, ow, 4)
+        dtype = np.int8 if getattr(self.engine, "output_qparams", None) is not None else np.float32
+        if _is_cl_array(x):
+            import pyopencl.array as cla
+
+            return cla.empty(x.queue if x.queue is not None else self.engine.queue, shape, dtype)
+        return np.empty(shape, dtype)
+
     def __call__(self, x, layout: str = "nchw"):
         x = self._check_input(x, layout)
+        if x.size == 0:  # an empty batch: _check_input lets no other empty input through
+            return self._empty_output(x, layout)
         native = getattr(self.engine, "native_layouts", LAYOUTS)
         if _is_cl_array(x) or layout in native:
             return self.engine.forward(x, layout)
@@ -192,7 +229,7 @@ class Linear(Conv2d):
                 raise ValueError(f"x must have shape (N, K), got {x.shape}")
             y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
             return y.reshape(y.shape[0], y.shape[1])
-        x = V.float_array(x, "x", ndim=2, finite=False)   # Conv2d.__call__ checks the values
+        x = V.float_array(x, "x", ndim=2, finite=False, empty_ok=True)   # Conv2d.__call__ checks values and shape
         y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
         return y.reshape(y.shape[0], y.shape[1])
 

@@ -91,11 +91,14 @@ def _spec(weight, bias, stride, padding, dilation, activation, act_quant, act_bl
     return ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant, act_block)
 
 
-def _check_input(x, spec: ConvSpec) -> np.ndarray:
-    x = V.float_array(x, "x", ndim=4)
+def _check_input(x, spec: ConvSpec, empty_batch: bool = False) -> np.ndarray:
+    """``x`` as float32 NCHW with the weight's channel count; ``empty_batch``: ``N = 0`` is allowed."""
+    x = V.float_array(x, "x", ndim=4, empty_ok=empty_batch)
     if x.shape[1] != spec.in_channels:
         raise ValueError(f"x has {x.shape[1]} channels but the weight expects {spec.in_channels} "
                          f"(x shape {x.shape})")
+    if 0 in x.shape[1:]:
+        raise ValueError(f"x must not be empty, got shape {x.shape}")
     return x
 
 
@@ -238,12 +241,15 @@ def conv2d(x, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=
     channels x all taps, symmetric (see :func:`quantize_columns`); ``None`` convolves the float input with
     ``weight.dequantize()`` in float64.
     Epilogue (float64): ``y = sum_k dx * (scale[o,k]*A_k + offset[o,k]*S_k) + bias``, then ``activation``.
+    An empty batch (``N = 0``) gives an empty ``(0, O, OH, OW)`` result.
     """
     spec = _spec(weight, bias, stride, padding, dilation, activation, act_quant, act_block)
-    x = _check_input(x, spec)
+    x = _check_input(x, spec, empty_batch=True)
     n = x.shape[0]
     oh, ow = spec.out_hw(x.shape[2], x.shape[3])
     o, g = weight.out_channels, weight.groups
+    if n == 0:
+        return np.empty((0, o, oh, ow), np.float32)
     if act_quant == "block":
         y = _block_epilogue(*_block_parts(x, spec), spec)
     elif act_quant is None:

@@ -1,6 +1,7 @@
 """CpuEngine against the oracle over the property space, determinism, layouts, the static int8 path and
 validation. Every micro-kernel this CPU runs is exercised (forced through the ``kernel`` option and
-``$QCONV_CPU_KERNEL``)."""
+``$QCONV_CPU_KERNEL``). The serial thresholds are 0 in this module, so every call with ``threads > 1`` runs the
+threaded quantization and GEMM (column split, or channel split when there are fewer column tiles than threads)."""
 import numpy as np
 import pytest
 from hypothesis import given
@@ -11,7 +12,7 @@ pytest.importorskip("qconv._ext._cpu")
 import qconv  # noqa: E402
 from qconv import reference  # noqa: E402
 from qconv._ext import _cpu  # noqa: E402
-from qconv.cpu import KERNEL_NAMES, CpuEngine  # noqa: E402
+from qconv.cpu import KERNEL_NAMES, CpuEngine, serial_thresholds  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
 from qconv.layouts.nc4hw4 import NC4HW4  # noqa: E402
 from qconv.testing import assert_matches_reference, strategies as qst  # noqa: E402
@@ -19,6 +20,13 @@ from qconv.weights import round_half_away  # noqa: E402
 
 KERNELS = [k for k in KERNEL_NAMES if _cpu.kernel_supported(k)]
 P4 = NC4HW4(4)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _threaded_paths():
+    """Small test layers would otherwise run on one thread (``SERIAL_MACS``, ``SERIAL_QUANT_VALUES``)."""
+    with serial_thresholds(macs=0, quant_values=0):
+        yield
 
 
 @st.composite
@@ -55,11 +63,14 @@ def test_pointwise_matches_reference(kernel, case, aq):
     assert_matches_reference(eng.forward(x), x, weight, bias, **geo.conv_kwargs(), activation=act, act_quant=aq)
 
 
-@given(case=conv_cases())
-def test_nc4hw4_layout(case):
+@given(case=conv_cases(), aq=st.sampled_from(["tensor", "row", "block"]), garbage=st.sampled_from([np.nan, 1e30, -7.0]))
+def test_nc4hw4_layout(case, aq, garbage):
+    """NC4HW4 in and out; the input's padding lanes hold garbage, which must change nothing."""
     geo, weight, x, bias, act = case
-    eng = _engine(weight, bias, geo, act, "tensor", threads=2)
-    y4 = eng.forward(P4.pack_array(x), "nc4hw4")
+    eng = _engine(weight, bias, geo, act, aq, threads=2)
+    xp = P4.pack_array(x)
+    xp[-1, ..., geo.c % 4 or 4:] = garbage
+    y4 = eng.forward(xp, "nc4hw4")
     o = weight.out_channels
     assert y4.shape == P4.packed_shape((geo.n, o) + geo.out_hw)
     flat = y4.transpose(0, 4, 1, 2, 3).reshape(-1, *y4.shape[1:4])
@@ -67,15 +78,92 @@ def test_nc4hw4_layout(case):
     np.testing.assert_array_equal(P4.unpack_array(y4, o), eng.forward(x))
 
 
+@pytest.mark.parametrize("aq", ["tensor", "row", "block"])
+@pytest.mark.parametrize("garbage", [np.nan, np.inf, 1e30, -50.0, 3.0])
+def test_garbage_in_input_padding_lanes_is_ignored(aq, garbage):
+    """NC4HW4 padding lanes of the input change nothing (not the quantization range, not a NaN check): the
+    result equals the zero-padded call bit for bit and the oracle on the real channels."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 6, 6, 6)).astype(np.float32)
+    for c, (o, k, pad, groups, bs) in [(5, (6, 3, 1, 1, 0)), (5, (7, 1, 0, 1, 0)), (5, (5, 3, 1, 5, 0)),
+                                       (6, (9, 3, 1, 1, 3)), (1, (4, 3, 1, 1, 0))]:
+        w = qconv.quantize_weight(rng.standard_normal((o, c // groups, k, k)).astype(np.float32), bits=4,
+                                  block_size=bs, symmetric=False, groups=groups)
+        xc = np.ascontiguousarray(x[:, :c])
+        eng = CpuEngine(ConvSpec(w, None, 1, pad, 1, None, aq), threads=2)
+        clean = eng.forward(P4.pack_array(xc), "nc4hw4")
+        xp = P4.pack_array(xc)
+        xp[-1, ..., c % 4:] = garbage
+        y = eng.forward(xp, "nc4hw4")
+        assert np.array_equal(y.view(np.uint32), clean.view(np.uint32))
+        assert_matches_reference(P4.unpack_array(y, o), xc, w, None, 1, pad, act_quant=aq)
+
+
+def test_garbage_in_int8_input_padding_lanes_is_ignored():
+    rng = np.random.default_rng(13)
+    w = qconv.quantize_weight(rng.standard_normal((6, 5, 3, 3)).astype(np.float32))
+    eng = CpuEngine(ConvSpec(w, None, 1, 1), threads=2, input_qparams=(0.05, 3))
+    xi = P4.pack_array(rng.integers(-128, 128, (2, 5, 6, 6)).astype(np.int8))
+    clean = eng.forward(xi, "nc4hw4")
+    xi[-1, ..., 1:] = rng.integers(-128, 128, xi[-1, ..., 1:].shape)
+    np.testing.assert_array_equal(eng.forward(xi, "nc4hw4"), clean)
+
+
 @given(case=conv_cases(), aq=st.sampled_from(["tensor", "row"]))
 def test_deterministic_across_threads_and_calls(case, aq):
+    """1, 2 and 3 threads give the same bits (and the oracle's result); the 2-thread engine really runs the
+    threaded quantization and GEMM."""
     geo, weight, x, bias, act = case
     e1 = _engine(weight, bias, geo, act, aq, threads=1)
     e2 = _engine(weight, bias, geo, act, aq, threads=2)
     e3 = _engine(weight, bias, geo, act, aq, threads=3)
     y = e1.forward(x)
+    assert e1.last_call["gemm_threads"] == 1 and e1.last_call["quant_threads"] == 1
+    assert_matches_reference(y, x, weight, bias, **geo.conv_kwargs(), activation=act, act_quant=aq)
     for eng in (e1, e2, e3, e2):
         assert np.array_equal(eng.forward(x).view(np.uint32), y.view(np.uint32))
+    assert e2.last_call["gemm_threads"] == 2
+    assert e2.last_call["quant_threads"] == min(2, geo.n * geo.h)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("bits, bs, aq", [(8, 0, "row"), (4, 32, "row"), (8, 64, "tensor"), (4, 0, "block")])
+def test_gemv_channel_split_matches_one_thread(kernel, bits, bs, aq):
+    """Fewer column tiles than threads: the threads split the output-channel tiles (7 tiles of 32 here, and
+    groups); bitwise the 1-thread result, and the oracle's."""
+    rng = np.random.default_rng(21)
+    for o, c, groups, n in [(200, 128, 1, 1), (200, 128, 1, 3), (97, 192, 1, 15), (192, 128, 2, 2)]:
+        w = qconv.quantize_weight(rng.standard_normal((o, c // groups, 1, 1)).astype(np.float32), bits=bits,
+                                  block_size=bs, symmetric=bits == 8, groups=groups)
+        b = rng.standard_normal(o).astype(np.float32)
+        x = rng.standard_normal((n, c, 1, 1)).astype(np.float32)
+        one = CpuEngine(ConvSpec(w, b, act_quant=aq), threads=1, kernel=kernel).forward(x)
+        for threads in (2, 3):
+            eng = CpuEngine(ConvSpec(w, b, act_quant=aq), threads=threads, kernel=kernel)
+            y = eng.forward(x)
+            assert eng.last_call == dict(quant_threads=0 if aq == "block" else min(threads, n), gemm_threads=threads,
+                                         split="channels")
+            assert np.array_equal(y.view(np.uint32), one.view(np.uint32))
+        assert_matches_reference(one, x, w, b, act_quant=aq)
+    # enough columns: the threads split the column tiles instead
+    eng = CpuEngine(ConvSpec(w, b, act_quant=aq), threads=2, kernel=kernel)
+    eng.forward(rng.standard_normal((40, c, 1, 1)).astype(np.float32))
+    assert eng.last_call["split"] == "columns"
+
+
+def test_serial_thresholds_pick_one_thread_and_restore():
+    w = qconv.quantize_weight(np.ones((40, 16, 1, 1), np.float32))
+    eng = CpuEngine(ConvSpec(w), threads=2)
+    assert eng.last_call is None
+    x = np.ones((2, 16, 3, 3), np.float32)
+    with serial_thresholds(macs=1 << 40, quant_values=1 << 40):
+        eng.forward(x)
+        assert eng.last_call == dict(quant_threads=1, gemm_threads=1, split="columns")
+    eng.forward(x)   # the module's thresholds (0) are back
+    assert eng.last_call == dict(quant_threads=2, gemm_threads=2, split="columns")
+    with pytest.raises(ValueError, match="macs"):
+        with serial_thresholds(macs=-1):
+            pass
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

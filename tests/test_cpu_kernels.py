@@ -114,8 +114,11 @@ def test_quantize(kernel, n, cg, h, w, mode, nc4hw4, seed):
     if nc4hw4:
         from qconv.layouts.nc4hw4 import NC4HW4
         xin = NC4HW4(4).pack_array(xin)
+        xin[-1, ..., c % 4 or 4:] = 100 if mode == "int8" else np.nan   # padding lanes: garbage, never read
     abias = 0 if seed % 2 else 128
-    Q, PS = _cpu._test_quantize(xin, int(not nc4hw4), c, qs, z, qlo, 127, chpos, gnb * bcp, gnb, bcp, kernel, 2, abias)
+    Q, PS, used = _cpu._test_quantize(xin, int(not nc4hw4), c, qs, z, qlo, 127, chpos, gnb * bcp, gnb, bcp, kernel,
+                                      2, abias)
+    assert used == min(2, n * h)   # the threaded pass whenever there are two rows of work
     want_q = np.repeat(((z + abias) & 255).astype(np.uint8)[:, None], h * w, axis=0)[:, :, None].repeat(gnb * bcp, 2)
     want_q = want_q.reshape(n * h * w, gnb * bcp)
     u = (xq - z.reshape(n, 1, 1, 1)).transpose(0, 2, 3, 1).reshape(n * h * w, c)
@@ -343,7 +346,7 @@ def test_quantize_rounding_ties(kernel):
     c = vals.size
     x = vals.reshape(1, c, 1, 1)
     for qlo, abias in ((-128, 128), (-127, 0)):
-        Q, _ = _cpu._test_quantize(x, 1, c, np.ones(1, np.float32), np.zeros(1, np.int32), qlo, 127,
-                                   np.arange(c, dtype=np.int32), c, 1, c, kernel, 1, abias)
+        Q, _, _ = _cpu._test_quantize(x, 1, c, np.ones(1, np.float32), np.zeros(1, np.int32), qlo, 127,
+                                      np.arange(c, dtype=np.int32), c, 1, c, kernel, 1, abias)
         want = np.clip(round_half_away(vals), qlo, 127).astype(np.int64) + abias
         np.testing.assert_array_equal(Q[0].astype(np.int64), want & 255)

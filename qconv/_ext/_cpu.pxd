@@ -96,3 +96,5 @@ cdef struct ConvJob:
     const float *xp        # (N*H*W, C) float32 pixel-major input
     uint8_t *A             # (slots, tile_cols, Lcol)
     float *DXB             # (slots, tile_cols, GNB) activation scale per (column, fine block)
+    # set by the run: threads its parallel loops were given, and 1 when it split output-channel tiles
+    int used_threads, channel_split

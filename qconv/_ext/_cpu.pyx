@@ -16,6 +16,9 @@ Data layouts (bytes unless noted; "pixel" = one (n, h, w) of the input, "column"
 * ``OUT`` float32 ``(tile_cols, G*OCp)``: kernel output, scattered to the NCHW / NC4HW4 result by ``_store``.
 
 Every nogil helper below has a thin ``def`` wrapper prefixed ``_test_`` so it can be checked alone.
+
+Native allocations go through ``qc_alloc``; a refused one becomes a ``MemoryError`` in Python (never a crash).
+``_test_refuse_allocation(k)`` makes the ``k``-th following allocation fail, so tests can reach every such path.
 """
 import numpy as np
 
@@ -23,8 +26,8 @@ cimport cython
 from cython.parallel cimport prange, threadid
 from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy, memset
-from libc.math cimport roundf
-from libc.stdlib cimport malloc, free
+from libc.math cimport fabsf, roundf
+from libc.stdlib cimport free
 
 KERNELS = {"scalar": QC_KERNEL_SCALAR, "avx2": QC_KERNEL_AVX2, "avx512vnni": QC_KERNEL_AVX512VNNI}
 UNIT = QC_UNIT
@@ -56,6 +59,32 @@ cdef extern from *:
     #endif
     """
     int _openmp "_qc_openmp"() nogil
+
+
+cdef extern from *:
+    """
+    #include <stdlib.h>
+    /* test hook: >= 0 makes the allocation that finds it at 0 fail (then it stays off); -1 = off */
+    static int64_t qc_refuse_countdown = -1;
+    static void *qc_alloc(size_t n)
+    {
+        if (__atomic_load_n(&qc_refuse_countdown, __ATOMIC_RELAXED) >= 0
+                && __atomic_fetch_sub(&qc_refuse_countdown, 1, __ATOMIC_RELAXED) == 0)
+            return NULL;
+        return malloc(n);
+    }
+    """
+    void *qc_alloc(size_t n) nogil
+    int64_t qc_refuse_countdown
+
+
+def _test_refuse_allocation(int64_t k):
+    """Make the ``k``-th native allocation from now (0 = the next) fail; ``-1`` turns the hook off. Returns the
+    previous setting (``-1`` once an armed refusal has happened)."""
+    global qc_refuse_countdown
+    cdef int64_t old = qc_refuse_countdown
+    qc_refuse_countdown = k if k >= 0 else -1
+    return old if old >= 0 else -1
 
 
 cdef extern from "qconv_probe.h" nogil:
@@ -103,7 +132,9 @@ def probe_read(const uint8_t[::1] buf, int threads=1, int reps=3):
     if threads < 1 or nbytes == 0 or nbytes % (256 * threads):
         raise ValueError("buf length must be a positive multiple of 256 * threads")
     chunk = nbytes // threads
-    part = <uint64_t *> malloc(threads * sizeof(uint64_t))
+    part = <uint64_t *> qc_alloc(threads * sizeof(uint64_t))
+    if part == NULL:
+        raise MemoryError("probe_read: no memory for the per-thread checksums")
     best = 0.0
     for _ in range(max(reps, 1)):
         t0 = time.perf_counter()
@@ -122,12 +153,15 @@ def probe_read(const uint8_t[::1] buf, int threads=1, int reps=3):
 # ----------------------------------------------------------------------------------------------------
 # reductions for the dynamic quantization parameters
 # ----------------------------------------------------------------------------------------------------
-cdef void _minmax(const float *x, int64_t n, int nthreads, float *lo, float *hi, int variant) noexcept nogil:
-    """min and max of ``x[0:n]`` (n >= 1), reduced over chunk partials computed by ``nthreads`` threads."""
+cdef int _minmax(const float *x, int64_t n, int nthreads, float *lo, float *hi, int variant) noexcept nogil:
+    """min and max of ``x[0:n]`` (n >= 1), reduced over chunk partials computed by ``nthreads`` threads.
+    Returns 0, or -1 when the partials could not be allocated."""
     cdef int64_t nchunk = (n + 65535) // 65536
-    cdef float *part = <float *> malloc(2 * nchunk * sizeof(float))
+    cdef float *part = <float *> qc_alloc(2 * nchunk * sizeof(float))
     cdef int64_t c, a, b
     cdef int nt = <int> (nchunk if nchunk < nthreads else nthreads)
+    if part == NULL:
+        return -1
     for c in prange(nchunk, nogil=True, num_threads=nt, schedule="static"):
         a = c * 65536
         b = a + 65536
@@ -142,16 +176,40 @@ cdef void _minmax(const float *x, int64_t n, int nthreads, float *lo, float *hi,
         if part[2 * c + 1] > hi[0] or part[2 * c + 1] != part[2 * c + 1]:
             hi[0] = part[2 * c + 1]
     free(part)
+    return 0
 
 
-cdef void _absmax_rows(const float *x, int64_t A, int64_t N, int64_t M, int nthreads, float *out,
-                       int variant) noexcept nogil:
-    """``out[n] = max |x[a, n, m]|`` over a < A, m < M for ``x`` contiguous ``(A, N, M)``."""
+cdef void _lanes_minmax(const float *x, int64_t npix, int lanes, float *lo, float *hi) noexcept nogil:
+    """Fold lanes ``0 .. lanes-1`` of the ``npix`` quads ``x[4*p + lane]`` into ``lo``/``hi`` (NaN sticks, as in
+    :func:`_minmax`): the real channels of an NC4HW4 tail quad, its padding lanes left out."""
+    cdef int64_t p
+    cdef int i
+    cdef float v
+    for p in range(npix):
+        for i in range(lanes):
+            v = x[4 * p + i]
+            if v < lo[0] or v != v:
+                lo[0] = v
+            if v > hi[0] or v != v:
+                hi[0] = v
+
+
+cdef int _absmax_rows(const float *x, int64_t A, int64_t N, int64_t M, int nthreads, float *out,
+                      int variant) noexcept nogil:
+    """``out[n] = max |x[a, n, m]|`` over a < A, m < M for ``x`` contiguous ``(A, N, M)`` (0 when A == 0).
+    Returns 0, or -1 when the partials could not be allocated."""
     cdef int64_t nchunk = (M + 65535) // 65536
     cdef int64_t items = A * N * nchunk
-    cdef float *part = <float *> malloc(items * sizeof(float))
+    cdef float *part
     cdef int64_t it, a, n, c, s, e
     cdef int nt = <int> (items if items < nthreads else nthreads)
+    for n in range(N):
+        out[n] = 0
+    if items == 0:
+        return 0
+    part = <float *> qc_alloc(items * sizeof(float))
+    if part == NULL:
+        return -1
     for it in prange(items, nogil=True, num_threads=nt, schedule="static"):
         c = it % nchunk
         n = (it // nchunk) % N
@@ -161,25 +219,26 @@ cdef void _absmax_rows(const float *x, int64_t A, int64_t N, int64_t M, int nthr
         if e > (a * N + n + 1) * M:
             e = (a * N + n + 1) * M
         part[it] = qc_absmax(x + s, e - s, variant)
-    for n in range(N):
-        out[n] = 0
     for it in range(items):
         n = (it // nchunk) % N
         if part[it] > out[n] or part[it] != part[it]:
             out[n] = part[it]
     free(part)
+    return 0
 
 
 def minmax(const float[::1] x, int threads=1, str kernel="scalar"):
     """``(min, max)`` of a non-empty contiguous float32 array (threaded); both NaN when ``x`` has a NaN."""
     cdef float lo = 0, hi = 0
-    cdef int variant = KERNELS[kernel]
+    cdef int variant = KERNELS[kernel], err
     if x.shape[0] == 0:
         raise ValueError("minmax of an empty array")
     if not qc_kernel_supported(variant):
         raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
     with nogil:
-        _minmax(&x[0], x.shape[0], threads, &lo, &hi, variant)
+        err = _minmax(&x[0], x.shape[0], threads, &lo, &hi, variant)
+    if err:
+        raise MemoryError("minmax: no memory for the partial results")
     return float(lo), float(hi)
 
 
@@ -187,13 +246,15 @@ def absmax_rows(const float[:, :, ::1] x, int threads=1, str kernel="scalar"):
     """float32 ``(N,)``: ``max |x[:, n, :]|`` of a contiguous ``(A, N, M)`` float32 array (NaN where a row has one)."""
     out = np.zeros(x.shape[1], np.float32)
     cdef float[::1] o = out
-    cdef int variant = KERNELS[kernel]
+    cdef int variant = KERNELS[kernel], err
     if not qc_kernel_supported(variant):
         raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
     if x.shape[0] * x.shape[1] * x.shape[2] == 0:
         return out
     with nogil:
-        _absmax_rows(&x[0, 0, 0], x.shape[0], x.shape[1], x.shape[2], threads, &o[0], variant)
+        err = _absmax_rows(&x[0, 0, 0], x.shape[0], x.shape[1], x.shape[2], threads, &o[0], variant)
+    if err:
+        raise MemoryError("absmax_rows: no memory for the partial results")
     return out
 
 
@@ -212,22 +273,30 @@ cdef struct QuantJob:
     int abias               # stored bytes are xq + abias (128 or 0)
     int contiguous          # chpos[c] == c for every channel
     int variant
+    int64_t serial_values   # inputs of fewer values (N*C*H*W) are quantized by one thread
+    int used_threads        # set by _quantize: the threads its parallel loop was given
     uint8_t *Q
     int32_t *PS
 
 
-cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
-    """Fill ``Q``/``PS`` from the input, a run of image rows of one sample per work item.
+cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil:
+    """Fill ``Q``/``PS`` from the input, a run of image rows of one sample per work item; returns the number of
+    work items whose scratch could not be allocated (then ``Q``/``PS`` are incomplete: the caller must fail).
 
     Float input: ``xq = clip(roundf(x*qs[n]) + z[n], qlo, qhi)`` (half away from zero on the float32 product,
     then the zero point, as the oracle); int8 input (static path): ``xq = x``. Each run is quantized
     channel by channel into a ``[C][rows*W]`` buffer (vectorised), transposed into the pixel-major ``Q``
     (padded lanes = ``z + 128``), and ``PS`` is the per-block byte sum minus the padded zero points.
+    NC4HW4 padding lanes (channels ``C .. 4*ceil(C/4)-1``) are never read as values: the tail quad is quantized
+    from a copy with those lanes zeroed, and only real channels reach ``Q``.
     """
     cdef int64_t r, n, h, w, c, i, pix0, rows, rowlen, plane, rph, per_img, nh, L, npx
+    cdef int64_t fails = 0
     cdef int32_t zn
+    cdef int tail = <int> (q.C % 4) if q.nc4hw4 and not q.int8_input else 0   # real lanes of the tail quad
     cdef uint8_t *tmp
     cdef uint8_t *qpix
+    cdef float *xt
     cdef const int8_t *xi
     cdef const float *xf
     if q.nc4hw4:
@@ -235,19 +304,20 @@ cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
     else:
         rows, rowlen = q.C, q.W
     # small inputs (GEMV rows) are quantized by one thread: no cross-thread barrier for tiny work
-    cdef int nt = nthreads if q.N * q.H * q.W * q.C >= 16384 else 1
+    cdef int nt = nthreads if q.N * q.H * q.W * q.C >= q.serial_values else 1
     if nt > q.N * q.H:
         nt = <int> (q.N * q.H)
     if q.H * q.W == 1 and not q.nc4hw4 and q.contiguous and not q.int8_input:
         # (N, C, 1, 1) float: each sample is C contiguous floats -> one vector call straight into its Q row
-        for r in prange(q.N, nogil=True, num_threads=nt if nt < q.N else <int> q.N, schedule="static"):
+        q.used_threads = nt
+        for r in prange(q.N, nogil=True, num_threads=nt, schedule="static"):
             qc_quant((<const float *> q.x) + r * q.C, q.C, q.qs[r], q.z[r], q.qlo, q.qhi, q.abias,
                      q.Q + r * q.Ltot1, q.variant)
             if q.Ltot1 > q.C:
                 memset(q.Q + r * q.Ltot1 + q.C, <int> ((q.z[r] + q.abias) & 255), q.Ltot1 - q.C)
             qc_block_sums(q.Q + r * q.Ltot1, 1, q.Ltot1, q.GNB, q.BCp, q.z[r] + 128, 0 if q.abias else 0x80,
                           q.PS + r * q.GNB, q.variant)
-        return
+        return 0
     # work item = a run of rph image rows of one sample: the quantizer sees rph*W contiguous values per channel
     # (few calls, few masked tails) and the transpose writes rph*W consecutive pixels
     rph = (512 + rowlen - 1) // rowlen
@@ -256,6 +326,7 @@ cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
         per_img = min(q.H, (2 * nt + q.N - 1) // q.N)
     rph = (q.H + per_img - 1) // per_img
     per_img = (q.H + rph - 1) // rph
+    q.used_threads = nt
     for r in prange(q.N * per_img, nogil=True, num_threads=nt, schedule="static"):
         n = r // per_img
         h = (r % per_img) * rph
@@ -264,38 +335,49 @@ cdef void _quantize(const QuantJob *q, int nthreads) noexcept nogil:
         npx = nh * q.W
         pix0 = n * q.H * q.W + h * q.W
         zn = q.z[n]
-        tmp = <uint8_t *> malloc(rows * L)
-        for c in range(rows):
-            # source run: channel c (NCHW) or channel quad c (NC4HW4), rows h .. h+nh-1 of sample n
-            if q.nc4hw4:
-                plane = ((c * q.N + n) * q.H + h) * rowlen
-            else:
-                plane = ((n * q.C + c) * q.H + h) * rowlen
-            if q.int8_input:
-                xi = (<const int8_t *> q.x) + plane
-                for i in range(L):
-                    tmp[c * L + i] = <uint8_t> (xi[i] + q.abias)
-            else:
-                xf = (<const float *> q.x) + plane
-                qc_quant(xf, L, q.qs[n], zn, q.qlo, q.qhi, q.abias, tmp + c * L, q.variant)
-        if q.contiguous and not q.nc4hw4:
-            qc_transpose_u8(tmp, q.C, npx, L, q.Q + pix0 * q.Ltot1, q.Ltot1)
-        elif q.contiguous:
+        # rows*L bytes, then (NC4HW4 with a partial tail quad) L floats for the tail quad's lane-masked copy;
+        # L is a multiple of 4 there, so the floats are aligned
+        tmp = <uint8_t *> qc_alloc(rows * L + (4 * L if tail else 0))
+        if tmp == NULL:
+            fails += 1
+        else:
+            xt = <float *> (tmp + rows * L)
             for c in range(rows):
+                # source run: channel c (NCHW) or channel quad c (NC4HW4), rows h .. h+nh-1 of sample n
+                if q.nc4hw4:
+                    plane = ((c * q.N + n) * q.H + h) * rowlen
+                else:
+                    plane = ((n * q.C + c) * q.H + h) * rowlen
+                if q.int8_input:
+                    xi = (<const int8_t *> q.x) + plane
+                    for i in range(L):
+                        tmp[c * L + i] = <uint8_t> (xi[i] + q.abias)
+                else:
+                    xf = (<const float *> q.x) + plane
+                    if tail and c == rows - 1:
+                        for i in range(L):
+                            xt[i] = xf[i] if i % 4 < tail else 0
+                        xf = xt
+                    qc_quant(xf, L, q.qs[n], zn, q.qlo, q.qhi, q.abias, tmp + c * L, q.variant)
+            if q.contiguous and not q.nc4hw4:
+                qc_transpose_u8(tmp, q.C, npx, L, q.Q + pix0 * q.Ltot1, q.Ltot1)
+            elif q.contiguous:
+                for c in range(rows):
+                    for w in range(npx):
+                        memcpy(q.Q + (pix0 + w) * q.Ltot1 + 4 * c, tmp + c * L + 4 * w, 4)
+            if q.contiguous and q.Ltot1 > q.C:
                 for w in range(npx):
-                    memcpy(q.Q + (pix0 + w) * q.Ltot1 + 4 * c, tmp + c * L + 4 * w, 4)
-        if q.contiguous and q.Ltot1 > q.C:
-            for w in range(npx):
-                memset(q.Q + (pix0 + w) * q.Ltot1 + q.C, <int> ((zn + q.abias) & 255), q.Ltot1 - q.C)
-        if not q.contiguous:
-            for w in range(npx):
-                qpix = q.Q + (pix0 + w) * q.Ltot1
-                memset(qpix, <int> ((zn + q.abias) & 255), q.Ltot1)
-                for c in range(q.C):
-                    qpix[q.chpos[c]] = tmp[(c // 4) * L + c % 4 + 4 * w] if q.nc4hw4 else tmp[c * L + w]
-        free(tmp)
-        qc_block_sums(q.Q + pix0 * q.Ltot1, npx, q.Ltot1, q.GNB, q.BCp, zn + 128, 0 if q.abias else 0x80,
-                      q.PS + pix0 * q.GNB, q.variant)
+                    memset(q.Q + (pix0 + w) * q.Ltot1 + q.C, <int> ((zn + q.abias) & 255), q.Ltot1 - q.C)
+            if not q.contiguous:
+                for w in range(npx):
+                    qpix = q.Q + (pix0 + w) * q.Ltot1
+                    memset(qpix, <int> ((zn + q.abias) & 255), q.Ltot1)
+                    for c in range(q.C):
+                        qpix[q.chpos[c]] = tmp[(c // 4) * L + c % 4 + 4 * w] if q.nc4hw4 else tmp[c * L + w]
+            free(tmp)
+            qc_block_sums(q.Q + pix0 * q.Ltot1, npx, q.Ltot1, q.GNB, q.BCp, zn + 128, 0 if q.abias else 0x80,
+                          q.PS + pix0 * q.GNB, q.variant)
+    return fails
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -395,12 +477,14 @@ cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const 
     cdef float amax, v, qs, dx
     cdef uint8_t *col
     cdef uint8_t *dst
-    cdef const float **px = <const float **> malloc(K * sizeof(float *))
+    cdef const float **px
     n = p0 // j.OHW
     oy = (p0 % j.OHW) // OW
     ox = p0 % OW
     for e in range(ncols):
         col = A + e * Lcol
+        # the column's input pixel per tap (NULL: padding), kept in its own AP row until the row is filled below
+        px = <const float **> (AP + e * K)
         iy0 = oy * sh - ph
         ix0 = ox * sw - pw
         for ky in range(KH):
@@ -438,7 +522,6 @@ cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const 
         for t in range(K):
             AP[e * K + t] = col + t * BCp
         _next_pixel(&n, &oy, &ox, OH, OW)
-    free(px)
     return bad
 
 
@@ -583,19 +666,23 @@ cdef int _tile_all(const ConvJob *j, int64_t tile, int slot) noexcept nogil:
     return bad
 
 
-cdef int64_t _run(const ConvJob *j, int nthreads) noexcept nogil:
+cdef int64_t _run(ConvJob *j, int nthreads) noexcept nogil:
     """The conv over all columns: split over column tiles, or over output-channel tiles when there are fewer
     column tiles than threads. Each (column, channel tile) is computed by the same instructions either way,
-    so the result does not depend on the split or the thread count."""
+    so the result does not depend on the split or the thread count. Sets ``j.used_threads`` and
+    ``j.channel_split`` (what ran, for :attr:`qconv.cpu.CpuEngine.last_call`)."""
     cdef int64_t ntiles = (j.P + j.tile_cols - 1) // j.tile_cols
     cdef int64_t tile, item, nitems
     cdef int64_t p0
     cdef int ncols, g, t, chunk, nchunks
     cdef int64_t bad = 0
+    j.used_threads = nthreads
+    j.channel_split = 0
     if ntiles >= nthreads or nthreads == 1:
         for tile in prange(ntiles, nogil=True, num_threads=nthreads, schedule="dynamic"):
             bad += _tile_all(j, tile, threadid())
         return bad
+    j.channel_split = 1
     # channel split: slot = tile index (ntiles < nthreads slots exist); tiny serial set-up and store
     for tile in range(ntiles):
         p0 = tile * j.tile_cols
@@ -622,8 +709,9 @@ cdef int64_t _run(const ConvJob *j, int nthreads) noexcept nogil:
 
 cdef void _fill_quant(QuantJob *q, x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo,
                       int qhi, const int32_t[::1] chpos, int64_t Ltot1, int64_t GNB, int64_t BCp, int variant,
-                      uint8_t *Q, int32_t *PS, int contiguous=-1, int abias=128) except *:
-    """Fill a :c:type:`QuantJob` for ``x`` (validated shapes) and the prepared channel map."""
+                      uint8_t *Q, int32_t *PS, int contiguous=-1, int abias=128, int64_t serial_values=0) except *:
+    """Fill a :c:type:`QuantJob` for ``x`` (validated shapes) and the prepared channel map; inputs of fewer than
+    ``serial_values`` values will be quantized on one thread."""
     cdef int c
     cdef const uint8_t[::1] xb = x.reshape(-1).view(np.uint8)
     q.x = <const void *> &xb[0]
@@ -647,6 +735,8 @@ cdef void _fill_quant(QuantJob *q, x, int nchw_input, int C, const float[::1] qs
                 break
     q.variant = variant
     q.abias = abias
+    q.serial_values = serial_values
+    q.used_threads = 0
     q.Q = Q
     q.PS = PS
 
@@ -675,6 +765,9 @@ cdef class ConvPlan:
     cdef int contiguous, bound_slots
     cdef int64_t bound_pixels
     cdef public int variant
+    # (quantization threads, GEMM threads, 1 if the GEMM split output-channel tiles) of the last forward call;
+    # quantization threads 0 in block mode (columns are quantized inside the GEMM loop)
+    cdef readonly tuple last_threads
 
     def __init__(self, w, wsx, scale, offset, bias, oidx, chpos, dict geo, int variant):
         cdef ConvJob *j = &self.job
@@ -772,11 +865,12 @@ cdef class ConvPlan:
     def act_params(self, x, int nchw_input, int row_mode, int threads):
         """Dynamic activation parameters of float32 ``x`` (NCHW, or NC4HW4 pack 4) into the bound ``qs``/``z``/``dx``:
         per tensor (``row_mode`` 0, asymmetric, as :func:`fill_tensor_params`) or per sample (1, symmetric, as
-        :func:`fill_row_params`). Returns False when ``x`` has NaN or inf."""
+        :func:`fill_row_params`), over the real channels only (NC4HW4 padding lanes are left out). Returns False
+        when a real value is NaN or inf; ``MemoryError`` when the native scratch cannot be allocated."""
         cdef const uint8_t[::1] xb = x.reshape(-1).view(np.uint8)
         cdef const float *xf = <const float *> &xb[0]
-        cdef int64_t n = x.shape[0] if nchw_input else x.shape[1], A, M
-        cdef bint ok
+        cdef int64_t n = x.shape[0] if nchw_input else x.shape[1], A, M, full
+        cdef int ok, tail
         cdef int variant = self.job.variant
         if self.bound_slots == 0 or self.qsb.shape[0] < n:
             raise ValueError("qs, z, dx are not bound for this batch")
@@ -784,20 +878,25 @@ cdef class ConvPlan:
             raise ValueError("x must be a non-empty float32 array")
         A = 1 if nchw_input else x.shape[0]
         M = x.size // (A * n)
+        tail = 0 if nchw_input else self.job.C % 4     # NC4HW4: real lanes of the last quad (0: all four)
+        full = (A - 1 if tail else A) * n * M
         with nogil:
             if row_mode:
-                ok = _fill_rows(xf, A, n, M, threads, variant, &self.qsb[0], &self.zb[0], &self.dxb[0])
+                ok = _fill_rows(xf, A, n, M, tail, threads, variant, &self.qsb[0], &self.zb[0], &self.dxb[0])
             else:
-                ok = _fill_tensor(xf, A * n * M, threads, variant, &self.qsb[0], &self.zb[0], &self.dxb[0],
-                                  self.qsb.shape[0])
-        return bool(ok)
+                ok = _fill_tensor(xf, full, xf + full, n * M // 4, tail, threads, variant, &self.qsb[0],
+                                  &self.zb[0], &self.dxb[0], self.qsb.shape[0])
+        if ok < 0:
+            raise MemoryError("the CPU engine's activation range pass could not allocate its partial results")
+        return ok == 1
 
     def forward(self, x, int nchw_input, int qlo, int qhi, y, int nc4hw4_output, oscale, int ozp, int threads,
-                xp=None):
-        """Run the conv. ``x``: float32 (or int8 for the static path) NCHW or NC4HW4 (pack 4), C-contiguous,
-        validated by the engine; the bound ``qs``/``z``/``dx`` hold its per-sample parameters; ``y`` the output
-        array (float32, or int8 when ``oscale`` is not None), NCHW or NC4HW4. Scratch must be bound
-        (:meth:`bind`) for this input size."""
+                xp=None, int64_t quant_serial=0):
+        """Run the conv on up to ``threads`` threads. ``x``: float32 (or int8 for the static path) NCHW or NC4HW4
+        (pack 4), C-contiguous, validated by the engine; the bound ``qs``/``z``/``dx`` hold its per-sample
+        parameters; ``y`` the output array (float32, or int8 when ``oscale`` is not None), NCHW or NC4HW4. Scratch
+        must be bound (:meth:`bind`) for this input size. Inputs of fewer than ``quant_serial`` values are
+        quantized on one thread. Afterwards :attr:`last_threads` says what ran."""
         cdef ConvJob j = self.job
         cdef const float[::1] qs = self.qsb
         cdef const int32_t[::1] z = self.zb
@@ -846,14 +945,19 @@ cdef class ConvPlan:
             j.zpu = j.abias
             with nogil:
                 bad = _run(&j, threads)
+            self.last_threads = (0, j.used_threads, j.channel_split)
             if bad:
                 raise ValueError("x contains NaN or infinite values")
             return y
         _fill_quant(&q, x, nchw_input, j.C, qs, z, qlo, qhi, self.chpos, j.Ltot1, j.GNB, j.BCp, j.variant,
-                    &self.Q[0], &self.PS[0], self.contiguous, j.abias)
+                    &self.Q[0], &self.PS[0], self.contiguous, j.abias, quant_serial)
         with nogil:
-            _quantize(&q, threads)
-            _run(&j, threads)
+            bad = _quantize(&q, threads)
+            if not bad:
+                _run(&j, threads)
+        if bad:
+            raise MemoryError("the CPU engine's quantization pass could not allocate its row buffers")
+        self.last_threads = (q.used_threads, j.used_threads, j.channel_split)
         return y
 
 
@@ -863,8 +967,10 @@ cdef class ConvPlan:
 def _test_quantize(x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo, int qhi,
                    const int32_t[::1] chpos, int64_t Ltot1, int64_t GNB, int64_t BCp, str kernel="scalar",
                    int threads=1, int abias=128):
-    """``(Q, PS)`` of ``x`` (float32 or int8; NCHW or NC4HW4) as the engine builds them (bytes ``xq + abias``)."""
+    """``(Q, PS, used_threads)`` of ``x`` (float32 or int8; NCHW or NC4HW4) as the engine builds them (bytes
+    ``xq + abias``), quantized on ``threads`` threads whatever the input size."""
     cdef QuantJob q
+    cdef int64_t bad
     N = x.shape[0] if nchw_input else x.shape[1]
     Qa = np.zeros((N * x.shape[2] * x.shape[3], Ltot1), np.uint8)
     PSa = np.zeros((N * x.shape[2] * x.shape[3], GNB), np.int32)
@@ -875,8 +981,10 @@ def _test_quantize(x, int nchw_input, int C, const float[::1] qs, const int32_t[
     _fill_quant(&q, x, nchw_input, C, qs, z, qlo, qhi, chpos, Ltot1, GNB, BCp, KERNELS[kernel], &Qv[0, 0], &PSv[0, 0],
                 -1, abias)
     with nogil:
-        _quantize(&q, threads)
-    return Qa, PSa
+        bad = _quantize(&q, threads)
+    if bad:
+        raise MemoryError("quantization: no memory for the row buffers")
+    return Qa, PSa, q.used_threads
 
 
 cdef void _geometry_from_dict(ConvJob *j, dict geo) except *:
@@ -1070,16 +1178,24 @@ def _test_block_cols(const float[:, ::1] xp, dict geo, int64_t p0, int ncols, st
 # ----------------------------------------------------------------------------------------------------
 # dynamic quantization parameters straight into the engine's per-sample arrays (no numpy scalar math per call)
 # ----------------------------------------------------------------------------------------------------
-cdef bint _fill_tensor(const float *x, int64_t n, int threads, int variant, float *qs, int32_t *z, float *dx,
-                       int64_t N) noexcept nogil:
-    """``act_quant="tensor"``: the per-tensor parameters of ``x[0:n]`` into ``qs/z/dx[0:N]`` (the arithmetic of
-    :func:`qconv.cpu.engine.tensor_qparams`, in float32); False when ``x`` has NaN/inf."""
+cdef int _fill_tensor(const float *x, int64_t n, const float *tail, int64_t tail_quads, int tail_lanes, int threads,
+                      int variant, float *qs, int32_t *z, float *dx, int64_t N) noexcept nogil:
+    """``act_quant="tensor"``: the per-tensor parameters of ``x[0:n]`` and of lanes ``0 .. tail_lanes-1`` of the
+    ``tail_quads`` quads at ``tail`` (an NC4HW4 tail quad; ``tail_lanes`` 0: none; at least one value in all)
+    into ``qs/z/dx[0:N]`` (the arithmetic of :func:`qconv.cpu.engine.tensor_qparams`, in float32).
+    Returns 1, 0 when a value is NaN/inf, -1 when out of memory."""
     cdef float lo = 0, hi = 0, rng, q, d, v
     cdef int32_t zz
     cdef int64_t i
-    _minmax(x, n, threads, &lo, &hi, variant)
+    if n > 0:
+        if _minmax(x, n, threads, &lo, &hi, variant):
+            return -1
+    else:
+        lo = hi = tail[0]
+    if tail_lanes:
+        _lanes_minmax(tail, tail_quads, tail_lanes, &lo, &hi)
     if not (lo >= -3.4028234663852886e38 and hi <= 3.4028234663852886e38):
-        return False
+        return 0
     if lo > 0:
         lo = 0
     if hi < 0:
@@ -1100,51 +1216,63 @@ cdef bint _fill_tensor(const float *x, int64_t n, int threads, int variant, floa
         qs[i] = q
         z[i] = zz
         dx[i] = d
-    return True
+    return 1
 
 
-cdef bint _fill_rows(const float *x, int64_t A, int64_t N, int64_t M, int threads, int variant, float *qs,
-                     int32_t *z, float *dx) noexcept nogil:
+cdef int _fill_rows(const float *x, int64_t A, int64_t N, int64_t M, int tail_lanes, int threads, int variant,
+                    float *qs, int32_t *z, float *dx) noexcept nogil:
     """``act_quant="row"``: per sample ``n`` of ``x (A, N, M)``, ``a = max|x[:, n, :]|``, ``qs = 127/a``, ``dx = a/127``
-    (1 and 1 when ``a == 0`` or ``127/a`` overflows), ``z = 0``; False when ``x`` has NaN/inf."""
-    cdef int64_t n
+    (1 and 1 when ``a == 0`` or ``127/a`` overflows), ``z = 0``. ``tail_lanes`` > 0: ``x[A-1]`` is an NC4HW4 tail
+    quad ``(N, M/4, 4)`` of which only lanes ``0 .. tail_lanes-1`` count. Returns 1, 0 when a counted value is
+    NaN/inf, -1 when out of memory."""
+    cdef int64_t n, p, full = A - 1 if tail_lanes else A
+    cdef int i
     cdef float a
-    cdef bint ok = True
-    cdef float *amax = <float *> malloc(N * sizeof(float))
-    _absmax_rows(x, A, N, M, threads, amax, variant)
+    cdef const float *t = x + full * N * M
+    if _absmax_rows(x, full, N, M, threads, dx, variant):   # dx holds max|x| until _sym_params below
+        return -1
+    if tail_lanes:
+        for n in range(N):
+            for p in range(M // 4):
+                for i in range(tail_lanes):
+                    a = fabsf(t[n * M + 4 * p + i])
+                    if a > dx[n] or a != a:
+                        dx[n] = a
     for n in range(N):
-        a = amax[n]
+        a = dx[n]
         if not (a <= 3.4028234663852886e38):
-            ok = False
-            break
+            return 0
         z[n] = 0
         _sym_params(a, &qs[n], &dx[n])
-    free(amax)
-    return ok
+    return 1
 
 
 def fill_tensor_params(const float[::1] x, int threads, str kernel, float[::1] qs, int32_t[::1] z, float[::1] dx):
     """``act_quant="tensor"``: fill every entry of ``qs``/``z``/``dx`` with the per-tensor parameters of ``x``
     (the arithmetic of :func:`qconv.cpu.engine.tensor_qparams`, in float32); False when ``x`` has NaN/inf."""
-    cdef bint ok
+    cdef int ok
     cdef int variant = KERNELS[kernel]
     if x.shape[0] == 0:
         raise ValueError("empty input")
     if z.shape[0] < qs.shape[0] or dx.shape[0] < qs.shape[0]:
         raise ValueError("qs, z, dx must have the same length")
     with nogil:
-        ok = _fill_tensor(&x[0], x.shape[0], threads, variant, &qs[0], &z[0], &dx[0], qs.shape[0])
-    return bool(ok)
+        ok = _fill_tensor(&x[0], x.shape[0], NULL, 0, 0, threads, variant, &qs[0], &z[0], &dx[0], qs.shape[0])
+    if ok < 0:
+        raise MemoryError("fill_tensor_params: no memory for the partial results")
+    return ok == 1
 
 
 def fill_row_params(const float[:, :, ::1] x, int threads, str kernel, float[::1] qs, int32_t[::1] z,
                     float[::1] dx):
     """``act_quant="row"``: per sample ``n`` of ``x (A, N, M)``, ``a = max|x[:, n, :]|``, ``qs = 127/a``, ``dx = a/127``
     (1 and 1 when ``a == 0`` or ``127/a`` overflows), ``z = 0``; False when ``x`` has NaN/inf."""
-    cdef bint ok
+    cdef int ok
     cdef int variant = KERNELS[kernel]
     if qs.shape[0] < x.shape[1] or z.shape[0] < x.shape[1] or dx.shape[0] < x.shape[1]:
         raise ValueError("qs, z, dx need one entry per sample")
     with nogil:
-        ok = _fill_rows(&x[0, 0, 0], x.shape[0], x.shape[1], x.shape[2], threads, variant, &qs[0], &z[0], &dx[0])
-    return bool(ok)
+        ok = _fill_rows(&x[0, 0, 0], x.shape[0], x.shape[1], x.shape[2], 0, threads, variant, &qs[0], &z[0], &dx[0])
+    if ok < 0:
+        raise MemoryError("fill_row_params: no memory for the partial results")
+    return ok == 1

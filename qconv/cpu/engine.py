@@ -26,14 +26,18 @@ Static int8 path: ``input_qparams=(scale, zero_point)`` makes the layer take an 
 makes it return int8 ``clip(round_half_away(y / scale) + zero_point, -128, 127)``, with ``y`` the float
 result after the activation (so relu/relu6 act through the clamp).
 
-Threads: OpenMP (``prange``), ``threads`` per engine; layers under ``SERIAL_MACS`` multiply-adds run on one
-thread. OpenMP's wait policy is left to the user: libgomp's default spins briefly between parallel regions,
-which is what makes 2 threads pay off on small layers (1x1 256->1024@14 int8: 0.25 ms vs 0.54 ms with
-``OMP_WAIT_POLICY=PASSIVE``); on a machine shared with other busy processes set ``OMP_WAIT_POLICY=PASSIVE``
-(or ``threads=1``) before importing qconv, since a spinning thread then holds a core another process needs.
+Threads: OpenMP (``prange``), ``threads`` per engine; calls under ``SERIAL_MACS`` multiply-adds run on one
+thread, and inputs under ``SERIAL_QUANT_VALUES`` values are quantized on one thread. Both are read on every call;
+:func:`serial_thresholds` changes them for a block of code (tests set them to 0 so that small calls take the
+threaded paths), and :attr:`CpuEngine.last_call` says what the last call ran. OpenMP's wait policy is left to
+the user: libgomp's default spins briefly between parallel regions, which is what makes 2 threads pay off on
+small layers (1x1 256->1024@14 int8: 0.25 ms vs 0.54 ms with ``OMP_WAIT_POLICY=PASSIVE``); on a machine shared
+with other busy processes set ``OMP_WAIT_POLICY=PASSIVE`` (or ``threads=1``) before importing qconv, since a
+spinning thread then holds a core another process needs.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -63,7 +67,26 @@ _SCRATCH_SHAPES = 4
 # work (measured ~50-70 us per parallel region on this 2-vCPU VM with the passive wait policy, vs ~20 us for a
 # whole 8->8 3x3 6x6 call on one thread). Results do not depend on the thread count.
 SERIAL_MACS = 1 << 21
+# Inputs with fewer values (N*C*H*W) than this are quantized by one thread (GEMV rows: no barrier for tiny work).
+SERIAL_QUANT_VALUES = 1 << 14
 MAX_THREADS = 256
+
+
+@contextlib.contextmanager
+def serial_thresholds(macs=None, quant_values=None):
+    """Set :data:`SERIAL_MACS` / :data:`SERIAL_QUANT_VALUES` (ints >= 0; None keeps one) inside a ``with``
+    block, restoring them after. Process-wide (every engine, every thread): meant for tests and measurements,
+    e.g. ``serial_thresholds(0, 0)`` runs every call with ``threads > 1`` on the threaded paths."""
+    global SERIAL_MACS, SERIAL_QUANT_VALUES
+    old = SERIAL_MACS, SERIAL_QUANT_VALUES
+    try:
+        if macs is not None:
+            SERIAL_MACS = V.check_int(macs, "macs", minimum=0)
+        if quant_values is not None:
+            SERIAL_QUANT_VALUES = V.check_int(quant_values, "quant_values", minimum=0)
+        yield
+    finally:
+        SERIAL_MACS, SERIAL_QUANT_VALUES = old
 
 
 def default_threads() -> int:
@@ -144,8 +167,9 @@ class CpuEngine:
     ``input_qparams`` / ``output_qparams``: the static int8 path (module docstring).
 
     ``forward(x, layout)``: ``x`` float32 (int8 with ``input_qparams``) C-contiguous NCHW ``(N, C, H, W)`` or
-    NC4HW4 ``(ceil(C/4), N, H, W, 4)``; returns float32 (int8 with ``output_qparams``) in the same layout
-    (NC4HW4 padding lanes are zero). Calls on one engine are serialised by a lock (they share scratch).
+    NC4HW4 ``(ceil(C/4), N, H, W, 4)`` (its padding lanes are ignored, whatever they hold); returns float32 (int8
+    with ``output_qparams``) in the same layout (NC4HW4 padding lanes are zero). Calls on one engine are
+    serialised by a lock (they share scratch).
     """
 
     name = "cpu"
@@ -193,6 +217,17 @@ class CpuEngine:
     def int8_input(self) -> bool:
         """True when ``forward`` takes int8 input (static path)."""
         return self.input_qparams is not None
+
+    @property
+    def last_call(self):
+        """What the last :meth:`forward` ran, or None before the first: ``quant_threads`` (threads of the
+        quantization pass; 0 in block mode, where columns are quantized inside the GEMM loop), ``gemm_threads``
+        and ``split`` (``"columns"``: threads take column tiles; ``"channels"``: fewer column tiles than threads,
+        so they take output-channel tiles)."""
+        last = self._plan.last_threads
+        if last is None:
+            return None
+        return dict(quant_threads=last[0], gemm_threads=last[1], split="channels" if last[2] else "columns")
 
     def describe(self) -> str:
         lay = self.layout
@@ -297,8 +332,7 @@ class CpuEngine:
             V.check_alloc(pix * (ltot1 + 4 * gnb) + slots * tc * (8 * lay.taps + 4 * gnb + 4 * plan.ldo) + extra,
                           "the CPU engine's scratch buffers")
             oh, ow = self.spec.out_hw(h, w)
-            macs = n * oh * ow * self.spec.out_channels * lay.block_values * lay.n_blocks
-            s = dict(run_threads=1 if macs < SERIAL_MACS else self.threads,
+            s = dict(macs=n * oh * ow * self.spec.out_channels * lay.block_values * lay.n_blocks,
                      Q=np.empty(pix * ltot1, np.uint8), PS=np.empty(pix * gnb, np.int32),
                      zrow=np.empty(ltot1, np.uint8), AP=np.zeros(slots * tc * lay.taps, np.uintp),
                      S=np.empty(slots * tc * gnb, np.int32), OUT=np.empty(slots * tc * plan.ldo, np.float32),
@@ -387,7 +421,7 @@ class CpuEngine:
             qlo, qhi = self._act_params(x, nchw, n, s)
             xp = self._pixel_major(x, nchw, n, h, w, s) if self._block_mode else None
             self._plan.forward(x, int(nchw), qlo, qhi, y, int(not nchw), None if oscale is None else float(oscale),
-                               ozp, s["run_threads"], xp)
+                               ozp, 1 if s["macs"] < SERIAL_MACS else self.threads, xp, SERIAL_QUANT_VALUES)
         return y
 
     __call__ = forward
