@@ -23,6 +23,7 @@ PYTHON="${PYTHON:-python3}"
 REPORTS="$ROOT/build/test-reports"
 SAN_DIR="$ROOT/build/sanitize"
 OPENCL_PKGS=(pocl-opencl-icd ocl-icd-libopencl1 clinfo)
+OCLGRIND_PKGS=(oclgrind)
 T0=$SECONDS
 
 log() { printf '[qconv] %s\n' "$*"; }
@@ -58,15 +59,29 @@ apt_install() {
         || { warn "apt-get install ${missing[*]} failed"; return 1; }
 }
 
+# is_ci: CI is set and not 0/false/no/off (GitHub, GitLab... set CI=true). Under CI, what the OpenCL tests
+# need is a hard error when it cannot be installed; tests/conftest.py also fails the pytest session when no
+# OpenCL device is visible (elsewhere those tests skip with the reason, for users without root).
+is_ci() { case "$(printf '%s' "${CI:-}" | tr '[:upper:]' '[:lower:]')" in ""|0|false|no|off) return 1 ;; *) return 0 ;; esac; }
+
 system_packages() {
     if ! command -v apt-get >/dev/null 2>&1; then
+        is_ci && die "CI: no apt-get here to install the OpenCL ICD (pocl-opencl-icd) and oclgrind; install them another way"
         log "apt: no apt-get here; skipping system packages (OpenCL tests need an ICD such as pocl)"
         return 0
     fi
     if ! apt_install "${OPENCL_PKGS[@]}"; then
         # clinfo is only a diagnostic: retry without it before giving up on OpenCL.
-        apt_install pocl-opencl-icd ocl-icd-libopencl1 \
-            || warn "no OpenCL ICD installed: OpenCL tests will be skipped"
+        if ! apt_install pocl-opencl-icd ocl-icd-libopencl1; then
+            is_ci && die "CI: apt could not install pocl-opencl-icd: the OpenCL tests cannot run (CI fails rather than skip them)"
+            warn "no OpenCL ICD installed: OpenCL tests will be skipped"
+        fi
+    fi
+    # Oclgrind (OpenCL simulator: invalid memory accesses, data races) for the memcheck job; the Debian
+    # package installs no ICD file, so it never becomes a device of the normal test run.
+    if ! apt_install "${OCLGRIND_PKGS[@]}"; then
+        is_ci && die "CI: apt could not install oclgrind: the memcheck job cannot run"
+        warn "oclgrind not installed: the memcheck test (tests/test_gpu_memcheck.py) will skip"
     fi
     if command -v clinfo >/dev/null 2>&1; then
         log "opencl: $(clinfo -l 2>/dev/null | tr -s ' \n' ' ' | cut -c1-160)"
@@ -402,4 +417,7 @@ main() {
     esac
 }
 
-main "$@"
+# Sourced (tests/test_gpu_ci.py calls its functions), the script defines them and runs nothing.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    main "$@"
+fi
