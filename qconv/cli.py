@@ -257,6 +257,8 @@ def main(argv=None) -> int:
     conv.add_argument("--gguf-type", choices=("Q4_0", "Q4_1", "Q8_0"),
                       help="GGUF output type (default: Q8_0 for int8, Q4_0 for symmetric int4, else Q4_1)")
     conv.set_defaults(func=_convert)
+    from .onnx.cli import add_subcommands  # whole models: `quantize` and `run`
+    add_subcommands(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

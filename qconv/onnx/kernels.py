@@ -23,16 +23,38 @@ from .nodes import DOMAIN, QCONV, QMATMUL, QNode
 KEY_ATTR = "qconv_key"
 KERNELS: dict = {}
 _LOCK = threading.Lock()
-_REGISTERED = False
+_OCOS = None  # onnxruntime_extensions._ocos once the operators are registered
 
 
 def _need_extensions():
-    try:
-        import onnxruntime_extensions
-    except ImportError:
+    """onnxruntime-extensions' operator core (``_ocos``) without its package ``__init__``.
+
+    The package ``__init__`` also imports its converters, and through them torch when it is installed: about
+    190 MB of resident memory and 1.5 s for nothing qconv uses. So, unless the package is already imported, its
+    ``_ocos`` module is loaded under a bare stand-in package that is removed again right after; a later
+    ``import onnxruntime_extensions`` runs the real ``__init__``, which reuses the loaded ``_ocos`` (the same
+    operator registry)."""
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    name = "onnxruntime_extensions"
+    if name in sys.modules:
+        return sys.modules[name + "._ocos"]
+    spec = importlib.util.find_spec(name)
+    if spec is None:
         raise ImportError("qconv.onnx sessions need onnxruntime-extensions: pip install onnxruntime-extensions "
-                          "(or pip install qconv[interop])") from None
-    return onnxruntime_extensions
+                          "(or pip install qconv[interop])")
+    stub = types.ModuleType(name)
+    stub.__path__ = list(spec.submodule_search_locations)
+    stub.__spec__ = spec
+    sys.modules[name] = stub
+    try:
+        return importlib.import_module(name + "._ocos")
+    finally:
+        if sys.modules.get(name) is stub:
+            del sys.modules[name]
 
 
 class ConvKernel:
@@ -105,9 +127,7 @@ def _invoke(k_id, feed, attributes):
     An exception escaping the hook aborts the process (onnxruntime-extensions rethrows it as a C++ exception
     through onnxruntime's C API), so a qconv kernel's exception is kept (:func:`take_error`, raised again by
     :meth:`InferenceSession.run`) and the node returns an empty tensor instead."""
-    from onnxruntime_extensions._ocos import Opdef
-
-    op = Opdef._odlist.get(k_id)
+    op = _OCOS.Opdef._odlist.get(k_id)
     if op is None:
         raise RuntimeError(f"Unable to find function id={k_id}. Did you decorate the operator with @onnx_op?")
     if op.body is _run:
@@ -131,15 +151,14 @@ def _invoke(k_id, feed, attributes):
 
 def register() -> str:
     """Define the qconv Python operators once per process; returns the custom-op library path for sessions."""
-    global _REGISTERED
-    ext = _need_extensions()
+    global _OCOS
     with _LOCK:
-        if not _REGISTERED:
-            from onnxruntime_extensions import PyCustomOpDef, onnx_op
-
+        if _OCOS is None:
+            ocos = _need_extensions()
+            dt = ocos.PyCustomOpDef
             for op in (QCONV, QMATMUL):
-                onnx_op(op_type=f"{DOMAIN}::{op}", inputs=[PyCustomOpDef.dt_float],
-                        outputs=[PyCustomOpDef.dt_float], attrs={KEY_ATTR: PyCustomOpDef.dt_string})(_run)
-            PyCustomOpDef.install_hooker(_invoke)
-            _REGISTERED = True
-    return ext.get_library_path()
+                ocos.Opdef.declare(op_type=f"{DOMAIN}::{op}", inputs=[dt.dt_float], outputs=[dt.dt_float],
+                                   attrs={KEY_ATTR: dt.dt_string})(_run)
+            dt.install_hooker(_invoke)
+            _OCOS = ocos
+    return _OCOS.get_library_path()

@@ -1,0 +1,178 @@
+"""``python -m qconv quantize`` and ``python -m qconv run``: whole ONNX models from the command line.
+
+``quantize MODEL.onnx OUT.onnx (--scheme S | --plan PLAN.json) [--calibration INPUT ...]`` writes the quantized
+model and prints what became of each layer and the weight bytes. ``run MODEL.onnx --input INPUT [--reference
+FLOAT.onnx] [--repeat N] [--json OUT]`` runs it through :class:`qconv.onnx.InferenceSession` and prints the
+latency per run (median, p90), the peak RSS, the weight bytes as stored and, with ``--reference``, the SQNR of
+every output against the float model on the same input. Inputs: ``.npy`` tensors or images (as ``inspect``
+reads them: RGB in [0, 1], resized; ``--mean``/``--std`` normalise), ``NAME=PATH`` for a model input other than
+the first.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+
+def _floats(text):
+    return None if text is None else [float(v) for v in text.split(",")]
+
+
+def _shape(text):
+    return tuple(int(v) for v in text.split(",")) if text else None
+
+
+def _feeds(model, specs, shape=None, mean=None, std=None, seed=0) -> dict:
+    """``--input`` values (``PATH`` or ``NAME=PATH``) -> feed dict; no value -> the seeded random feed."""
+    from ..onnx_model import default_input, load_input
+
+    if not specs:
+        return default_input(model, shape, seed)
+    feeds = {}
+    first = model.graph.input[0].name
+    for spec in specs:
+        name, path = spec.split("=", 1) if "=" in spec and not os.path.exists(spec) else (first, spec)
+        feed = load_input(model, path, shape, mean, std)
+        feeds[name] = feed.pop(first)
+    return feeds
+
+
+def _progress(iterable, total, desc, enabled):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, total=total, desc=desc, unit="run", disable=None if enabled else True, file=sys.stderr)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (MiB)."""
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
+
+
+def quantize_main(args) -> int:
+    import onnx
+
+    from ..onnx_model import load_model
+    from . import model_summary, quantize_model, weight_bytes
+
+    model = load_model(args.model)
+    calib = None
+    if args.calibration:
+        shape = _shape(args.input_shape)
+        calib = [_feeds(model, [c], shape, _floats(args.mean), _floats(args.std)) for c in args.calibration]
+    t0 = time.perf_counter()
+    q = quantize_model(model, None if args.plan else args.scheme, plan=args.plan, calibration=calib,
+                       fuse=not args.no_fuse)
+    seconds = time.perf_counter() - t0
+    onnx.save(q, args.output)
+    s = model_summary(q)
+    by_scheme: dict = {}
+    for entry in s["layers"].values():
+        by_scheme[entry["scheme"]] = by_scheme.get(entry["scheme"], 0) + 1
+    nb = weight_bytes(q)
+    print(f"quantized {len(s['layers'])} layers in {seconds:.2f} s: "
+          + ", ".join(f"{n} {k}" for k, n in by_scheme.items()))
+    fused = sum(1 for e in s["layers"].values() if e["activation"] or e["fused_bias_add"])
+    if fused:
+        print(f"fused a following activation / bias Add into {fused} of them")
+    for name, why in list(s["float"].items()) + list(s["skipped"].items()):
+        print(f"float: {name}: {why}")
+    print(f"weights {nb['float']:,} bytes float -> {nb['stored']:,} stored ({nb['ratio']:.3f}x); "
+          f"file {os.path.getsize(args.model):,} -> {os.path.getsize(args.output):,} bytes; wrote {args.output}")
+    return 0
+
+
+def run_main(args) -> int:
+    from ..onnx_model import load_model
+    from ..testing.asserts import sqnr_db
+    from . import InferenceSession, weight_bytes
+
+    if args.repeat < 1:
+        raise SystemExit("--repeat must be >= 1")
+    model = load_model(args.model)
+    feeds = _feeds(model, args.input, _shape(args.input_shape), _floats(args.mean), _floats(args.std))
+    nb = weight_bytes(model)
+    opts = {} if args.act_quant is None else {"act_quant": None if args.act_quant == "none" else args.act_quant}
+    t0 = time.perf_counter()
+    sess = InferenceSession(model, device=args.device, threads=args.threads, **opts)
+    load_s = time.perf_counter() - t0
+    del model
+    outputs = sess.run(None, feeds)  # warm-up (scratch buffers, OpenCL programs)
+    times = []
+    for _ in _progress(range(args.repeat), args.repeat, "run", not args.no_progress):
+        t = time.perf_counter()
+        outputs = sess.run(None, feeds)
+        times.append(time.perf_counter() - t)
+    rss = peak_rss_mb()
+    ms = np.array(times) * 1e3
+    names = [o.name for o in sess.get_outputs()]
+    result = dict(model=args.model, device=args.device, threads=sess.threads, act_quant=sess.act_quant,
+                  qconv_nodes=len(sess.kernels), load_s=load_s, repeat=args.repeat,
+                  median_ms=float(np.median(ms)), p90_ms=float(np.percentile(ms, 90)), peak_rss_mb=rss,
+                  weight_bytes=nb, outputs={n: list(o.shape) for n, o in zip(names, outputs)})
+    print(f"{args.model}: {len(sess.kernels)} qconv nodes, device {args.device}, {sess.threads} threads, "
+          f"act_quant {sess.act_quant}")
+    print(f"latency per run: median {result['median_ms']:.2f} ms, p90 {result['p90_ms']:.2f} ms "
+          f"({args.repeat} runs); session load {load_s:.2f} s")
+    print(f"peak RSS {rss:.1f} MiB; weights as stored {nb['stored']:,} bytes ({nb['ratio']:.3f}x of "
+          f"{nb['float']:,} float)")
+    if args.reference:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = sess.threads
+        ref = ort.InferenceSession(args.reference, so, providers=["CPUExecutionProvider"])
+        ref_out = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds)))
+        result["sqnr_db"] = {}
+        for n, y in zip(names, outputs):
+            if n in ref_out:
+                db = sqnr_db(y, ref_out[n])
+                result["sqnr_db"][n] = db
+                print(f"output {n} {list(y.shape)}: SQNR {db:.2f} dB vs {args.reference}")
+            else:
+                print(f"output {n}: not an output of {args.reference}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    return 0
+
+
+def add_subcommands(sub) -> None:
+    """Add ``quantize`` and ``run`` to the ``python -m qconv`` sub-parsers."""
+    q = sub.add_parser("quantize", help="quantize the Conv/MatMul/Gemm layers of an ONNX model into qconv nodes")
+    q.add_argument("model", help="float .onnx model")
+    q.add_argument("output", help="quantized .onnx to write")
+    how = q.add_mutually_exclusive_group()
+    how.add_argument("--scheme", default="int8-ch-sym",
+                     help="scheme for every layer, e.g. int8-ch-sym (default), int4-b32-asym-mse, int4-b64-asym-gptq")
+    how.add_argument("--plan", help="per-layer plan JSON from `inspect --target-sqnr T --save-plan PLAN.json`")
+    q.add_argument("--calibration", nargs="+", metavar="INPUT", help="inputs (.npy or images) for gptq schemes")
+    q.add_argument("--input-shape", help="N,C,H,W images are resized to (default: the model's, dynamic 256)")
+    q.add_argument("--mean", help="image normalisation (x - mean) / std, e.g. 0.5 or 0.485,0.456,0.406")
+    q.add_argument("--std", help="see --mean")
+    q.add_argument("--no-fuse", action="store_true", help="do not fuse Relu/Clip/bias Add into the qconv nodes")
+    q.set_defaults(func=quantize_main)
+
+    r = sub.add_parser("run", help="run an ONNX model (quantized by `quantize`) with qconv's kernels and time it")
+    r.add_argument("model", help=".onnx model (quantized or float)")
+    r.add_argument("--input", action="append", metavar="INPUT",
+                   help="input .npy or image; NAME=PATH for another model input (repeatable; default: seeded random)")
+    r.add_argument("--input-shape", help="N,C,H,W images are resized to / random input shape")
+    r.add_argument("--mean", help="image normalisation (x - mean) / std, e.g. 0.5 (PP-OCR)")
+    r.add_argument("--std", help="see --mean")
+    r.add_argument("--reference", help="float .onnx model: print the SQNR of every output against it")
+    r.add_argument("--repeat", type=int, default=10, help="timed runs (after one warm-up run)")
+    r.add_argument("--threads", type=int, help="qconv and onnxruntime threads (default: all cores)")
+    r.add_argument("--device", default="cpu", help="qconv engine: cpu (default), opencl, reference")
+    r.add_argument("--act-quant", choices=("auto", "tensor", "row", "block", "none"),
+                   help="activation quantization of the qconv nodes (default: auto, or the plan's)")
+    r.add_argument("--json", help="write the measurements as JSON")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.set_defaults(func=run_main)

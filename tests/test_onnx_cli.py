@@ -1,0 +1,60 @@
+"""``python -m qconv quantize`` / ``run`` on a small graph built here."""
+import json
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="needs onnx (interop extra)")
+pytest.importorskip("onnxruntime_extensions", reason="needs onnxruntime-extensions (interop extra)")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from qconv.cli import main  # noqa: E402
+
+
+@pytest.fixture
+def float_model(tmp_path):
+    rng = np.random.default_rng(3)
+    w1, w2 = (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32), (rng.standard_normal((4, 8, 1, 1)) / 3)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="r1"),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], name="c2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2.astype(np.float32), "w2")])
+    path = tmp_path / "float.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def test_quantize_then_run_with_reference(float_model, tmp_path, capsys):
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(float_model), str(out), "--scheme", "int4-b8-asym"]) == 0
+    text = capsys.readouterr().out
+    assert "quantized 2 layers" in text and "2 int4-b8-asym" in text and "fused" in text
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    js = tmp_path / "r.json"
+    assert main(["run", str(out), "--input", str(tmp_path / "x.npy"), "--reference", str(float_model),
+                 "--repeat", "3", "--threads", "1", "--json", str(js), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "median" in text and "p90" in text and "peak RSS" in text and "SQNR" in text
+    r = json.loads(js.read_text())
+    assert r["qconv_nodes"] == 2 and r["repeat"] == 3 and r["weight_bytes"]["quantized_layers"] == 2
+    assert 10 < r["sqnr_db"]["y"] < 60 and r["median_ms"] > 0 and r["peak_rss_mb"] > 10
+
+
+def test_run_reads_images(float_model, tmp_path, capsys):
+    from PIL import Image
+
+    Image.fromarray((np.arange(20 * 20 * 3) % 251).astype(np.uint8).reshape(20, 20, 3)).save(tmp_path / "i.png")
+    out = tmp_path / "q.onnx"
+    main(["quantize", str(float_model), str(out)])
+    assert main(["run", str(out), "--input", str(tmp_path / "i.png"), "--mean", "0.5", "--std", "0.5",
+                 "--repeat", "1", "--reference", str(float_model), "--no-progress"]) == 0
+    assert "SQNR" in capsys.readouterr().out
+
+
+def test_plan_and_scheme_are_exclusive(float_model, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["quantize", str(float_model), str(tmp_path / "q.onnx"), "--scheme", "int8-ch-sym", "--plan", "p.json"])
