@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 SETUP := bash scripts/setup.sh
 
-.PHONY: setup demo test sanitize bench clean
+.PHONY: setup demo test sanitize memcheck bench clean
 
 setup:     ## apt OpenCL ICD (as root), .venv, editable install with test extras
 	$(SETUP) setup
@@ -12,11 +12,14 @@ setup:     ## apt OpenCL ICD (as root), .venv, editable install with test extras
 demo:      ## python -m qconv demo
 	$(SETUP) demo
 
-test:      ## pytest suite + examples/downstream_test.py + the sanitizer job (what CI runs)
+test:      ## pytest suite + examples/downstream_test.py + memcheck + sanitizer jobs (what CI runs)
 	$(SETUP) test
 
 sanitize:  ## CPU tests against an ASan+UBSan build of qconv/_ext (in build/sanitize/)
 	$(SETUP) sanitize
+
+memcheck:  ## every OpenCL kernel family under Oclgrind (tests/test_gpu_memcheck.py)
+	$(SETUP) memcheck
 
 bench:     ## benchmarks/bench_cpu.py and benchmarks/bench_gpu.py
 	$(SETUP) bench

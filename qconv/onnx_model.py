@@ -257,6 +257,13 @@ def time_float_layer(layer: ModelLayer, x: np.ndarray, repeat: int = 5, threads:
 
 def rapidocr_model(name: str = "ch_PP-OCRv4_det_infer.onnx") -> str:
     """Path of a model shipped in the ``rapidocr-onnxruntime`` wheel (install it with ``--no-deps``)."""
+    import sys
+
+    # scripts/setup.sh extracts the models from the downloaded wheel here (installing the wheel without its
+    # dependencies made pip report them missing)
+    local = os.path.join(sys.prefix, "share", "qconv", "models", name)
+    if os.path.isfile(local):
+        return local
     try:
         dist = importlib.metadata.distribution("rapidocr-onnxruntime")
     except importlib.metadata.PackageNotFoundError:

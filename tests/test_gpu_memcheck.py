@@ -1,0 +1,169 @@
+"""Every OpenCL kernel under Oclgrind (an OpenCL simulator that checks each memory access): out-of-bounds and
+otherwise invalid reads and writes of global, local and private memory, data races (OCLGRIND_DATA_RACES),
+and barrier divergence, over every kernel family in both activation modes (float, act_quant="row"), on
+small shapes (issue 19 item 6). The emulated tensor-core paths (conv_mma, gemv_mma without -DNV_PTX) run
+here; the inline-PTX ones cannot (Oclgrind is no NVIDIA device).
+
+Oclgrind comes from the Debian package ``oclgrind`` (scripts/setup.sh installs it; it registers no ICD, so it
+never becomes a device of the other tests): the script runs in a subprocess whose ICD loader sees only
+Oclgrind. Without Oclgrind the tests skip, except under CI (tests/conftest.py's rule), where they fail.
+A control run (a copy kernel told to read past its buffer) shows that Oclgrind reports what it should.
+"""
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import opencl_required
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# what Oclgrind prints for an error it finds (each message starts with one of these)
+REPORTS = ("Invalid read", "Invalid write", "data race", "divergence", "Oclgrind - OpenCL runtime error",
+           "Uninitialized")
+
+
+def oclgrind_icd():
+    """Oclgrind's ICD library (``$QCONV_OCLGRIND_ICD``, the Debian package's, or the pip wheel's), or None."""
+    env = os.environ.get("QCONV_OCLGRIND_ICD")
+    candidates = [env] if env else []
+    candidates += ["/usr/lib/oclgrind/liboclgrind-rt-icd.so", *glob.glob("/usr/lib/*/oclgrind/liboclgrind-rt-icd.so"),
+                   *glob.glob("/usr/local/lib/**/liboclgrind-rt-icd.so", recursive=True)]
+    for c in candidates:
+        if c and os.path.exists(c):
+            return c
+    return None
+
+
+@pytest.fixture(scope="module")
+def oclgrind(tmp_path_factory):
+    lib = oclgrind_icd()
+    if lib is None:
+        why = "Oclgrind not installed (apt-get install oclgrind; scripts/setup.sh does it as root)"
+        if opencl_required():
+            pytest.fail(f"CI: {why}")
+        pytest.skip(why)
+    vendors = tmp_path_factory.mktemp("oclgrind-icd")
+    (vendors / "oclgrind.icd").write_text(lib + "\n")
+    return str(vendors)
+
+
+def _under_oclgrind(vendors, code):
+    env = {k: v for k, v in os.environ.items() if k not in ("QCONV_OPENCL_DEVICE", "PYTEST_ADDOPTS")}
+    env.update(OCL_ICD_VENDORS=vendors, OCL_ICD_FILENAMES="", OCLGRIND_DATA_RACES="1",
+               OCLGRIND_LOCAL_MEM_SIZE=str(256 * 1024),  # gemv_mma's f16 halves of x (Oclgrind's default: 32 KB)
+               QCONV_TUNE="none", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=900)
+
+
+def _reports(stderr):
+    return [line for line in stderr.splitlines() if any(r in line for r in REPORTS)]
+
+
+CONTROL = """
+import numpy as np, pyopencl as cl
+from qconv import gpu
+from qconv.gpu import programs
+ctx, dev = gpu.resolve("opencl")
+print(dev.name)
+q = cl.CommandQueue(ctx)
+mf = cl.mem_flags
+a = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.zeros(4 * 8, np.float32))
+b = cl.Buffer(ctx, mf.READ_WRITE, 4 * 4 * 9)
+programs.get_kernel(ctx, "util", (), "copy_float4")(q, (9,), None, a, b, np.int32(9))  # 9 float4 of 8
+q.finish()
+print("done")
+"""
+
+MEMCHECK = """
+import numpy as np, qconv, qconv.gpu as g
+import qconv.gpu.engine as E
+from qconv.geometry import ConvSpec
+launched = set()
+_get_kernel = E.get_kernel
+def get_kernel(ctx, program, options, name):
+    launched.add(name)
+    return _get_kernel(ctx, program, options, name)
+E.get_kernel = get_kernel
+print(g.resolve("opencl")[1].name)
+rng = np.random.default_rng(1)
+P4 = qconv.layouts.NC4HW4(4)
+B = {"image": False}
+# (O, I, k, stride, pad, dil, bits, block, sym, groups, N, H, W, act_quant, engine options)
+cases = [(13, 7, 3, 2, 1, 2, 8, 0, False, 1, 2, 9, 8, aq, {"variant": v})
+         for v in ("c4h1w1", "c8h2w1", "c16h1w4", "c8h1w8") for aq in (None, "row")] + [
+    (12, 12, 3, 1, 1, 1, 4, 3, False, 1, 1, 6, 5, None, {}), (12, 12, 3, 1, 1, 1, 8, 4, False, 1, 1, 6, 5, "row", {}),
+    (6, 6, 3, 1, 1, 1, 8, 0, False, 3, 1, 5, 5, "row", {}), (6, 6, 3, 1, 1, 1, 4, 0, False, 6, 1, 5, 5, None, {}),
+    (6, 6, 3, 1, 1, 1, 4, 0, True, 2, 1, 5, 5, "row", {"ic_pack": 1}),
+    (13, 40, 1, 1, 0, 1, 4, 8, False, 1, 3, 1, 1, None, {"local_size": (2, 4, 1), **B}),
+    (9, 70, 1, 1, 0, 1, 4, 0, True, 1, 5, 1, 1, "row", {"variant": "buf_c2_r4", "local_size": (2, 2, 1), **B}),
+    (9, 64, 1, 1, 0, 1, 8, 32, False, 1, 2, 2, 2, None, {"image": True, "variant": "img_c2_r2"}),
+    (9, 70, 1, 1, 0, 1, 4, 0, False, 1, 3, 1, 1, "row", {"image": True, "variant": "img_c1_r4", "local_size": (4, 2, 1)}),
+    (20, 40, 3, 1, 1, 1, 8, 0, False, 1, 1, 4, 4, None, {"variant": "gemm_64x8", **B}),
+    (20, 40, 1, 1, 0, 1, 4, 8, False, 1, 2, 3, 3, "row", {"variant": "gemm_32x32k2", **B}),
+    (13, 72, 1, 1, 0, 1, 8, 0, False, 1, 1, 1, 1, None, {"variant": "gemv_u4", "local_size": (2, 4, 1), **B}),
+    (13, 72, 1, 1, 0, 1, 4, 8, True, 1, 1, 1, 1, None, {"variant": "gemv_u8", **B}),
+    (13, 80, 1, 1, 0, 1, 8, 0, False, 1, 1, 1, 1, "row", {"variant": "gemv_a8_c1", "local_size": (2, 4, 1), **B}),
+    (13, 96, 1, 1, 0, 1, 4, 32, False, 1, 1, 1, 1, "row", {"variant": "gemv_a8_c2", "local_size": (4, 2, 1), **B}),
+    (13, 96, 1, 1, 0, 1, 4, 0, True, 1, 1, 1, 1, "row", {"variant": "gemv_a8f_c1", "local_size": (4, 4, 1), **B}),
+    (13, 80, 1, 1, 0, 1, 8, 16, False, 1, 1, 1, 1, "row", {"variant": "gemv_a8f_c2", "local_size": (2, 4, 1), **B}),
+    (20, 64, 3, 1, 1, 1, 8, 0, False, 1, 2, 3, 3, "row", {"variant": "mma_64x32"}),
+    (20, 64, 1, 1, 0, 1, 4, 32, False, 1, 1, 3, 2, "row", {"variant": "mma_64x32"}),
+    (20, 128, 1, 1, 0, 1, 4, 64, False, 1, 1, 1, 1, None, {"variant": "gemv_mma", **B}),
+    (20, 96, 1, 1, 0, 1, 8, 0, True, 1, 1, 1, 1, None, {"variant": "gemv_mma", "local_size": (32, 2, 1), **B}),
+]
+programs = set()
+for (o, i, k, s, p, d, bits, block, sym, groups, n, h, w, aq, opts) in cases:
+    qw = qconv.quantize_weight(rng.standard_normal((o, i // groups, k, k)).astype(np.float32), bits=bits,
+                               block_size=block, symmetric=sym, groups=groups)
+    b = rng.standard_normal(o).astype(np.float32)
+    x = rng.standard_normal((n, i, h, w)).astype(np.float32)
+    ref = qconv.reference.conv2d(x, qw, b, s, p, d, "relu6", aq)
+    for layout in ("nchw", "nc4hw4"):
+        eng = g.OpenCLEngine(ConvSpec(qw, b, s, p, d, "relu6", aq), tune="none", **opts)
+        y = eng.forward(x if layout == "nchw" else P4.pack_array(x), layout)
+        y = y if layout == "nchw" else P4.unpack_array(y, o)
+        plan = next(iter(eng.plans.values()))
+        programs.add(f"{plan.cand.program}:{aq or 'float'}")
+        assert np.abs(y - ref).max() <= 1e-3 * (np.abs(ref).max() + 1), (plan.cand.program, np.abs(y - ref).max())
+# past the int32 bound: gemv_a8's 64-bit sums (A8_WIDE), 4 output channels (conv_mma's fold past 4096 steps
+# takes minutes here: tests/test_gpu_bounds.py runs it on PoCL)
+for ic, k, v, o in ((140_000, 1, "gemv_a8_c1", 4),):
+    w = qconv.QuantizedWeight(np.full((o, ic, k, k), -128, np.int8), np.ones((o, 1), np.float32),
+                              np.full((o, 1), -5.0, np.float32), 8)
+    x = np.full((1, ic, k, k), -3.0, np.float32)
+    eng = g.OpenCLEngine(ConvSpec(w, None, 1, 0, 1, None, "row"), tune="none", image=False, variant=v)
+    y, ref = eng.forward(x), qconv.reference.conv2d(x, w, None, 1, 0, 1, None, "row")
+    programs.add(f"{next(iter(eng.plans.values())).cand.program}:row")
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max(), (v, np.abs(y - ref).max())
+print("programs:", " ".join(sorted(programs)))
+print("kernels:", " ".join(sorted(launched)))
+print("done")
+"""
+
+FAMILIES = {f"{p}:{m}" for p in ("conv_general", "conv_1x1", "conv_gemm") for m in ("float", "row")} | {
+    "gemv_a8:row", "conv_mma:row", "gemv_mma:float"}
+KERNELS = {"conv_general", "conv_1x1", "gemv_1x1", "conv_gemm", "gemv_a8", "quant_x_a8", "conv_mma", "gemv_mma",
+           "row_amax", "quant_rows", "quant_rows_i8"}
+
+
+def test_oclgrind_reports_a_read_past_a_buffer(oclgrind):
+    """The control: the same set-up reports an out-of-bounds read (so the test below can fail)."""
+    r = _under_oclgrind(oclgrind, CONTROL)
+    assert r.returncode == 0 and "Oclgrind" in r.stdout and "done" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert any("Invalid read" in line for line in _reports(r.stderr)), r.stderr[-3000:]
+
+
+def test_every_kernel_family_under_oclgrind(oclgrind):
+    r = _under_oclgrind(oclgrind, MEMCHECK)
+    assert r.returncode == 0 and "done" in r.stdout, r.stdout[-2000:] + r.stderr[-5000:]
+    assert r.stdout.splitlines()[0] == "Oclgrind Simulator", r.stdout[:500]
+    programs = set(next(line for line in r.stdout.splitlines() if line.startswith("programs:")).split()[1:])
+    kernels = set(next(line for line in r.stdout.splitlines() if line.startswith("kernels:")).split()[1:])
+    assert FAMILIES <= programs, FAMILIES - programs
+    assert KERNELS <= kernels, KERNELS - kernels
+    assert not _reports(r.stderr), "\n".join(_reports(r.stderr)[:20]) + "\n" + r.stderr[-3000:]
