@@ -45,7 +45,7 @@ def _float_run(model, feeds):
 def conv_chain():
     """x(1,8,12,12) -> conv3x3+Relu -> grouped s2 conv + Clip(0,6) -> depthwise d2 conv (+ residual Add)
     -> 1x1 conv with asymmetric pads -> y."""
-    w = dict(w1=_w(16, 8, 3, 3), b1=_w(16), w2=_w(16, 4, 3, 3), b2=_w(16), w3=_w(16, 1, 3, 3), b3=_w(16),
+    w = dict(w1=_w(16, 8, 3, 3), b1=_w(16), w2=_w(16, 4, 3, 3, scale=6.0), b2=_w(16), w3=_w(16, 1, 3, 3), b3=_w(16),
              w4=_w(8, 16, 1, 1), b4=_w(8))
     consts = dict(w, lo=np.array(0, np.float32), hi=np.array(6, np.float32))
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
@@ -235,6 +235,8 @@ def test_threads_and_activation_mode_reach_the_layers():
     model, one_by_one = conv_chain()
     sess = qo.InferenceSession(qo.quantize_model(model), threads=1, act_quant="block")
     assert {k.layer.engine.threads for k in sess.kernels} == {1}
+    so = sess._sess.get_session_options()
+    assert so.intra_op_num_threads == 1 and so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert {k.layer.spec.act_quant for k in sess.kernels} == {"block"}
     x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], one_by_one(x, "int8-ch-sym", threads=1,
@@ -250,3 +252,23 @@ def test_opencl_session_equals_opencl_layers():
         x = RNG.standard_normal(shape).astype(np.float32)
         y, = qo.InferenceSession(qo.quantize_model(model, "int4-b8-asym"), device="opencl").run(None, {"x": x})
         np.testing.assert_array_equal(y, one_by_one(x, "int4-b8-asym", device="opencl"))
+
+
+def test_gptq_scheme_is_calibrated_on_the_given_inputs():
+    """gptq layers are quantized on each layer's captured input for the calibration feeds given."""
+    from qconv.onnx_model import capture, model_layers
+
+    model, _ = conv_chain()
+    calib = [RNG.standard_normal((1, 8, 12, 12)).astype(np.float32) for _ in range(2)]
+    q = qo.quantize_model(model, "int4-b8-asym-gptq", calibration=calib)
+    layers = model_layers(model)
+    x1 = np.concatenate([layers[0].conv_input(capture(model, layers, {"x": c})[layers[0].input_name])
+                         for c in calib])
+    want = Scheme.parse("int4-b8-asym-gptq").quantize(layers[0].weight, 1, x1, stride=(1, 1), padding=(1, 1),
+                                                      dilation=(1, 1))
+    from qconv.onnx.nodes import read_qnode
+    got = read_qnode(q.graph.node[0], {t.name: t for t in q.graph.initializer}).weight
+    assert got == want and got != Scheme.parse("int4-b8-asym").quantize(layers[0].weight, 1)
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    y, = qo.InferenceSession(q, threads=1).run(None, {"x": x})
+    assert sqnr_db(y, _float_run(model, {"x": x})[0]) > 12
