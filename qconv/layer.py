@@ -83,7 +83,9 @@ class Conv2d:
     ``act_quant``: ``"auto"``, ``"tensor"``, ``"row"``, ``"block"`` or None (see the module docstring);
     ``threads``: CPU threads (None = all cores); ``act_block``: channels per activation block of
     ``act_quant="block"`` (0 = the weight's block). Extra keyword arguments go to the engine (e.g. ``input_qparams``,
-    ``output_qparams`` of the CPU engine's static int8 path).
+    ``output_qparams`` of the CPU engine's static int8 path; ``check_finite=True`` of the OpenCL engine: NaN/inf
+    in a ``pyopencl.array.Array`` input raise ``ValueError``, at the cost of a blocking read of a count; by
+    default device arrays are not scanned, so calls stay asynchronous; numpy inputs are always checked).
 
     ``layer(x)`` takes float32 NCHW ``(N, C, H, W)`` and returns float32 NCHW ``(N, O, OH, OW)``;
     ``layer(x, layout="nc4hw4")`` takes ``(ceil(C/4), N, H, W, 4)`` arrays (the input's padding lanes are ignored)

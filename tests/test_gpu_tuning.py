@@ -174,3 +174,53 @@ def test_tune_none_touches_no_cache(cl_device, cache_dir):
     before = dict(tuning.stats)
     gpu.OpenCLEngine(spec, device=cl_device, tune="none").forward(x)
     assert tuning.stats == before and not cache_dir.exists()
+
+
+def _row_linear(device):
+    """An act_quant="row" linear layer on one row (gemv_a8: local sizes compiled in, the fused variants'
+    reduction needs a power of two) built through the layer API with tuning on."""
+    import qconv
+    rng = np.random.default_rng(11)
+    w = qconv.quantize_weight(rng.standard_normal((24, 64)).astype(np.float32), bits=8, block_size=0)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    return w, x, lambda: qconv.Linear(w, device=device, act_quant="row", tune="fast")
+
+
+def _tamper(path, fn):
+    data = json.loads(path.read_text())
+    for k in list(data["entries"]):
+        fn(k, data["entries"])
+    path.write_text(json.dumps(data))
+    tuning.clear_memory()
+
+
+@pytest.mark.parametrize("how", ["local_size", "variant", "garbage"])
+def test_tampered_cache_entries_are_ignored_with_a_warning(cl_device, cache_dir, how):
+    """Entries edited in the file (a local size the kernel does not take, a variant that is no candidate,
+    malformed values): ignored with a TuningCacheWarning, tuned again, the layer's result unchanged."""
+    from qconv.reference import conv2d
+    w, x, make = _row_linear(cl_device)
+    ref = conv2d(x[:, :, None, None], w, None, 1, 0, 1, None, "row")[:, :, 0, 0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tuning.TuningCacheWarning)
+        make()(x)
+    _, dev = gpu.resolve(cl_device)
+    path = tuning.cache_for(dev).path
+
+    def edit(k, entries):
+        e = entries[k]
+        if how == "local_size":
+            e["lws"] = [3, 5, 1]
+        elif how == "variant" and "variant" in e:
+            e["variant"] = "gemv_a8f_c9"
+        elif how == "garbage":
+            entries[k] = {"lws": "big", "ns": -1, "level": "fast"} if "variant" not in e else {"variant": 7}
+    _tamper(path, edit)
+    with pytest.warns(tuning.TuningCacheWarning, match="ignored"):
+        layer = make()
+        y = layer(x)
+    plan = next(iter(layer.engine.plans.values()))
+    assert plan.lws is None or list(plan.lws) != [3, 5, 1]
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    data = json.loads(path.read_text())  # rewritten with good entries
+    assert data["entries"] and all(tuning._valid_entry(e) or "variant" in e for e in data["entries"].values())

@@ -157,7 +157,13 @@ class OpenCLEngine:
       ``"float16"`` (forced: rounds the scales);
     * ``specialize``: compile geometry constants into the kernels (default: on GPUs);
     * ``ic_pack``: input-channel pack of the general layout (4, or 1 = MNN's ``[ICp][O/4][K][4]``);
-    * ``threads``: accepted and ignored (CPU option).
+    * ``threads``: accepted and ignored (CPU option);
+    * ``check_finite``: ``False`` (default) or ``True``. Numpy inputs are checked on the host by the layer
+      (:class:`qconv.Conv2d` refuses NaN/inf with ``ValueError``). A ``pyopencl.array.Array`` input is by
+      default **not scanned**: a call neither reads it back nor waits for it, so calls stay asynchronous, and
+      NaN/inf inputs give NaN/inf outputs. With ``check_finite=True`` each device-array call first counts the
+      non-finite values on the device (NC4HW4 padding lanes left out) and reads that count back (a blocking
+      read that waits for ``x``), raising ``ValueError`` when there is any; numpy inputs are checked too.
     """
 
     name = "opencl"
@@ -166,8 +172,12 @@ class OpenCLEngine:
     native_layouts = ("nchw", "nc4hw4")
 
     def __init__(self, spec, device="opencl", *, tune=None, variant=None, local_size=None, image=None,
-                 image_limits=None, scale_dtype="auto", specialize=None, ic_pack=4, threads=None):
+                 image_limits=None, scale_dtype="auto", specialize=None, ic_pack=4, threads=None,
+                 check_finite=False):
         cl = import_pyopencl()
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite must be True or False, got {check_finite!r}")
+        self.check_finite = check_finite
         if spec.act_quant not in self.supported_act_quant:
             raise ValueError(f"the OpenCL engine supports act_quant None (float activations) or 'row' (int8 per "
                              f"sample), got {spec.act_quant!r}")
@@ -1258,6 +1268,10 @@ class OpenCLEngine:
             raise TypeError(f"x must be float32, got dtype {x.dtype}")
         x = np.ascontiguousarray(x)
         n, h, w = self._shape_of(x.shape, layout)
+        if self.check_finite:
+            tail = self.spec.in_channels % 4
+            parts = (x,) if layout == "nchw" or not tail else (x[:-1], x[-1, ..., :tail])
+            self._refuse_nonfinite(sum(p.size - int(np.count_nonzero(np.isfinite(p))) for p in parts))
         with self._lock:
             plan, is_new = self._plan_for(layout, n, h, w)
             q = self.queue
@@ -1293,6 +1307,8 @@ class OpenCLEngine:
             x = x.copy(queue=queue)  # kernels take whole buffers; a device copy, no host round trip
         if x.base_data.size < x.nbytes:
             raise ValueError(f"x's buffer holds {x.base_data.size} bytes, its shape needs {x.nbytes}")
+        if self.check_finite:
+            self._refuse_nonfinite(self._count_nonfinite(x, layout, queue))
         with self._lock:
             plan, is_new = self._plan_for(layout, n, h, w)
             y = cla.empty(queue, plan.out_shape, np.float32, allocator=x.allocator)
@@ -1301,6 +1317,30 @@ class OpenCLEngine:
         y.add_event(evt)
         x.add_event(evt)
         return y
+
+    def _count_nonfinite(self, x, layout, queue) -> int:
+        """NaN/inf values of device array ``x`` (NC4HW4 padding lanes left out): counted on the device, the
+        count read back (blocking)."""
+        cl = import_pyopencl()
+        import pyopencl.array as cla
+
+        n = int(x.size)
+        tail = self.spec.in_channels % 4 if layout == "nc4hw4" else 0
+        last = n - n // x.shape[0] if tail else n  # the last channel block's first element
+        count = cla.zeros(queue, 1, np.int32)
+        kernel = get_kernel(self.ctx, "util", (), "count_nonfinite")
+        local = 64
+        gsize = _roundup(min(_cdiv(n, 4), 1 << 16), local)
+        with _launch_lock:
+            kernel.set_args(x.base_data, np.int32(n), np.int32(last), np.int32(tail), count.data)
+            ev = cl.enqueue_nd_range_kernel(queue, kernel, (gsize,), (local,), wait_for=list(x.events) or None)
+        count.add_event(ev)
+        return int(count.get(queue=queue)[0])
+
+    @staticmethod
+    def _refuse_nonfinite(bad: int):
+        if bad:
+            raise ValueError(f"x contains {bad} non-finite value(s) (NaN or inf); qconv refuses them")
 
     # }}}
 

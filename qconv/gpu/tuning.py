@@ -19,7 +19,11 @@ process, or a later layer of the same shape, reuses it without timing anything.
   ``fast`` lookup, not the reverse.
 * Location: ``QCONV_CACHE_DIR``, else ``platformdirs.user_cache_dir("qconv")``.
 * A corrupt, unreadable or read-only cache gives a :class:`TuningCacheWarning` and tuning goes on in
-  memory. Writes are atomic (temporary file + ``os.replace``) and merge what other processes wrote.
+  memory. Entries are checked before use: a malformed one, a decision naming a variant that is not a
+  candidate, or a local size the candidate does not offer (the tuner only writes offered ones; a tampered
+  file could launch a size a kernel's compiled-in reduction does not handle) is ignored with a warning and
+  tuned again. A ``full`` entry whose local size the engine does not offer at the ``fast`` level is tuned
+  again too. Writes are atomic (temporary file + ``os.replace``) and merge what other processes wrote.
 * Tuning only chooses among variants that compute the same outputs; it never changes results beyond
   float rounding order (each variant is checked against the oracle by the tests).
 """
@@ -91,6 +95,14 @@ class TuningCache:
         warnings.warn(f"qconv tuning cache {self.path}: {msg}; tuning results stay in memory",
                       TuningCacheWarning, stacklevel=4)
 
+    def reject(self, key: str, why: str):
+        """Forget the entry ``key`` (read from the file, but not usable here) with a warning."""
+        with self._lock:
+            if self._entries is not None:
+                self._entries.pop(key, None)
+        warnings.warn(f"qconv tuning cache {self.path}: entry ignored ({why}); tuning again",
+                      TuningCacheWarning, stacklevel=4)
+
     def _read_disk(self, warn: bool) -> dict:
         try:
             text = self.path.read_text()
@@ -105,8 +117,12 @@ class TuningCache:
             entries = data["entries"]
             if data.get("format") != FORMAT or not isinstance(entries, dict):
                 raise ValueError("unknown format")
-            return {k: v for k, v in entries.items() if _valid_entry(v)}
-        except (ValueError, KeyError, TypeError) as exc:
+            valid = {k: v for k, v in entries.items() if isinstance(k, str) and _valid_entry(v)}
+            if warn and len(valid) < len(entries):
+                self._warn(f"{len(entries) - len(valid)} malformed entr{'y' if len(entries) - len(valid) == 1 else 'ies'} "
+                           f"ignored (tuned again when needed)")
+            return valid
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             if warn:
                 self._warn(f"corrupt ({type(exc).__name__}: {exc}); it will be rewritten")
             return {}
@@ -152,8 +168,24 @@ class TuningCache:
 
 
 def _valid_entry(v) -> bool:
-    return (isinstance(v, dict) and v.get("level") in _RANK and isinstance(v.get("ns"), (int, float))
-            and (v.get("lws") is None or (isinstance(v["lws"], list) and all(isinstance(i, int) for i in v["lws"]))))
+    """The shape of an entry: a known level, a finite positive time, no local size or a list of positive ints."""
+    if not isinstance(v, dict) or v.get("level") not in _RANK:
+        return False
+    ns = v.get("ns")
+    if isinstance(ns, bool) or not isinstance(ns, (int, float)) or not (0 < ns < float("inf")):
+        return False
+    lws = v.get("lws")
+    return lws is None or (isinstance(lws, list) and 1 <= len(lws) <= 3
+                           and all(isinstance(i, int) and not isinstance(i, bool) and i >= 1 for i in lws))
+
+
+def _fits(cand: "Candidate", lws) -> bool:
+    """Whether ``lws`` (from the cache: a list or None) is a local size ``cand`` offers. Entries the tuner
+    wrote always are (it times only those); anything else was edited or written by other code, and running
+    it could fail to launch or break a kernel's reduction (local sizes are compiled in)."""
+    want = None if lws is None else tuple(lws)
+    return any((s is None and want is None) or (s is not None and want is not None and tuple(s) == want)
+               for s in cand.local_sizes)
 
 
 _caches: dict = {}
@@ -247,16 +279,23 @@ def select(device, queue, candidates: list, level: str):
     skey = json.dumps(["select", [c.key for c in candidates]])
     entry = cache.get(skey)
     if entry is not None and _RANK[entry["level"]] >= _RANK[level]:
-        for cand in candidates:
-            if cand.variant == entry.get("variant"):
-                stats["cache_hits"] += 1
-                return cand, (None if entry["lws"] is None else tuple(entry["lws"])), entry["ns"]
+        cand = next((c for c in candidates if c.variant == entry.get("variant")), None)
+        if cand is None:
+            cache.reject(skey, f"variant {entry.get('variant')!r} is none of {[c.variant for c in candidates]}")
+        elif not _fits(cand, entry["lws"]):
+            cache.reject(skey, f"local size {entry['lws']} is none of {cand.variant}'s {cand.local_sizes}")
+        else:
+            stats["cache_hits"] += 1
+            return cand, (None if entry["lws"] is None else tuple(entry["lws"])), entry["ns"]
     stats["selections"] += 1
     budget, repeats = BUDGET_S[level], REPEATS[level]
     start = time.perf_counter()
     results = []
     for idx, cand in enumerate(candidates):
         entry = cache.get(cand.key)
+        if entry is not None and not _fits(cand, entry["lws"]):
+            cache.reject(cand.key, f"local size {entry['lws']} is none of {cand.variant}'s {cand.local_sizes}")
+            entry = None
         if entry is not None and _RANK[entry["level"]] >= _RANK[level]:
             stats["cache_hits"] += 1
             lws = None if entry["lws"] is None else tuple(entry["lws"])

@@ -51,3 +51,15 @@ __kernel void read_uint4_gs(__global const uint4 *src, __global uint *dst, const
 
 /* does nothing: its event duration is the device's per-launch floor (benchmarks) */
 __kernel void null_kernel(__global float *p) {}
+
+/* count_nonfinite (check_finite=True layers): count[0] += the NaN/inf values among x[0 .. n), leaving out
+ * NC4HW4 padding lanes (i >= last && i % 4 >= tail, when tail > 0: lanes >= C % 4 of the last block).
+ * Grid-stride; one atomic per item that found any. */
+__kernel void count_nonfinite(__global const float *x, const int n, const int last, const int tail,
+                              __global int *count) {
+    int c = 0;
+    for (int i = get_global_id(0); i < n; i += get_global_size(0))
+        c += (tail > 0 && i >= last && (i & 3) >= tail) ? 0 : (isfinite(x[i]) ? 0 : 1);
+    if (c)
+        atomic_add(count, c);
+}
