@@ -146,9 +146,9 @@ def make_artifact(row: str, path: str, x: np.ndarray, work: str):
 
 # --- one row, in its own process -------------------------------------------------------------------------
 def _peak_rss_mb() -> float:
-    import resource
+    from qconv.onnx.cli import peak_rss_mb  # VmHWM: ru_maxrss would carry over the parent's peak through exec
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return peak_rss_mb()
 
 
 def _runner(row: str, path: str, x: np.ndarray, threads: int):

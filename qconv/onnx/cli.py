@@ -51,7 +51,15 @@ def _progress(iterable, total, desc, enabled):
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (MiB)."""
+    """Peak resident set size of this process so far (MiB): ``VmHWM`` of ``/proc/self/status`` where there is one
+    (``ru_maxrss`` survives ``exec``, so it can report the peak of the process that started this one)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
 
