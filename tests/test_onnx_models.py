@@ -272,3 +272,12 @@ def test_gptq_scheme_is_calibrated_on_the_given_inputs():
     x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
     y, = qo.InferenceSession(q, threads=1).run(None, {"x": x})
     assert sqnr_db(y, _float_run(model, {"x": x})[0]) > 12
+
+
+def test_float_model_runs_unchanged():
+    """A model without qconv nodes runs as plain onnxruntime (no custom-op library needed)."""
+    model, _ = conv_chain()
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    sess = qo.InferenceSession(model, threads=1)
+    assert sess.kernels == []
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], _float_run(model, {"x": x})[0])
