@@ -152,11 +152,19 @@ def _inspect(args) -> int:
         engines = [d for d in qconv.available_devices() if d != "reference"]
     shape = tuple(int(v) for v in args.input_shape.split(",")) if args.input_shape else None
     rows = mr.inspect(args.model, measure, _act_quant_arg(args.act_quant), args.act_block, engines, args.input,
-                      shape, args.repeat, progress=not args.no_progress)
+                      shape, args.repeat, progress=not args.no_progress, calibration_paths=args.calibration)
     shown = [r for r in rows if mr.Scheme.parse(r["scheme"]) in schemes]
     print(mr.format_rows(shown, engines))
     for line in mr.summary_lines(shown):
         print(line)
+    gptq = [r for r in rows if r.get("calibration")]
+    if gptq:
+        print(f"gptq schemes calibrated on {gptq[0]['calibration']}")
+    elif args.calibration:
+        print("--calibration is used by -gptq schemes only; none was measured", file=sys.stderr)
+    note = mr.calibration_note(rows)
+    if note:
+        print(note)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
@@ -170,7 +178,12 @@ def _inspect(args) -> int:
     if args.plot:
         mr.plot(shown, args.plot)
     if args.save:
-        mr.save_weights(args.save, args.model, shown)
+        calib_feeds = None
+        if any(mr.Scheme.parse(r["scheme"]).method == "gptq" for r in shown):
+            from .onnx_model import load_layers
+
+            calib_feeds = mr.calibration_feeds(load_layers(args.model)[0], args.input, shape, 0, args.calibration)[0]
+        mr.save_weights(args.save, args.model, shown, calib_feeds)
     if args.target_sqnr is not None:
         plan = mr.choose_plan(rows, candidates, args.target_sqnr, args.model, _act_quant_arg(args.act_quant))
         print(format_plan(plan, rows))
@@ -228,6 +241,9 @@ def main(argv=None) -> int:
                      help="activation quantization of the CPU engine and the oracle")
     ins.add_argument("--act-block", type=int, default=0, help="channels per block for --act-quant block")
     ins.add_argument("--input", help="input tensor (.npy) or image (needs Pillow); default: seeded random")
+    ins.add_argument("--calibration", nargs="+", metavar="INPUT",
+                     help="inputs (.npy or images) that -gptq schemes are calibrated on; the SQNR is measured on "
+                          "--input (default: --input itself, flagged in the output, or a random feed)")
     ins.add_argument("--input-shape", help="N,C,H,W for the random input (dynamic dims default to 1 and 256)")
     ins.add_argument("--engines", help="comma-separated engines to time (default: all fast engines)")
     ins.add_argument("--repeat", type=int, default=3, help="timed runs per layer (median)")

@@ -21,21 +21,26 @@ from .geometry import ConvSpec
 from .weights import METHODS, QuantizedWeight, _mse_range, _quantize_blocks, check_quantize_args
 
 
-def _columns(x, out_channels: int, in_per_group: int, kernel, groups: int, stride, padding, dilation):
+def _columns(xs, out_channels: int, in_per_group: int, kernel, groups: int, stride, padding, dilation):
+    """im2col ``(P, G, K)`` of every calibration input in ``xs`` (NCHW arrays, any spatial sizes) together."""
     fake = QuantizedWeight(np.zeros((out_channels, in_per_group) + tuple(kernel), np.int8),
                            np.ones((out_channels, 1), np.float32), None, 8, 0, groups)
     spec = ConvSpec(fake, None, stride, padding, dilation, None, None)
-    x = V.float_array(x, "x", ndim=4)
-    if x.shape[1] != in_per_group * groups:
-        raise ValueError(f"x has {x.shape[1]} channels, the weight expects {in_per_group * groups}")
-    return reference._columns(x.astype(np.float64), spec)  # (P, G, K)
+    cols = []
+    for x in xs:
+        x = V.float_array(x, "x", ndim=4)
+        if x.shape[1] != in_per_group * groups:
+            raise ValueError(f"x has {x.shape[1]} channels, the weight expects {in_per_group * groups}")
+        cols.append(reference._columns(x.astype(np.float64), spec))
+    return np.concatenate(cols) if len(cols) > 1 else cols[0]
 
 
 def quantize_weight_calibrated(w, x, bits: int = 4, block_size: int = 0, symmetric: bool = False,
                                groups: int = 1, stride=1, padding=0, dilation=1, range_method: str = "minmax",
                                damp: float = 0.01, max_columns: int = 8192) -> QuantizedWeight:
     """GPTQ quantization of float ``w (O, I/groups, kh, kw)`` (or ``(O, K)``) calibrated on input ``x``
-    (float NCHW, or ``(N, K)`` for a linear weight) of the conv with the given geometry.
+    (float NCHW, or ``(N, K)`` for a linear weight) of the conv with the given geometry; ``x`` may be a list
+    of such inputs (several calibration images, sizes may differ): their im2col columns are pooled.
 
     ``range_method``: how each block's range is chosen (``"minmax"`` or ``"mse"``). ``damp``: diagonal
     damping of ``H`` as a fraction of its mean diagonal. ``max_columns``: im2col columns used (evenly
@@ -44,12 +49,14 @@ def quantize_weight_calibrated(w, x, bits: int = 4, block_size: int = 0, symmetr
     V.check_choice(range_method, "range_method", METHODS)
     linear = isinstance(w, np.ndarray) and w.ndim == 2
     w, bits, block_size, groups = check_quantize_args(w, bits, block_size, symmetric, groups)
+    xs = list(x) if isinstance(x, (list, tuple)) else [x]
+    if not xs:
+        raise ValueError("x: give at least one calibration input")
     if linear:
-        x = V.float_array(x, "x", ndim=(2, 4))
-        if x.ndim == 2:
-            x = x[:, :, None, None]
+        xs = [V.float_array(xi, "x", ndim=(2, 4)) for xi in xs]
+        xs = [xi[:, :, None, None] if xi.ndim == 2 else xi for xi in xs]
     o, ipg = w.shape[0], w.shape[1]
-    cols = _columns(x, o, ipg, w.shape[2:], groups, stride, padding, dilation)
+    cols = _columns(xs, o, ipg, w.shape[2:], groups, stride, padding, dilation)
     if cols.shape[0] > max_columns:
         cols = cols[np.linspace(0, cols.shape[0] - 1, max_columns).astype(np.int64)]
     k = ipg * w.shape[2] * w.shape[3]

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import reference
 from ._timing import median_ms
-from .testing.asserts import RTOL_FLOAT, RTOL_QUANTIZED, magnitude, sqnr_db
+from .metrics import rtol_for, sqnr_db, tolerance
 from .weights import QuantizedWeight, quantize_weight
 
 _SCHEME_RE = re.compile(r"^int(4|8)-(ch|b\d+)(?:-(sym|asym))?(?:-(minmax|mse|gptq))?$")
@@ -72,17 +72,27 @@ class Scheme:
         return quantize_weight(w, self.bits, block, self.symmetric, groups, self.method)
 
 
+def engine_agrees(y, ref, x, qw, bias, act_quant, act_block=0, **conv) -> bool:
+    """Whether an engine's output ``y`` is within the per-output tolerance of the oracle's ``ref`` (the rule
+    of :mod:`qconv.metrics`: at every element ``|y - ref| <= rtol * (sum |w_deq||x_deq| + |bias|)``)."""
+    tol = tolerance(x, qw, bias, act_quant=act_quant, act_block=act_block, rtol=rtol_for(act_quant), **conv)
+    return bool(np.isfinite(y).all() and (np.abs(np.asarray(y, np.float64) - ref) <= tol).all())
+
+
 def measure_layer(layer, x_captured, scheme: Scheme, act_quant="tensor", act_block=0, engines=(),
                   repeat: int = 3, x_calib=None) -> dict:
     """Quantize ``layer`` with ``scheme`` and measure it on its captured input (see the module docstring).
 
-    ``x_calib``: the layer's input on a calibration feed, for ``gptq`` schemes."""
+    ``x_calib``: the layer's input on a calibration feed (or a list, one per feed), for ``gptq`` schemes."""
     import qconv
 
     x = layer.conv_input(x_captured)
     kw = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
     y_float = reference.float_conv2d(x, layer.weight, layer.bias, groups=layer.groups, **kw)
-    calib = None if x_calib is None else layer.conv_input(x_calib)
+    if x_calib is None:
+        calib = None
+    else:
+        calib = [layer.conv_input(t) for t in (x_calib if isinstance(x_calib, (list, tuple)) else [x_calib])]
     qw = scheme.quantize(layer.weight, layer.groups, calib, **kw)
     row = dict(layer=layer.name, op=layer.op, shape=layer.describe_shape(), groups=layer.groups,
                scheme=scheme.label, bytes_float=4 * layer.weight.size,
@@ -101,9 +111,8 @@ def measure_layer(layer, x_captured, scheme: Scheme, act_quant="tensor", act_blo
             ye = conv(x)
             aq = conv.spec.act_quant
             ref = y if aq == act_quant else reference.conv2d(x, qw, layer.bias, act_quant=aq, act_block=act_block, **kw)
-            tol = (RTOL_QUANTIZED if aq else RTOL_FLOAT) * magnitude(x, qw, layer.bias, act_quant=aq, **kw)
             row["engines"][dev] = dict(ms=median_ms(lambda: conv(x), repeat),
-                                       agrees=bool(np.abs(ye.astype(np.float64) - ref).max() <= tol),
+                                       agrees=engine_agrees(ye, ref, x, qw, layer.bias, aq, act_block, **kw),
                                        sqnr_db=sqnr_db(ye, y_float))
         except Exception as exc:  # report, do not hide the other engines
             row["engines"][dev] = dict(error=f"{type(exc).__name__}: {exc}")
@@ -135,18 +144,20 @@ class Plan:
     def apply(self, model_path=None, calib_feed=None) -> dict:
         """``{layer name: QuantizedWeight or None}`` for the model's layers under this plan.
 
-        ``gptq`` layers are calibrated on ``calib_feed`` (default: the seeded random feed ``inspect`` uses)."""
+        ``gptq`` layers are calibrated on ``calib_feed``: a feed dict or a list of them (default: the seeded
+        random feed ``inspect`` uses)."""
         from .onnx_model import capture, default_input, load_layers
 
         model, layers = load_layers(model_path or self.model)
         schemes = {name: Scheme.parse(e["scheme"]) for name, e in self.layers.items()}
-        tensors = {}
+        captured = []
         if any(s.method == "gptq" for s in schemes.values()):
-            tensors = capture(model, layers, calib_feed or default_input(model, seed=CALIB_SEED))
+            feeds = calib_feed or default_input(model, seed=CALIB_SEED)
+            captured = [capture(model, layers, f) for f in (feeds if isinstance(feeds, (list, tuple)) else [feeds])]
         out = {}
         for layer in layers:
             if layer.name in schemes:
-                calib = layer.conv_input(tensors[layer.input_name]) if tensors else None
+                calib = [layer.conv_input(t[layer.input_name]) for t in captured] or None
                 out[layer.name] = schemes[layer.name].quantize(layer.weight, layer.groups, calib,
                                                                 **_conv_kwargs(layer))
         return out
@@ -181,7 +192,7 @@ def format_rows(rows, engines) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["layer"][:28], r["op"], r["shape"], str(r["groups"]), r["scheme"] + ("" if r.get("block") != 0
-                 or "-b" not in r["scheme"] else " (ch)"), f"{r['bytes_float']:,} -> {r['bytes_packed']:,}",
+                 or "-b" not in r["scheme"] else " (ch)") + ("*" if r.get("calibrated_on_evaluation_input") else ""), f"{r['bytes_float']:,} -> {r['bytes_packed']:,}",
                  f"{r['rel_err']:.2e}", f"{r['sqnr_db']:.1f}", f"{r.get('ort_ms', float('nan')):.3f}"]
         for d in engines:
             e = r["engines"].get(d, {})
@@ -204,9 +215,48 @@ def summary_lines(rows) -> list[str]:
     return out
 
 
+def calibration_feeds(model, input_path=None, input_shape=None, seed: int = 0, calibration_paths=None):
+    """The feeds ``gptq`` schemes are calibrated on, and where they come from.
+
+    Returns ``(feeds, source, on_evaluation_input)``: ``calibration_paths`` (one or more ``.npy`` / images)
+    when given; else, with a user ``input_path``, that input itself (the only real data there is:
+    ``on_evaluation_input`` is True and the SQNR measured on it is optimistic); else a seeded random feed
+    (seed ``seed + CALIB_SEED``, not the evaluation feed's ``seed``)."""
+    import os
+
+    from .onnx_model import default_input, load_input
+
+    if calibration_paths:
+        feeds = [load_input(model, p, input_shape) for p in calibration_paths]
+        same = input_path is not None and any(os.path.realpath(p) == os.path.realpath(input_path)
+                                              for p in calibration_paths)
+        n = len(calibration_paths)
+        source = f"{n} calibration input{'s' if n > 1 else ''}" + (", including the evaluation input" if same
+                                                                   else ", held out from the evaluation input")
+        return feeds, source, same
+    if input_path is not None:
+        return [load_input(model, input_path, input_shape)], "the evaluation input itself", True
+    return [default_input(model, input_shape, seed + CALIB_SEED)], f"a random feed (seed {seed + CALIB_SEED})", False
+
+
+def calibration_note(rows) -> str | None:
+    """A warning line when some ``gptq`` row was calibrated on the input its SQNR is measured on."""
+    same = [r for r in rows if r.get("calibrated_on_evaluation_input")]
+    if not same:
+        return None
+    return (f"NOTE: {len(same)} gptq row(s) marked * were calibrated on {same[0]['calibration']}: their SQNR is "
+            "measured on the calibration input (optimistic). Pass --calibration with other inputs to measure "
+            "them on held-out data.")
+
+
 def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), input_path=None,
-            input_shape=None, repeat: int = 3, progress: bool = True, time_ort: bool = True, seed: int = 0):
-    """Measure every layer of ``model_path`` under each scheme; returns the list of row dicts."""
+            input_shape=None, repeat: int = 3, progress: bool = True, time_ort: bool = True, seed: int = 0,
+            calibration_paths=None):
+    """Measure every layer of ``model_path`` under each scheme; returns the list of row dicts.
+
+    ``gptq`` schemes are calibrated on :func:`calibration_feeds` (``calibration_paths``: one or more inputs,
+    never the evaluation input unless listed); their rows say where (``calibration``,
+    ``calibrated_on_evaluation_input``)."""
     from .onnx_model import capture, default_input, load_input, load_layers, time_float_layer
 
     model, layers = load_layers(model_path)
@@ -214,10 +264,11 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
         raise ValueError(f"{model_path}: no Conv or constant-weight MatMul/Gemm layers found")
     feed = load_input(model, input_path, input_shape) if input_path else default_input(model, input_shape, seed)
     tensors = capture(model, layers, feed)
-    calib = {}
+    calib, source, same = {}, None, False
     if any(s.method == "gptq" for s in schemes):
-        # calibrate on a different feed than the one measured (random: another seed; a user input: itself)
-        calib = tensors if input_path else capture(model, layers, default_input(model, input_shape, seed + CALIB_SEED))
+        feeds, source, same = calibration_feeds(model, input_path, input_shape, seed, calibration_paths)
+        captured = [tensors if same and not calibration_paths else capture(model, layers, f) for f in feeds]
+        calib = {name: [t[name] for t in captured] for name in captured[0]}
     jobs = [(layer, s) for layer in layers for s in schemes]
     try:
         from tqdm import tqdm
@@ -229,6 +280,8 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
         x = tensors[layer.input_name]
         row = measure_layer(layer, x, scheme, act_quant, act_block, engines, repeat,
                             calib.get(layer.input_name) if calib else None)
+        if scheme.method == "gptq":
+            row.update(calibration=source, calibrated_on_evaluation_input=same)
         if time_ort and not layer.is_linear and layer.name not in ort_ms:
             ort_ms[layer.name] = time_float_layer(layer, x, repeat)
         row["ort_ms"] = ort_ms.get(layer.name, float("nan"))
@@ -236,14 +289,15 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
     return rows
 
 
-def save_weights(path, model_path, rows) -> None:
-    """``--save``: the quantized weights of every (layer, scheme) row as one ``.npz`` (keys ``layer|scheme|field``)."""
+def save_weights(path, model_path, rows, calib_feeds=None) -> None:
+    """``--save``: the quantized weights of every (layer, scheme) row as one ``.npz`` (keys ``layer|scheme|field``);
+    ``gptq`` weights calibrated on ``calib_feeds`` (see :func:`calibration_feeds`; default a random feed)."""
     plans = {}
     for r in rows:
         plans.setdefault(r["scheme"], {})[r["layer"]] = dict(scheme=r["scheme"], bytes=0, sqnr_db=0.0)
     arrays = {}
     for scheme, entries in plans.items():
-        weights = Plan(str(model_path), 0.0, None, entries).apply()
+        weights = Plan(str(model_path), 0.0, None, entries).apply(calib_feed=calib_feeds)
         for name, qw in weights.items():
             arrays.update(_weight_arrays(f"{name}|{scheme}|", qw))
     np.savez(path, **arrays)

@@ -60,3 +60,85 @@ def test_inspect_command_writes_every_output(tmp_path):
     plan = Plan.load(tmp_path / "plan.json")
     weights = plan.apply(model)
     assert len(weights) == 62 and min(e["sqnr_db"] for e in plan.layers.values()) >= 20
+
+
+def _tiny_model(path):
+    """Two 3x3 convs (8 -> 16 -> 16 channels) with a Relu between: an ONNX model written to ``path``."""
+    import numpy as np
+    import pytest
+
+    onnx = pytest.importorskip("onnx", reason="needs onnx (test extra)")
+    pytest.importorskip("onnxruntime", reason="needs onnxruntime (test extra)")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2
+    w2 = rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["h"], pads=[1, 1, 1, 1], name="conv1"),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1], name="conv2")]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _inputs(tmp_path, n):
+    import numpy as np
+
+    paths = []
+    for i in range(n):
+        x = np.random.default_rng(100 + i).standard_normal((1, 8, 12, 12)).astype(np.float32)
+        x[:, i % 8] *= 4  # inputs that differ in their statistics
+        paths.append(str(tmp_path / f"in{i}.npy"))
+        np.save(paths[-1], x)
+    return paths
+
+
+def test_inspect_calibration_inputs_are_held_out(tmp_path, capsys):
+    """Issue 19 item 9: with --input IMG, -gptq schemes were calibrated on IMG itself and their SQNR measured on
+    IMG (optimistic). --calibration takes other inputs; a single input used for both is flagged."""
+    from qconv import model_report as mr
+    from qconv.cli import main
+
+    model = _tiny_model(tmp_path / "tiny.onnx")
+    evaluation, *calibration = _inputs(tmp_path, 3)
+    scheme = [mr.Scheme.parse("int4-b4-asym-gptq")]
+    kw = dict(engines=(), repeat=1, progress=False, time_ort=False)
+    own = mr.inspect(model, scheme, input_path=evaluation, **kw)
+    held = mr.inspect(model, scheme, input_path=evaluation, calibration_paths=calibration, **kw)
+    assert all(r["calibrated_on_evaluation_input"] for r in own)
+    assert not any(r["calibrated_on_evaluation_input"] for r in held)
+    assert held[0]["calibration"] == "2 calibration inputs, held out from the evaluation input"
+    # calibrating on the measured input flatters it: every layer measures better than held-out calibration
+    assert all(o["sqnr_db"] > h["sqnr_db"] for o, h in zip(own, held)), [(o["sqnr_db"], h["sqnr_db"])
+                                                                          for o, h in zip(own, held)]
+    assert mr.calibration_note(held) is None and "calibration input" in mr.calibration_note(own)
+
+    args = ["inspect", model, "--input", evaluation, "--scheme", "int4-b4-asym-gptq", "--engines", "reference",
+            "--repeat", "1", "--no-progress"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "int4-b4-asym-gptq*" in out and "measured on the calibration input" in out
+    assert main(args + ["--calibration", evaluation]) == 0  # the same file named again: still flagged
+    assert "measured on the calibration input" in capsys.readouterr().out
+    assert main(args + ["--calibration"] + calibration + ["--save", str(tmp_path / "w.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated on 2 calibration inputs, held out" in out and "NOTE" not in out and "gptq*" not in out
+
+
+def test_gptq_pools_several_calibration_inputs():
+    import numpy as np
+
+    from qconv.gptq import quantize_weight_calibrated
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    a, b = (rng.standard_normal((1, 4, 7, 7)).astype(np.float32) for _ in range(2))
+    pooled = quantize_weight_calibrated(w, [a, b], 4, 2, False, padding=1)
+    assert pooled == quantize_weight_calibrated(w, np.concatenate([a, b]), 4, 2, False, padding=1)
+    assert pooled != quantize_weight_calibrated(w, a, 4, 2, False, padding=1)
+    c = rng.standard_normal((1, 4, 9, 5)).astype(np.float32)  # another size: columns pooled all the same
+    quantize_weight_calibrated(w, [a, c], 4, 2, False, padding=1)

@@ -13,8 +13,7 @@ from qconv._ext import _cpu  # noqa: E402
 from qconv.cpu import KERNEL_NAMES, CpuEngine  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
 from qconv.layouts.nc4hw4 import NC4HW4  # noqa: E402
-from qconv.testing import sqnr_db, strategies as qst  # noqa: E402
-from qconv.testing.asserts import RTOL_QUANTIZED  # noqa: E402
+from qconv.testing import assert_matches_reference, sqnr_db, strategies as qst  # noqa: E402
 
 KERNELS = [k for k in KERNEL_NAMES if _cpu.kernel_supported(k)]
 P4 = NC4HW4(4)
@@ -40,32 +39,20 @@ def block_cases(draw):
     return geo, weight, x, bias, act, ab
 
 
-def _block_magnitude(x, weight, geo, ab, bias):
-    """``max(sum |w_deq| * |x_deq| + |bias|)`` with the block-quantized columns (the 1e-5 rule's scale)."""
-    # |x| dequantized per block is at most the block max: bound with the float conv of |x| (>= |x_deq|*(1+1/254))
-    wabs = np.abs(weight.dequantize())
-    b = None if bias is None else np.abs(bias)
-    m = reference.float_conv2d(np.abs(x) * np.float32(1.01), wabs, b, geo.stride, geo.padding, geo.dilation,
-                               weight.groups)
-    return float(m.max())
-
-
 def _check(y, x, weight, bias, geo, act, ab):
-    ref = reference.conv2d(x, weight, bias, geo.stride, geo.padding, geo.dilation, act, "block", ab)
-    assert y.shape == ref.shape and y.dtype == np.float32
-    assert np.isfinite(y).all()
-    tol = RTOL_QUANTIZED * max(_block_magnitude(x, weight, geo, ab, bias), 1e-30)
-    err = float(np.abs(y.astype(np.float64) - ref.astype(np.float64)).max())
-    assert err <= tol, (err, tol)
+    """The per-output 1e-5 rule (qconv.metrics) with the block-quantized columns' |x_deq|."""
+    assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, "block",
+                             act_block=ab)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@given(case=block_cases(), layout=st.sampled_from(["nchw", "nc4hw4"]), threads=st.sampled_from([1, 2]))
+@given(case=block_cases(), layout=st.sampled_from(["nchw", "nc4hw4"]), threads=st.sampled_from([1, 2]),
+       tile_cols=st.sampled_from([16, 1, 5, 14, 17, 32]))
 @settings(deadline=None)
-def test_block_mode_matches_reference(kernel, case, layout, threads):
+def test_block_mode_matches_reference(kernel, case, layout, threads, tile_cols):
     geo, weight, x, bias, act, ab = case
     spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, "block", ab)
-    eng = CpuEngine(spec, threads=threads, kernel=kernel, tile_cols=int(np.random.default_rng(0).integers(1, 17)))
+    eng = CpuEngine(spec, threads=threads, kernel=kernel, tile_cols=tile_cols)
     if layout == "nchw":
         y = eng.forward(x)
     else:

@@ -60,10 +60,18 @@ def test_tensor_quantization_keeps_zero_exact(x):
     z = int(aq.zero[0])
     assert -128 <= z <= 127
     assert aq.xq.min() >= -128 and aq.xq.max() <= 127
-    # the zero point is an exact quantized zero, so padding taps contribute nothing
-    assert (np.float32(0) - z) * 0 == 0 and ((z - z) * aq.scale[0]) == 0
+    # the zero point is an exact quantized zero: zeros added to x change neither the scale nor the zero
+    # point, quantize to z and dequantize to exactly 0.0 ...
+    xz = np.concatenate([x, np.zeros_like(x[:1])])
+    az = reference.quantize_activation(xz, "tensor")
+    assert az.scale[0] == aq.scale[0] and az.zero[0] == z
+    assert (az.xq[-1] == z).all() and not az.dequantize()[-1].any()
     if (x == 0).any():
         assert (aq.xq[x == 0] == z).all()
+    # ... so padding taps contribute nothing: padding equals an explicitly zero-padded input, bit for bit
+    w = quantize_weight(np.random.default_rng(0).standard_normal((2, 3, 3, 3)).astype(np.float32))
+    xp = np.pad(x, ((0, 0), (0, 0), (2, 2), (1, 1)))
+    assert np.array_equal(reference.conv2d(x, w, padding=(2, 1)), reference.conv2d(xp, w, padding=0))
 
 
 def test_constant_and_zero_inputs_are_exact():

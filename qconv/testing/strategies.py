@@ -8,7 +8,11 @@ Bounds (defaults; each is a keyword argument):
 * ``conv_geometries``: N 1..3, channels per group 1..``max_channels`` (biased to odd/prime counts),
   kernel 1..``max_kernel`` (7), stride 1..3, padding 0..3, dilation 1..3, groups 1..3 when
   ``groups=True``, spatial size 1..``max_spatial`` but always large enough for an output >= 1.
-* ``quant_schemes(in_channels)``: bits 4/8, block size a divisor of ``in_channels`` (or 0), sym/asym.
+* ``quant_schemes(in_channels=DEFAULT_IN_CHANNELS)``: bits 4/8, block size a divisor of ``in_channels``
+  (or 0; ``block_filter`` keeps only the sizes an engine accepts), sym/asym.
+* ``activations``: random normal; one input in :data:`CONSTANT_ODDS` is constant (one in four of those
+  all-zero): a constant input hides permuted channels or pixels and an all-zero one passes an engine that
+  returns zeros, so they are rare here and tested on purpose elsewhere (``constant=True``).
 """
 from __future__ import annotations
 
@@ -21,6 +25,12 @@ from ..weights import QuantizedWeight, quantize_weight
 
 # Sizes biased toward the awkward ones: primes, odd counts, 1, and pack/tile edges.
 EDGE_COUNTS = (1, 3, 5, 7, 11, 13, 17, 2, 4, 8, 16, 31, 32, 33)
+
+# quant_schemes() without a channel count: 64 has divisors 1..32 (blocks of 2, 4, 8, 16, 32 for every engine).
+DEFAULT_IN_CHANNELS = 64
+
+# activations(constant=None): one in CONSTANT_ODDS inputs is constant.
+CONSTANT_ODDS = 32
 
 
 @dataclass(frozen=True)
@@ -86,9 +96,19 @@ def conv_geometries(draw, max_channels: int = 24, max_out_channels: int = 24, ma
 
 
 @st.composite
-def quant_schemes(draw, in_channels: int, bits=(8, 4), blocks: bool = True) -> dict:
-    """``dict(bits, block_size, symmetric)`` valid for ``in_channels`` input channels per group."""
-    divisors = [d for d in range(1, in_channels + 1) if in_channels % d == 0 and d < in_channels]
+def quant_schemes(draw, in_channels: int = DEFAULT_IN_CHANNELS, bits=(8, 4), blocks: bool = True,
+                  block_filter=None) -> dict:
+    """``dict(bits, block_size, symmetric)`` valid for ``in_channels`` input channels per group
+    (default :data:`DEFAULT_IN_CHANNELS`, for a test that only wants "a scheme").
+
+    ``block_filter``: a predicate on block sizes; only the divisors it accepts are drawn (per channel,
+    ``block_size=0``, is always possible), e.g. ``lambda b: b % 4 == 0`` for an engine that needs scale
+    blocks of a multiple of 4 channels."""
+    if isinstance(in_channels, bool) or not isinstance(in_channels, (int, np.integer)) or in_channels < 1:
+        raise ValueError(f"in_channels must be a positive int, got {in_channels!r}")
+    in_channels = int(in_channels)
+    divisors = [d for d in range(1, in_channels + 1) if in_channels % d == 0 and d < in_channels
+                and (block_filter is None or block_filter(d))]
     block = draw(st.sampled_from([0] + divisors)) if blocks and divisors else 0
     return dict(bits=draw(st.sampled_from(list(bits))), block_size=block, symmetric=draw(st.booleans()))
 
@@ -116,12 +136,13 @@ def float_weights(draw, shape) -> np.ndarray:
 
 @st.composite
 def quantized_weights(draw, geometry: ConvGeometry | None = None, bits=(8, 4),
-                      blocks: bool = True) -> QuantizedWeight:
+                      blocks: bool = True, block_filter=None) -> QuantizedWeight:
     """A :class:`QuantizedWeight` for ``geometry`` (drawn when None) under a drawn scheme; one in four has
-    float16 scales and offsets (``scale_dtype="float16"``, the engines' compact tables) when they fit."""
+    float16 scales and offsets (``scale_dtype="float16"``, the engines' compact tables) when they fit.
+    ``block_filter``: see :func:`quant_schemes`."""
     if geometry is None:
         geometry = draw(conv_geometries())
-    scheme = draw(quant_schemes(geometry.in_per_group, bits=bits, blocks=blocks))
+    scheme = draw(quant_schemes(geometry.in_per_group, bits=bits, blocks=blocks, block_filter=block_filter))
     w = draw(float_weights((geometry.o, geometry.in_per_group) + tuple(geometry.kernel)))
     if draw(st.integers(0, 3)) == 0:
         try:
@@ -135,11 +156,14 @@ def quantized_weights(draw, geometry: ConvGeometry | None = None, bits=(8, 4),
 def activations(draw, shape, outliers: bool | None = None, constant: bool | None = None,
                 negative: bool | None = None) -> np.ndarray:
     """float32 activations of ``shape``. Each option: True forces it, False forbids it, None lets
-    hypothesis choose. ``outliers``: a few channels x1000; ``constant``: one value everywhere;
-    ``negative``: all values < 0."""
+    hypothesis choose. ``outliers``: a few channels x1000; ``constant``: one value everywhere (with None:
+    one input in :data:`CONSTANT_ODDS`; shrinking moves away from constant inputs); ``negative``: all
+    values < 0."""
     rng = _rng(draw)
     pick = lambda flag: draw(st.booleans()) if flag is None else flag  # noqa: E731
-    if pick(constant):
+    if constant is None:
+        constant = draw(st.integers(0, CONSTANT_ODDS - 1)) == CONSTANT_ODDS - 1
+    if constant:
         return np.full(shape, np.float32(draw(st.sampled_from([0.0, 1.5, -2.25, 3.7]))), np.float32)
     x = rng.standard_normal(shape).astype(np.float32)
     if pick(negative):
