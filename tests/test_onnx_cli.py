@@ -58,3 +58,17 @@ def test_run_reads_images(float_model, tmp_path, capsys):
 def test_plan_and_scheme_are_exclusive(float_model, tmp_path):
     with pytest.raises(SystemExit):
         main(["quantize", str(float_model), str(tmp_path / "q.onnx"), "--scheme", "int8-ch-sym", "--plan", "p.json"])
+
+
+def test_quantize_with_a_saved_plan(float_model, tmp_path, capsys):
+    from qconv.model_report import Plan
+
+    plan = tmp_path / "plan.json"
+    Plan(str(float_model), 25.0, "tensor", {"c1": dict(scheme="int4-b8-asym", bytes=0, sqnr_db=30.0),
+                                           "c2": dict(scheme="float", bytes=0, sqnr_db=float("inf"))}).save(plan)
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(float_model), str(out), "--plan", str(plan)]) == 0
+    text = capsys.readouterr().out
+    assert "quantized 1 layers" in text and "float: c2: float in the plan" in text
+    q = onnx.load(out)
+    assert [n.op_type for n in q.graph.node] == ["QConv", "Conv"]
