@@ -212,8 +212,9 @@ class Linear(Conv2d):
     """A weight-quantized linear layer: ``y = x @ w.T + bias`` for ``x`` of shape ``(N, K)``.
 
     ``weight`` is a :class:`QuantizedWeight` of shape ``(O, K, 1, 1)`` (``quantize_weight`` of an ``(O, K)``
-    array). It runs as a 1x1 conv on 1x1 spatial (the GEMV/LLM case); ``N = 0`` returns an empty ``(0, O)`` result. ``act_quant="auto"`` is ``"row"`` on
-    the CPU, so every row is quantized on its own and batching never changes a row's result.
+    array). It runs as a 1x1 conv on 1x1 spatial (the GEMV/LLM case); ``N = 0`` returns an empty ``(0, O)``
+    result. ``act_quant="auto"`` is ``"row"`` on the CPU, so every row is quantized on its own and batching never
+    changes a row's result.
     """
 
     _default_act_quant_key = "default_linear_act_quant"
