@@ -31,8 +31,8 @@ def _w(*shape, scale=None):
 
 
 def _model(nodes, inputs, outputs, inits, opset=13):
-    g = helper.make_graph(nodes, "t", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
-                                                for o in outputs], [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+    g = helper.make_graph(nodes, "t", inputs, outs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 

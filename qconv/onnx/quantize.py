@@ -16,6 +16,7 @@ import json
 
 import numpy as np
 
+from ..geometry import ConvSpec
 from ..model_report import CALIB_SEED, Plan, Scheme
 from .nodes import DOMAIN, OPSET, QCONV, QMATMUL, make_qnode
 
@@ -199,8 +200,7 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
                 activation, out_name = act, nxt.output[0]
                 fused.append(idx)
         try:
-            from ..geometry import ConvSpec
-            ConvSpec(qw, bias, activation=activation, **kw)
+            ConvSpec(qw, bias, activation=activation, **kw)  # what the session's layer will check
         except (ValueError, TypeError) as exc:
             summary["float"][layer.name] = f"{sch.label}: {exc}"
             continue
