@@ -69,9 +69,11 @@ def test_tensor_quantization_keeps_zero_exact(x):
     if (x == 0).any():
         assert (aq.xq[x == 0] == z).all()
     # ... so padding taps contribute nothing: padding equals an explicitly zero-padded input, bit for bit
+    # (also for an all-positive input, whose range must still reach 0)
     w = quantize_weight(np.random.default_rng(0).standard_normal((2, 3, 3, 3)).astype(np.float32))
-    xp = np.pad(x, ((0, 0), (0, 0), (2, 2), (1, 1)))
-    assert np.array_equal(reference.conv2d(x, w, padding=(2, 1)), reference.conv2d(xp, w, padding=0))
+    for xx in (x, np.abs(x) + np.float32(0.5)):
+        xp = np.pad(xx, ((0, 0), (0, 0), (2, 2), (1, 1)))
+        assert np.array_equal(reference.conv2d(xx, w, padding=(2, 1)), reference.conv2d(xp, w, padding=0))
 
 
 def test_constant_and_zero_inputs_are_exact():

@@ -151,3 +151,20 @@ def test_metrics_module_is_neutral():
             "print(sorted(m for m in sys.modules if m.startswith('qconv.testing') or m == 'hypothesis'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_inspect_agreement_uses_the_per_output_rule():
+    """``inspect``'s engine "agrees" column (model_report.engine_agrees) applies the same per-output rule: a
+    zeroed low-scale channel is a MISMATCH there too."""
+    from qconv import model_report
+
+    qw = _wide_rows()
+    x = np.random.default_rng(1).standard_normal((1, 16, 6, 6)).astype(np.float32)
+    for aq in ("tensor", None):
+        ref = reference.conv2d(x, qw, None, padding=1, act_quant=aq)
+        assert model_report.engine_agrees(ref, ref, x, qw, None, aq, padding=1)
+        bad = ref.copy()
+        bad[:, 0] = 0
+        assert not model_report.engine_agrees(bad, ref, x, qw, None, aq, padding=1)
+        # the old rule (one maximum for the whole output) let it through
+        assert np.abs(bad - ref).max() <= metrics.rtol_for(aq) * metrics.magnitude(x, qw, None, padding=1, act_quant=aq)

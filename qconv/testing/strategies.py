@@ -10,9 +10,10 @@ Bounds (defaults; each is a keyword argument):
   ``groups=True``, spatial size 1..``max_spatial`` but always large enough for an output >= 1.
 * ``quant_schemes(in_channels=DEFAULT_IN_CHANNELS)``: bits 4/8, block size a divisor of ``in_channels``
   (or 0; ``block_filter`` keeps only the sizes an engine accepts), sym/asym.
-* ``activations``: random normal; one input in :data:`CONSTANT_ODDS` is constant (one in four of those
-  all-zero): a constant input hides permuted channels or pixels and an all-zero one passes an engine that
-  returns zeros, so they are rare here and tested on purpose elsewhere (``constant=True``).
+* ``activations``: random normal; about one input in :data:`CONSTANT_ODDS` is constant (0.0 is one of its
+  four values): a constant input hides permuted channels or pixels and an all-zero one passes an engine that
+  returns zeros, so they are rare here and tested on purpose (``constant=True``; qconv's own
+  ``tests/test_constant_inputs.py``).
 """
 from __future__ import annotations
 
