@@ -355,6 +355,13 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
         lo, hi = None, np.abs(blocks).max(axis=2)
     else:
         lo, hi = blocks.min(axis=2), blocks.max(axis=2)
+        with np.errstate(over="ignore"):
+            width = hi - lo
+        if not np.isfinite(width).all():
+            o_bad, b_bad = np.argwhere(~np.isfinite(width))[0]
+            raise ValueError(f"asymmetric quantization: the range max - min of output channel {o_bad}, block "
+                             f"{b_bad} overflows float32 ({float(lo[o_bad, b_bad]):.3g} .. "
+                             f"{float(hi[o_bad, b_bad]):.3g}); use symmetric=True or rescale the weights")
     if method == "mse":
         lo, hi = _mse_range(blocks, lo, hi, bits, bool(symmetric))
     q, scales, offsets = _quantize_blocks(blocks, lo, hi, bits, bool(symmetric), half)

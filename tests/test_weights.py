@@ -195,3 +195,13 @@ def test_float16_scales_errors():
     with pytest.raises(ValueError, match="normal float16"):
         quantize_weight(w * 1e-6, scale_dtype="float16")
     assert not quantize_weight(w * 0.1).half_exact
+
+
+@pytest.mark.parametrize("method", ["minmax", "mse"])
+def test_asymmetric_range_overflow_names_the_problem(method):
+    # max - min of [-3e38, 3e38] overflows float32: the error says so instead of "non-finite scales".
+    w = np.zeros((2, 8), np.float32)
+    w[1, 0], w[1, 1] = -3e38, 3e38
+    with pytest.raises(ValueError, match=r"max - min of output channel 1, block 0 overflows float32"):
+        qconv.quantize_weight(w, bits=8, symmetric=False, method=method)
+    qconv.quantize_weight(w, bits=8, symmetric=True, method=method)   # the symmetric range is finite
