@@ -60,3 +60,10 @@ def test_nc4hw4_index_map_and_zero_padding():
         NC4HW4(3)
     with pytest.raises(ValueError, match="channels"):
         NC4HW4(4).unpack_array(pack(NC4HW4(4), x), (2, 9, 3, 4))
+
+
+@pytest.mark.parametrize("shape", [(1, 0, 3, 3), (0, 0, 2, 2), (0, 5, 1, 1)])
+def test_nc4hw4_empty_round_trips(shape):
+    # Zero channels or an empty batch pack and unpack like any other shape (numpy's empty-array behaviour).
+    for p in (4, 8, 16, 32):
+        assert_layout_roundtrip(NC4HW4(p), np.zeros(shape, np.float32))

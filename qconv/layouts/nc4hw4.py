@@ -68,7 +68,7 @@ class NC4HW4:
         if a.ndim != 5 or a.shape[4] != self.pack:
             raise ValueError(f"NC4HW4 (pack {self.pack}) data must have shape (ceil(C/{self.pack}), N, H, W, "
                              f"{self.pack}), got {a.shape}")
-        if not 0 < channels <= a.shape[0] * self.pack or -(-channels // self.pack) != a.shape[0]:
+        if not 0 <= channels <= a.shape[0] * self.pack or -(-channels // self.pack) != a.shape[0]:
             raise ValueError(f"channels={channels} does not match {a.shape[0]} channel blocks of {self.pack}")
         cb, n, h, w, p = a.shape
         x = a.transpose(0, 4, 1, 2, 3).reshape(cb * p, n, h, w)[:channels]
