@@ -130,7 +130,7 @@ for (o, i, k, s, p, d, bits, block, sym, groups, n, h, w, aq, opts) in cases:
         plan = next(iter(eng.plans.values()))
         programs.add(f"{plan.cand.program}:{aq or 'float'}")
         assert np.abs(y - ref).max() <= 1e-3 * (np.abs(ref).max() + 1), (plan.cand.program, np.abs(y - ref).max())
-# past the int32 bound: gemv_a8's 64-bit sums (A8_WIDE), 4 output channels (conv_mma's fold past 4096 steps
+# past the int32 bound: gemv_a8's folded lane sums (A8_WIDE), 4 output channels (conv_mma's fold past 4096 steps
 # takes minutes here: tests/test_gpu_bounds.py runs it on PoCL)
 for ic, k, v, o in ((140_000, 1, "gemv_a8_c1", 4),):
     w = qconv.QuantizedWeight(np.full((o, ic, k, k), -128, np.int8), np.ones((o, 1), np.float32),

@@ -84,9 +84,11 @@ GEMV_MMA_VARIANTS = {  # name -> U: 16-byte loads per lane in flight (gemv_mma: 
 }
 ROW_QUANT_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt",)
 # gemv_a8 with per-channel scales sums q * xq over all input channels in int32: exact while K times the
-# largest product fits (int8: 128 * 127; int4: (q + 8) * xq, unsigned nibbles, 15 * 127). Longer rows add
-# each chunk's int32 sum into 64-bit integers (-DA8_WIDE: still exact, one rounding at the end). Mirrored by
-# an #error in gemv_a8.cl; tests/test_gpu_bounds.py runs both sides of the bound.
+# largest product fits (int8: 128 * 127; int4: (q + 8) * xq, unsigned nibbles, 15 * 127). Longer int8 rows
+# (-DA8_WIDE) fold each lane's int32 sum into float before it can overflow and add the lanes in float (int4
+# rows that long exceed A8_MAX_NV). Mirrored by an #error in gemv_a8.cl; tests/test_gpu_bounds.py runs both
+# sides of the bound. (A first version summed in 64-bit integers in local memory: its unfused launches
+# failed with OUT_OF_RESOURCES on the H200.)
 A8_EXACT_MAX_IC = {8: (2**31 - 1) // (128 * 127), 4: (2**31 - 1) // (15 * 127)}
 # gemv_a8 quantizes x with every float4 of it held in registers by the quantizing items (quant_x_a8's QL, or
 # the fused variants' l0 * SPLIT): at most this many float4 per item (more crashed PoCL at 2.1 M channels;
@@ -627,16 +629,18 @@ class OpenCLEngine:
                 sizes = self._a8_balanced_sizes(nc, pk) + sizes
         kc, gr = self.layout.ic_pack, self._a8_group
         held = kch * kc + 4 * kch * (kc // gr if gr else 1) if fused else 0  # bytes: xq words, group sums
-        rb = 8 if self._a8_wide() else 4  # bytes per partial sum in the split-K reduction
+        w = self.spec.weight
+        if w.n_blocks == 1 and w.bits == 4 and w.q.shape[1] > A8_EXACT_MAX_IC[4]:
+            return []  # never reached: A8_MAX_NV stops such rows first (A8_WIDE is int8 only)
         if not fused and _cdiv(kch * kc, 4 * self._a8_ql()) > A8_MAX_NV:
             return []  # quant_x_a8 would hold more than A8_MAX_NV float4 per item
         return [(a, b, g) for a, b, g in dict.fromkeys(sizes)
-                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and held + rb * nc * a * b <= lmem
+                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and held + 4 * nc * a * b <= lmem
                 and not (fused and not self._a8_reducible(a * b))
                 and not (fused and _cdiv(kch * kc, 4 * a * b) > A8_MAX_NV)]
 
     def _a8_wide(self) -> bool:
-        """Per-channel row past A8_EXACT_MAX_IC: gemv_a8 sums the chunks' int32 sums in 64-bit integers."""
+        """Per-channel row past A8_EXACT_MAX_IC: gemv_a8 folds its lanes' int32 sums into float."""
         w = self.spec.weight
         return w.n_blocks == 1 and w.q.shape[1] > A8_EXACT_MAX_IC[w.bits]
 
@@ -693,7 +697,7 @@ class OpenCLEngine:
         kc = self.layout.ic_pack
         kch = _cdiv(wt.q.shape[1], kc)
         opts = [o for o in self._base_options if not o.startswith(("-DSG=", "-DLANE_SCALE"))]
-        if self._a8_wide():  # past A8_EXACT_MAX_IC: 64-bit sums of the chunks' int32 sums
+        if self._a8_wide():  # past A8_EXACT_MAX_IC: lane sums folded into float
             opts.append("-DA8_WIDE")
         ql = self._a8_ql()
         opts += [f"-DNC={nc}", "-DU=4", f"-DQL={ql}", *ROW_QUANT_OPTIONS]
@@ -711,7 +715,7 @@ class OpenCLEngine:
         scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
         xq_bytes = 16 * kch * (2 if wt.bits == 4 else 1)
         gs_bytes = 4 * (1 + (1 if not self._a8_group else kch * kc // self._a8_group))  # dx, sums of xq
-        engine, cus, wide = self, int(self.device.max_compute_units), self._a8_wide()
+        engine, cus = self, int(self.device.max_compute_units)
 
         def launch(queue, lws, bufs=None, wait_for=None):
             xbuf, ybuf = bufs if bufs is not None else state["bufs"]
@@ -720,7 +724,7 @@ class OpenCLEngine:
             ntiles = _cdiv(ocp, l0 * nc)
             waves = _cdiv(ntiles, g * cus)  # tiles per group, at most
             gws = (_cdiv(ntiles, waves) * l0, split)
-            red = cl.LocalMemory((8 if wide else 4) * nc * l0 * split)
+            red = cl.LocalMemory(4 * nc * l0 * split)
             if fused:
                 with _launch_lock:
                     gemv.set_args(np.int32(ocp), xbuf, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,

@@ -80,18 +80,23 @@ inline float4 load_x4(__global const float *x, int i, int ic) {
      : SPLIT <= 64 ? 64 : SPLIT <= 128 ? 128 : SPLIT <= 256 ? 256 : SPLIT <= 512 ? 512 : 1024)
 #define NGS (KP / KC * NSG)    /* scale groups */
 /* Bounds (the engine's A8_EXACT_MAX_IC and A8_MAX_NV): per-channel int32 sums over the whole row are exact
- * while IC * (largest product) < 2^31 (int8: 128 * 127; int4: unsigned nibbles (q + 8) * xq, 15 * 127);
- * longer rows need -DA8_WIDE: each chunk's int32 sum (at most KC products) is added into 64-bit integers,
- * reduced over the split-K lanes in 64 bits (red holds 8 bytes per item), converted to float once. Blockwise
- * sums run over one scale group of one chunk (<= 32 products). x is held in registers by the quantizing
- * items: at most 256 float4 each. */
+ * while IC * (largest product) < 2^31 (int8: 128 * 127; int4: unsigned nibbles (q + 8) * xq, 15 * 127).
+ * Longer rows need -DA8_WIDE (int8 only: int4 rows that long exceed the register bound below): each lane
+ * folds its int32 sum into a float before it holds more than A8_FOLD chunks (so it never overflows; a lane
+ * folds once per 132,104 channels at most), and the split-K lanes add in float. Blockwise sums run over one
+ * scale group of one chunk (<= 32 products). x is held in registers by the quantizing items: at most 256
+ * float4 each. */
 #if defined(NBLK1) && !defined(A8_WIDE) && defined(G_IC) && G_IC > (QBITS == 8 ? 132104 : 1127288)
 #error "per-channel gemv_a8 past its int32 bound needs -DA8_WIDE"
 #endif
 #ifdef A8_WIDE
-#define IACC long
+#if QBITS != 8 || !defined(NBLK1)
+#error "A8_WIDE: per-channel int8 weights only"
+#endif
+#define A8_FOLD (132104 / KC) /* chunks an int32 lane sum can take */
+#define RED_T float
 #else
-#define IACC int
+#define RED_T int
 #endif
 #if defined(G_IC) && NV > 256
 #error "gemv_a8: more than 256 float4 of x per quantizing item"
@@ -201,7 +206,7 @@ void gemv_a8(const int gws0, A8_INPUT,
              __global const SCALE_T *wo,
              __global const float *bias,
              __global float *y,
-             __local float *red, /* NC * L0 * SPLIT sums (A8_WIDE: 64-bit) of the split-K reduction (FUSED: and x's amax) */
+             __local float *red, /* NC * L0 * SPLIT: the split-K reduction (FUSED: and x's amax) */
              const int a_ic, const int a_oc) {
     const int lid0 = get_local_id(0), lk = get_local_id(1);
     const int lin = lk * L0 + lid0;
@@ -288,10 +293,18 @@ void gemv_a8(const int gws0, A8_INPUT,
     /* tiles t, t + G, ... (G work-groups: the engine sizes the grid to the device's resident work-groups) */
     for (; t < NT; t += get_num_groups(0)) {
 #ifdef NBLK1
-        IACC ia[NC];
+        int ia[NC];
+#ifdef A8_WIDE
+        float fa[NC]; /* folded lane sums */
+        int nk = 0;   /* chunks in ia since the last fold */
+#endif
 #pragma unroll
-        for (int c = 0; c < NC; ++c)
+        for (int c = 0; c < NC; ++c) {
             ia[c] = 0;
+#ifdef A8_WIDE
+            fa[c] = 0.0f;
+#endif
+        }
 #else
         float acc[NC];
 #pragma unroll
@@ -352,6 +365,17 @@ void gemv_a8(const int gws0, A8_INPUT,
                     }
                 }
             }
+#ifdef A8_WIDE
+            nk += U;
+            if (nk + U > A8_FOLD) {
+#pragma unroll
+                for (int c = 0; c < NC; ++c) {
+                    fa[c] += (float)ia[c];
+                    ia[c] = 0;
+                }
+                nk = 0;
+            }
+#endif
         }
 
         /* the next tile's first weights load during this tile's reduction */
@@ -378,7 +402,11 @@ void gemv_a8(const int gws0, A8_INPUT,
 #pragma unroll
         for (int c = 0; c < NC; ++c)
 #ifdef NBLK1
-            ((__local IACC *)red)[c * (L0 * SPLIT) + lin] = ia[c];
+#ifdef A8_WIDE
+            red[c * (L0 * SPLIT) + lin] = fa[c] + (float)ia[c];
+#else
+            ((__local int *)red)[c * (L0 * SPLIT) + lin] = ia[c];
+#endif
 #else
             red[c * (L0 * SPLIT) + lin] = acc[c];
 #endif
@@ -388,7 +416,7 @@ void gemv_a8(const int gws0, A8_INPUT,
 #pragma unroll
                 for (int c = 0; c < NC; ++c)
 #ifdef NBLK1
-                    ((__local IACC *)red)[c * (L0 * SPLIT) + lin] += ((__local IACC *)red)[c * (L0 * SPLIT) + lin + h * L0];
+                    ((__local RED_T *)red)[c * (L0 * SPLIT) + lin] += ((__local RED_T *)red)[c * (L0 * SPLIT) + lin + h * L0];
 #else
                     red[c * (L0 * SPLIT) + lin] += red[c * (L0 * SPLIT) + lin + h * L0];
 #endif
@@ -403,7 +431,7 @@ void gemv_a8(const int gws0, A8_INPUT,
                 const int o = o0 + c * L0;
 #ifdef NBLK1
                 /* exact integer sums: q.xq (int4: minus 8 * sum xq) and sum xq */
-                IACC tq = ((__local IACC *)red)[c * (L0 * SPLIT) + lid0];
+                RED_T tq = ((__local RED_T *)red)[c * (L0 * SPLIT) + lid0];
 #if QBITS == 4
                 tq -= 8 * tx;
 #endif
