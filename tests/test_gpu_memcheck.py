@@ -140,6 +140,12 @@ for ic, k, v, o in ((140_000, 1, "gemv_a8_c1", 4),):
     y, ref = eng.forward(x), qconv.reference.conv2d(x, w, None, 1, 0, 1, None, "row")
     programs.add(f"{next(iter(eng.plans.values())).cand.program}:row")
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max(), (v, np.abs(y - ref).max())
+# check_finite=True on a device array: util.cl's count_nonfinite (NC4HW4 with padding lanes)
+import pyopencl.array as cla
+qw = qconv.quantize_weight(rng.standard_normal((5, 6, 3, 3)).astype(np.float32), bits=8)
+eng = g.OpenCLEngine(ConvSpec(qw, None, 1, 1, 1, None, None), tune="none", check_finite=True)
+xd = cla.to_device(eng.queue, P4.pack_array(rng.standard_normal((2, 6, 5, 3)).astype(np.float32)))
+eng.forward(xd, "nc4hw4").get()
 print("programs:", " ".join(sorted(programs)))
 print("kernels:", " ".join(sorted(launched)))
 print("done")
@@ -148,7 +154,7 @@ print("done")
 FAMILIES = {f"{p}:{m}" for p in ("conv_general", "conv_1x1", "conv_gemm") for m in ("float", "row")} | {
     "gemv_a8:row", "conv_mma:row", "gemv_mma:float"}
 KERNELS = {"conv_general", "conv_1x1", "gemv_1x1", "conv_gemm", "gemv_a8", "quant_x_a8", "conv_mma", "gemv_mma",
-           "row_amax", "quant_rows", "quant_rows_i8"}
+           "row_amax", "quant_rows", "quant_rows_i8", "count_nonfinite"}
 
 
 def test_oclgrind_reports_a_read_past_a_buffer(oclgrind):
