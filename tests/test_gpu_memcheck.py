@@ -7,7 +7,8 @@ here; the inline-PTX ones cannot (Oclgrind is no NVIDIA device).
 Oclgrind comes from the Debian package ``oclgrind`` (scripts/setup.sh installs it; it registers no ICD, so it
 never becomes a device of the other tests): the script runs in a subprocess whose ICD loader sees only
 Oclgrind. Without Oclgrind the tests skip, except under CI (tests/conftest.py's rule), where they fail.
-A control run (a copy kernel told to read past its buffer) shows that Oclgrind reports what it should.
+Control runs (a copy kernel told to read past its buffer; items storing different values to one word)
+show that Oclgrind reports an invalid read and a data race here.
 """
 import glob
 import os
@@ -75,6 +76,10 @@ mf = cl.mem_flags
 a = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.zeros(4 * 8, np.float32))
 b = cl.Buffer(ctx, mf.READ_WRITE, 4 * 4 * 9)
 programs.get_kernel(ctx, "util", (), "copy_float4")(q, (9,), None, a, b, np.int32(9))  # 9 float4 of 8
+# 16 items store their (different, nonzero) xor folds to dst[0]: a write-write race
+src = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                hostbuf=np.random.default_rng(0).integers(1, 2**32, 4 * 64, dtype=np.uint32))
+programs.get_kernel(ctx, "util", (), "read_uint4_gs")(q, (16,), (16,), src, b, np.int32(64))
 q.finish()
 print("done")
 """
@@ -157,11 +162,13 @@ KERNELS = {"conv_general", "conv_1x1", "gemv_1x1", "conv_gemm", "gemv_a8", "quan
            "row_amax", "quant_rows", "quant_rows_i8", "count_nonfinite"}
 
 
-def test_oclgrind_reports_a_read_past_a_buffer(oclgrind):
-    """The control: the same set-up reports an out-of-bounds read (so the test below can fail)."""
+def test_oclgrind_reports_a_read_past_a_buffer_and_a_race(oclgrind):
+    """The controls: the same set-up reports an out-of-bounds read and a data race (so the test below can
+    fail)."""
     r = _under_oclgrind(oclgrind, CONTROL)
     assert r.returncode == 0 and "Oclgrind" in r.stdout and "done" in r.stdout, r.stdout + r.stderr[-3000:]
     assert any("Invalid read" in line for line in _reports(r.stderr)), r.stderr[-3000:]
+    assert any("Write-write data race" in line for line in _reports(r.stderr)), r.stderr[-3000:]
 
 
 def test_every_kernel_family_under_oclgrind(oclgrind):
