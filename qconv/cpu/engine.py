@@ -54,6 +54,12 @@ try:
     from .._ext import _cpu
 except ImportError as exc:  # pragma: no cover - the package is built in CI
     raise ImportError(f"qconv CPU extension qconv._ext._cpu is not built: {exc}") from exc
+try:
+    from .._ext import _depthwise
+except ImportError:  # pragma: no cover - built with _cpu; without it depthwise layers take the general path
+    _depthwise = None
+# "0": depthwise layers take the general GEMM path (engine option depthwise=None reads it)
+ENV_DEPTHWISE = "QCONV_CPU_DEPTHWISE"
 
 KERNEL_NAMES = ("scalar", "avx2", "avx512vnni")
 ENV_KERNEL = "QCONV_CPU_KERNEL"
@@ -182,7 +188,7 @@ class CpuEngine:
     rejects_nonfinite = True
 
     def __init__(self, spec: ConvSpec, threads=None, kernel=None, tile_cols: int = 16,
-                 input_qparams=None, output_qparams=None):
+                 input_qparams=None, output_qparams=None, depthwise=None):
         if not isinstance(spec, ConvSpec):
             raise TypeError(f"spec must be a qconv.ConvSpec, got {type(spec).__name__}")
         self.input_qparams = None if input_qparams is None else _qparams_arg(input_qparams, "input_qparams")
@@ -199,6 +205,7 @@ class CpuEngine:
         self._lock = threading.Lock()
         self._scratch: OrderedDict = OrderedDict()
         self._bound = None
+        self._depthwise_option = depthwise
         self._prepare()
 
     # --- configuration ------------------------------------------------------------------------------
@@ -224,6 +231,9 @@ class CpuEngine:
         quantization pass; 0 in block mode, where columns are quantized inside the GEMM loop), ``gemm_threads``
         and ``split`` (``"columns"``: threads take column tiles; ``"channels"``: fewer column tiles than threads,
         so they take output-channel tiles)."""
+        if self._dw is not None:  # depthwise path: split "planes" (threads take (sample, channel, row band) items)
+            last = self._dw.last_threads
+            return None if last is None else dict(quant_threads=last[0], gemm_threads=last[1], split="planes")
         last = self._plan.last_threads
         if last is None:
             return None
@@ -234,6 +244,7 @@ class CpuEngine:
         mode = "static int8 input" if self.int8_input else f"act_quant={self.spec.act_quant}"
         out = ", int8 output" if self.output_qparams is not None else ""
         path = "pointwise" if self._pointwise else "indirect im2col"
+        path = ("depthwise " + path if self._pointwise else "depthwise") if self._dw is not None else path
         return (f"cpu ({self.kernel}, {path}, UNIT={lay.unit} SRC_UNIT={lay.src_unit} "
                 f"tile_cols={self.tile_cols}, threads={self.threads}, {mode}{out})")
 
@@ -299,6 +310,23 @@ class CpuEngine:
                    AB=spec.act_block if self._block_mode else 0)
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
                                    self._chpos, geo, _cpu.KERNELS[self.kernel])
+        self._dw = self._depthwise_plan()
+
+    def _depthwise_plan(self):
+        """The depthwise path (:class:`qconv._ext._depthwise.DepthwisePlan`: groups == in_channels) or None.
+        Option ``depthwise``: None = automatic unless ``$QCONV_CPU_DEPTHWISE=0``, False = the general GEMM path,
+        True = the depthwise path (a ValueError for other layers)."""
+        opt = self._depthwise_option
+        if opt is not None and not isinstance(opt, (bool, np.bool_)):
+            raise TypeError(f"depthwise must be None, True or False, got {opt!r}")
+        able = _depthwise is not None and _depthwise.is_depthwise(self.spec)
+        if opt and not able:
+            raise ValueError("depthwise=True needs a depthwise layer (groups == in_channels) and the built "
+                             "qconv._ext._depthwise extension")
+        want = os.environ.get(ENV_DEPTHWISE, "1") != "0" if opt is None else bool(opt)
+        if not (want and able):
+            return None
+        return _depthwise.DepthwisePlan(self.spec, self.kernel, self.input_qparams, self.output_qparams)
 
     @property
     def streamed_bytes(self) -> int:
@@ -417,6 +445,10 @@ class CpuEngine:
             y = np.zeros(shape, out_dtype) if o % 4 else np.empty(shape, out_dtype)
         oscale, ozp = self.output_qparams if self.output_qparams is not None else (None, 0)
         with self._lock:
+            if self._dw is not None:
+                macs = n * oh * ow * o * self.spec.weight.taps
+                return self._dw.forward(x, int(nchw), y, int(not nchw), 1 if macs < SERIAL_MACS else self.threads,
+                                        self.threads, SERIAL_QUANT_VALUES)
             s = self._get_scratch(n, h, w)
             qlo, qhi = self._act_params(x, nchw, n, s)
             xp = self._pixel_major(x, nchw, n, h, w, s) if self._block_mode else None

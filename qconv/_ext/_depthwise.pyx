@@ -1,0 +1,340 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The depthwise path of the qconv CPU engine (``groups == in_channels``, ``out_channels = M * groups``).
+
+:class:`DepthwisePlan` runs a depthwise layer without the general tiled GEMM (which pads every one-channel group
+to a 32-channel tile and a 4-value reduction step, and runs one tiny GEMM per group):
+
+1. activation parameters (``act_quant="tensor"`` / ``"row"``) from the CPU engine's own native reductions
+   (:func:`qconv._ext._cpu.minmax` / :func:`~qconv._ext._cpu.absmax_rows`) and arithmetic
+   (:func:`qconv.cpu.engine.tensor_qparams` / :func:`~qconv.cpu.engine.row_qparams`);
+2. quantization of the input with the engine's element quantizer ``qc_quant`` (``qconv_kernels.h``) into bytes
+   ``U = xq + 128`` in the input's own layout (NCHW ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)``),
+   threads over (sample, run of image rows) as the general path; the static int8 path reads its int8 input
+   directly and ``act_quant="block"`` its float input (quantized per output window in step 3);
+3. the depthwise conv (``qconv_depthwise.h``): work items (sample, channel, band of output rows) over the threads,
+   each on a padded float plane of its channel, exact integer sums, the GEMM kernels' float epilogue (bitwise
+   the general path's results), stored to NCHW / NC4HW4, float32 or int8 (static ``output_qparams``).
+
+Results do not depend on the thread count or the band size.
+"""
+import numpy as np
+
+from cython.parallel cimport prange, parallel
+from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
+from libc.stdlib cimport malloc, free
+
+from . import _cpu
+
+
+cdef extern from "qconv_kernels.h" nogil:
+    void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, int32_t abias,
+                  uint8_t *dst, int variant)
+
+
+cdef extern from "qconv_depthwise.h" nogil:
+    enum:
+        QC_DW_EXACT_TAPS
+    ctypedef struct qc_dw_job:
+        int64_t N, C, H, W, OH, OW
+        int32_t M, KH, KW, sh, sw, ph, pw, dh, dw
+        int32_t kind, in_nc4hw4
+        const void *x
+        const int32_t *z
+        const float *dx
+        const float *wq
+        const float *scale
+        const float *offset
+        const float *bias
+        float lo, hi
+        int32_t out_nc4hw4, out_int8, ozp
+        float oscale
+        void *y
+        int64_t band
+        int32_t vec
+    int64_t qc_dw_items(const qc_dw_job *j)
+    int64_t qc_dw_rs(const qc_dw_job *j)
+    int64_t qc_dw_scratch_floats(const qc_dw_job *j)
+    int64_t qc_dw_scratch_ptrs(const qc_dw_job *j)
+    int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
+
+
+EXACT_TAPS = QC_DW_EXACT_TAPS
+# float32 values of one thread's padded plane per band (the band is cut to keep the plane in L1 / L2)
+PLANE_FLOATS = 8192
+
+_engine_mod = None
+
+
+def _qparams():
+    """``qconv.cpu.engine`` (imported on first use: the engine imports this module)."""
+    global _engine_mod
+    if _engine_mod is None:
+        from ..cpu import engine as _e
+        _engine_mod = _e
+    return _engine_mod
+
+
+def is_depthwise(spec):
+    """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a depthwise conv this path runs:
+    ``groups == in_channels > 1`` (one input channel per group, any channel multiplier ``M = out/in``; a
+    one-channel input with ``groups=1`` is an ordinary conv, left to the GEMM)."""
+    w = spec.weight
+    return w.groups == w.in_channels and w.groups > 1 and w.q.shape[1] == 1
+
+
+cdef int64_t _quantize_u8(const float *x, uint8_t *U, int nc4hw4, int64_t N, int64_t C, int64_t H, int64_t W,
+                          const float *qs, const int32_t *z, int qlo, int qhi, int variant, int nt) noexcept nogil:
+    """``U = clip(round(x*qs[n]) + z[n], qlo, qhi) + 128`` (the engine's ``qc_quant``) in the input's layout, a run of
+    image rows of one sample per work item. NC4HW4 padding lanes of the tail quad are quantized as zeros (never
+    read). Returns the number of items whose scratch could not be allocated."""
+    cdef int64_t rows, rowlen, rph, per_img, r, n, h, nh, L, c, plane, i
+    cdef int64_t fails = 0
+    cdef int tail = <int> (C % 4) if nc4hw4 else 0
+    cdef float *tmp
+    if nc4hw4:
+        rows, rowlen = (C + 3) // 4, W * 4
+    else:
+        rows, rowlen = C, W
+    rph = (512 + rowlen - 1) // rowlen
+    per_img = (H + rph - 1) // rph
+    if N * per_img < 2 * nt:
+        per_img = min(H, (2 * nt + N - 1) // N)
+    rph = (H + per_img - 1) // per_img
+    per_img = (H + rph - 1) // rph
+    for r in prange(N * per_img, nogil=True, num_threads=nt, schedule="static"):
+        n = r // per_img
+        h = (r % per_img) * rph
+        nh = H - h if H - h < rph else rph
+        L = nh * rowlen
+        tmp = NULL
+        if tail:
+            tmp = <float *> malloc(L * sizeof(float))
+            if tmp == NULL:
+                fails += 1
+        if not tail or tmp != NULL:
+            for c in range(rows):
+                if nc4hw4:
+                    plane = ((c * N + n) * H + h) * rowlen
+                else:
+                    plane = ((n * C + c) * H + h) * rowlen
+                if tail and c == rows - 1:
+                    for i in range(L):
+                        tmp[i] = x[plane + i] if i % 4 < tail else 0
+                    qc_quant(tmp, L, qs[n], z[n], qlo, qhi, 128, U + plane, variant)
+                else:
+                    qc_quant(x + plane, L, qs[n], z[n], qlo, qhi, 128, U + plane, variant)
+            free(tmp)
+    return fails
+
+
+cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
+    """Every work item on ``nt`` threads (one scratch per thread); returns the block-mode non-finite count."""
+    cdef int64_t nitems = qc_dw_items(j), item
+    cdef int64_t nf = qc_dw_scratch_floats(j), npt = qc_dw_scratch_ptrs(j)
+    cdef int64_t bad = 0, fl = 0
+    cdef float *scr
+    cdef const float **ptrs = NULL
+    scr = NULL
+    with parallel(num_threads=nt):
+        scr = <float *> malloc(nf * sizeof(float))
+        ptrs = <const float **> malloc(npt * sizeof(float *))
+        for item in prange(nitems, schedule="dynamic"):
+            if scr == NULL or ptrs == NULL:
+                fl += 1
+            else:
+                bad += qc_dw_item(j, item, scr, ptrs)
+        free(scr)
+        free(ptrs)
+    fails[0] = fl
+    return bad
+
+
+cdef class DepthwisePlan:
+    """Prepared depthwise layer (built by :class:`qconv.cpu.CpuEngine` when :func:`is_depthwise` holds).
+
+    ``spec``: the :class:`~qconv.geometry.ConvSpec` (act_quant ``"tensor"``, ``"row"`` or ``"block"``);
+    ``kernel``: the engine's kernel name (``"scalar"`` runs the portable code, the others AVX2 + FMA);
+    ``input_qparams`` / ``output_qparams``: the engine's static int8 ``(scale, zero_point)`` pairs or None.
+
+    Prepared arrays: ``wq`` float32 ``(O, KH*KW)`` (the integer weights), ``scale`` / ``offset`` / ``bias`` float32
+    ``(O,)`` (one block per output channel: a group has one input channel, so per-channel and blockwise weights
+    coincide; ``offset`` None when symmetric).
+    """
+    cdef readonly object spec, kernel, mode
+    cdef readonly int M, variant, vec
+    cdef object wq, scale, offset, bias, input_qparams, output_qparams
+    cdef object _ubuf, qs, z, dx
+    # (quantization threads, conv threads) of the last forward call; quantization threads 0 when no separate
+    # quantization pass ran (block mode, static int8 input)
+    cdef readonly tuple last_threads
+
+    def __init__(self, spec, str kernel, input_qparams=None, output_qparams=None):
+        if not is_depthwise(spec):
+            raise ValueError("not a depthwise conv (groups must equal in_channels)")
+        w = spec.weight
+        if w.n_blocks != 1:
+            raise ValueError("a depthwise weight has one block per output channel")
+        self.spec = spec
+        self.kernel = kernel
+        self.variant = _cpu.KERNELS[kernel]
+        self.vec = 0 if kernel == "scalar" else 1
+        self.input_qparams = input_qparams
+        self.output_qparams = output_qparams
+        self.mode = "static" if input_qparams is not None else spec.act_quant
+        if self.mode not in ("static", "tensor", "row", "block"):
+            raise ValueError(f"act_quant {spec.act_quant!r} is not supported by the depthwise path")
+        o = w.out_channels
+        self.M = o // w.in_channels
+        self.wq = np.ascontiguousarray(w.q.reshape(-1), dtype=np.float32)   # (O, KH*KW) flattened
+        self.scale = np.ascontiguousarray(w.scales.reshape(o), dtype=np.float32)
+        self.offset = None if w.offsets is None else np.ascontiguousarray(w.offsets.reshape(o), dtype=np.float32)
+        self.bias = np.ascontiguousarray(spec.bias_or_zeros(), dtype=np.float32).reshape(o)
+        self._ubuf = None
+        self.last_threads = None
+
+    @property
+    def nbytes(self):
+        """Bytes of the prepared weights and tables."""
+        return int(sum(a.nbytes for a in (self.wq, self.scale, self.bias) + (() if self.offset is None
+                                                                            else (self.offset,))))
+
+    def _params(self, x, bint nchw, int n, int threads):
+        """Per-sample ``qs`` / ``z`` / ``dx`` (float32 / int32 / float32 ``(N,)``) and the clamp ``(qlo, qhi)``."""
+        qs = np.ones(n, np.float32)
+        z = np.zeros(n, np.int32)
+        dx = np.ones(n, np.float32)
+        if self.mode == "static":
+            scale, zp = self.input_qparams
+            z[:] = zp
+            dx[:] = scale
+            return qs, z, dx, -128, 127
+        if self.mode == "block":
+            return qs, z, dx, -127, 127
+        c = self.spec.in_channels
+        tail = 0 if nchw else c % 4
+        last = x.shape[0] - 1
+        full = x if not tail else x[:last]
+        e = _qparams()
+        if self.mode == "tensor":
+            if full.size:
+                lo, hi = _cpu.minmax(full.reshape(-1), threads, self.kernel)
+            else:
+                lo, hi = np.nan, np.nan
+            if tail:
+                t = x[last, ..., :tail]
+                tl, th = float(t.min()), float(t.max())
+                lo = tl if full.size == 0 or tl < lo or tl != tl else lo
+                hi = th if full.size == 0 or th > hi or th != th else hi
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                raise ValueError("x contains NaN or infinite values")
+            q, d, zz = e.tensor_qparams(lo, hi)
+            qs[:] = q
+            dx[:] = d
+            z[:] = zz
+            return qs, z, dx, -128, 127
+        # row: per sample
+        if nchw:
+            amax = _cpu.absmax_rows(x.reshape(1, n, -1), threads, self.kernel)
+        else:
+            if full.shape[0]:
+                amax = _cpu.absmax_rows(full.reshape(full.shape[0], n, -1), threads, self.kernel)
+            else:
+                amax = np.zeros(n, np.float32)
+            if tail:
+                amax = np.maximum(amax, np.abs(x[last, ..., :tail]).reshape(n, -1).max(axis=1))
+        if not np.isfinite(amax).all():
+            raise ValueError("x contains NaN or infinite values")
+        q, d = e.row_qparams(amax)
+        qs[:] = q
+        dx[:] = d
+        return qs, z, dx, -127, 127
+
+    def band_rows(self, int64_t n, int64_t h, int64_t w, int threads):
+        """Output rows per work item for an ``(n, C, h, w)`` input: the padded plane of a band stays within
+        :data:`PLANE_FLOATS` floats, and there are at least ``4*threads`` items where the layer allows."""
+        s = self.spec
+        (kh, _), (sh, sw), (ph, pw), (dh, _) = s.kernel_size, s.stride, s.padding, s.dilation
+        oh, _ = s.out_hw(h, w)
+        rs = sw * ((w + 2 * pw + sw - 1) // sw)
+        band = max(1, (PLANE_FLOATS // rs - (kh - 1) * dh - 1) // sh + 1)
+        planes = n * s.in_channels
+        if planes * -(-oh // band) < 4 * threads:
+            band = max(1, -(-oh // -(-4 * threads // planes)))
+        return int(min(band, oh))
+
+    def forward(self, x, int nchw_input, y, int nc4hw4_output, int threads, int param_threads=1,
+                int64_t serial_values=0):
+        """Run the layer. ``x``: float32 (int8 on the static path) C-contiguous NCHW ``(N, C, H, W)`` or NC4HW4
+        ``(ceil(C/4), N, H, W, 4)`` (its padding lanes ignored), validated by the engine; ``y``: the output array
+        (float32, or int8 with ``output_qparams``), NCHW ``(N, O, OH, OW)`` or NC4HW4 ``(ceil(O/4), N, OH, OW, 4)``
+        (the caller zeroes its padding lanes). ``threads``: conv threads; ``param_threads``: threads of the range
+        pass; inputs of fewer than ``serial_values`` values are quantized on one thread. Returns ``y``."""
+        cdef qc_dw_job j
+        cdef const uint8_t[::1] xb = x.reshape(-1).view(np.uint8)
+        cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
+        cdef uint8_t[::1] ub
+        cdef const float[::1] qsv, dxv, wqv, scv, biv, ofv
+        cdef const int32_t[::1] zv
+        cdef int64_t N, C, H, W, bad = 0, fails = 0, qfails = 0
+        cdef int qlo, qhi, qt = 0, nt
+        s = self.spec
+        C = s.in_channels
+        if nchw_input:
+            N, H, W = x.shape[0], x.shape[2], x.shape[3]
+        else:
+            N, H, W = x.shape[1], x.shape[2], x.shape[3]
+        oh, ow = s.out_hw(H, W)
+        qs, z, dx, qlo, qhi = self._params(x, bool(nchw_input), N, param_threads)
+        qsv, zv, dxv = qs, z, dx
+        wqv, scv, biv = self.wq, self.scale, self.bias
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
+        j.N, j.C, j.H, j.W, j.OH, j.OW = N, C, H, W, oh, ow
+        j.M, j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = self.M, kh, kw, sh, sw, ph, pw, dh, dw
+        j.in_nc4hw4 = not nchw_input
+        j.z = &zv[0]
+        j.dx = &dxv[0]
+        j.wq = &wqv[0]
+        j.scale = &scv[0]
+        j.bias = &biv[0]
+        j.offset = NULL
+        if self.offset is not None:
+            ofv = self.offset
+            j.offset = &ofv[0]
+        act = s.activation
+        j.lo = 0.0 if act in ("relu", "relu6") else -np.inf
+        j.hi = 6.0 if act == "relu6" else np.inf
+        j.out_nc4hw4 = nc4hw4_output
+        j.out_int8 = self.output_qparams is not None
+        j.oscale = self.output_qparams[0] if self.output_qparams is not None else 1.0
+        j.ozp = self.output_qparams[1] if self.output_qparams is not None else 0
+        j.y = <void *> &yb[0]
+        j.band = self.band_rows(N, H, W, threads)
+        j.vec = self.vec
+        if self.mode == "static":
+            j.kind = 1
+            j.x = <const void *> &xb[0]
+        elif self.mode == "block":
+            j.kind = 2
+            j.x = <const void *> &xb[0]
+        else:
+            j.kind = 0
+            if self._ubuf is None or self._ubuf.shape[0] != x.size:
+                self._ubuf = np.empty(x.size, np.uint8)
+            ub = self._ubuf
+            j.x = <const void *> &ub[0]
+            qt = threads if N * C * H * W >= serial_values else 1
+            if qt > N * H:
+                qt = <int> (N * H)
+        nt = threads
+        with nogil:
+            if j.kind == 0:
+                qfails = _quantize_u8(<const float *> &xb[0], &ub[0], not nchw_input, N, C, H, W, &qsv[0], &zv[0],
+                                      qlo, qhi, self.variant, qt)
+            if qfails == 0:
+                bad = _run(&j, nt, &fails)
+        if qfails or fails:
+            raise MemoryError("the depthwise path could not allocate its scratch")
+        self.last_threads = (qt, nt)
+        if bad:
+            raise ValueError("x contains NaN or infinite values")
+        return y

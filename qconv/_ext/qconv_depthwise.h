@@ -1,0 +1,381 @@
+/* Depthwise convolution of the qconv CPU engine (groups == in_channels, out_channels = M * groups).
+ *
+ * The general tiled GEMM pads each one-channel group to a 32-channel tile and a 4-value reduction step; here a
+ * work item is (sample n, channel c, band of output rows) and works on one padded float plane:
+ *
+ *   plane  float (R, RS): the band's padded input rows (R = (band-1)*sh + (KH-1)*dh + 1), each row split into
+ *          sw column phases of Wph = ceil((W + 2*pw) / sw) floats (padded column ix_p sits in phase ix_p % sw
+ *          at ix_p / sw), so every tap of a stride-sw row of outputs is one contiguous run. Values:
+ *            kind 0 (act_quant tensor / row): u = xq - z, from bytes U = xq + 128 quantized by the caller;
+ *            kind 1 (static int8 input):      u = x - zero_point;
+ *            kind 2 (act_quant block):        the float input itself (quantized per output window below);
+ *          padding (rows and columns outside the image) holds 0, an exact quantized zero.
+ *   I[ox]  = sum_t q[o, t] * u_t[ox], accumulated in float32: every product and partial sum is an integer below
+ *          2^24 in magnitude (|u| <= 255, |q| <= 128, at most QC_DW_EXACT_TAPS taps a chunk), so the float sums
+ *          ARE the int32 sums of the oracle, in any order; longer kernels add chunk sums in int32.
+ *   S[ox]  = sum_t u_t[ox] (only with asymmetric weights, whose offsets need it).
+ *   block mode: per output pixel, a = max |x| over its window (its in-image taps; padding is 0), qs = 127/a,
+ *          dx = a/127 (1 and 1 when a is 0 or 127/a overflows), every tap quantized as
+ *          clip(round_half_away(float32(x*qs)), -127, 127) -- exactly qconv.reference.quantize_columns.
+ *   epilogue, per output: the GEMM kernels' formula and order (bitwise the same results):
+ *          F = fma(scale, I, offset*S) [* dx_pixel];  y = clamp(fma(dx, F, bias), lo, hi)
+ *          (the scalar variant: F = scale*I; F += offset*S; ...; y = dx*F + bias, as qc_gemm_scalar).
+ *          int8 output: clip(roundf(y/oscale) + ozp, -128, 127) (the engine's _requant).
+ *
+ * vec = 1 runs the AVX2 + FMA code (target attributes, picked at run time by the caller), vec = 0 portable C.
+ */
+#ifndef QCONV_DEPTHWISE_H
+#define QCONV_DEPTHWISE_H
+
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+/* taps per float accumulation chunk: 512 * 255 * 128 < 2^24 */
+#define QC_DW_EXACT_TAPS 512
+
+typedef struct {
+    int64_t N, C, H, W, OH, OW;   /* input (N, C, H, W); output (N, C*M, OH, OW) */
+    int32_t M, KH, KW, sh, sw, ph, pw, dh, dw;
+    int32_t kind;                 /* 0: uint8 U = xq + 128; 1: int8 x (static path); 2: float x (block mode) */
+    int32_t in_nc4hw4;            /* input layout: 0 NCHW (N, C, H, W); 1 NC4HW4 (ceil(C/4), N, H, W, 4) */
+    const void *x;
+    const int32_t *z;             /* (N,) zero points (kinds 0 and 1) */
+    const float *dx;              /* (N,) activation scales (kinds 0 and 1) */
+    const float *wq;              /* (C*M, KH*KW) the integer weights q as floats */
+    const float *scale;           /* (C*M,) */
+    const float *offset;          /* (C*M,) or NULL (symmetric weights) */
+    const float *bias;            /* (C*M,) */
+    float lo, hi;                 /* activation clamp */
+    int32_t out_nc4hw4, out_int8, ozp;
+    float oscale;
+    void *y;                      /* float32 or int8 output, NCHW or NC4HW4 (pack 4) */
+    int64_t band;                 /* output rows per work item */
+    int32_t vec;                  /* 1: AVX2 + FMA */
+} qc_dw_job;
+
+static inline int64_t qc_dw_bands(const qc_dw_job *j) { return (j->OH + j->band - 1) / j->band; }
+static inline int64_t qc_dw_items(const qc_dw_job *j) { return j->N * j->C * qc_dw_bands(j); }
+static inline int64_t qc_dw_wph(const qc_dw_job *j) { return (j->W + 2 * (int64_t)j->pw + j->sw - 1) / j->sw; }
+static inline int64_t qc_dw_rs(const qc_dw_job *j) { return (int64_t)j->sw * qc_dw_wph(j); }
+static inline int64_t qc_dw_rows(const qc_dw_job *j)
+{
+    return (j->band - 1) * j->sh + (int64_t)(j->KH - 1) * j->dh + 1;
+}
+
+/* scratch of one thread, in floats (each part rounded up to 16 floats), and pointers */
+#define QC_DW_UP(v) (((v) + 15) & ~(int64_t)15)
+static inline int64_t qc_dw_scratch_floats(const qc_dw_job *j)
+{
+    const int64_t K = (int64_t)j->KH * j->KW, ow = QC_DW_UP(j->OW);
+    int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + QC_DW_UP(j->W) + 3 * ow + QC_DW_UP(K);
+    if (j->kind == 2) n += K * ow + 2 * ow;          /* quantized taps, qs, dx per pixel */
+    if (K > QC_DW_EXACT_TAPS) n += 2 * ow;           /* int32 chunk sums of I and S */
+    return n;
+}
+static inline int64_t qc_dw_scratch_ptrs(const qc_dw_job *j) { return 2 * (int64_t)j->KH * j->KW; }
+
+/* ------------------------------------------------------------------------------------------------ */
+/* portable kernels                                                                                    */
+/* ------------------------------------------------------------------------------------------------ */
+/* acc[i] = sum_t w[t] * src[t][i], i < n (exact: integer values, see the file comment) */
+static void qc_dw_mac_c(const float *const *src, const float *w, int64_t K, int64_t n, float *acc)
+{
+    for (int64_t i = 0; i < n; ++i) acc[i] = 0.0f;
+    for (int64_t t = 0; t < K; ++t) {
+        const float wt = w[t], *s = src[t];
+        for (int64_t i = 0; i < n; ++i) acc[i] += wt * s[i];
+    }
+}
+
+/* block mode: per pixel i, amax over the K taps, qs / dx (the oracle's rule), quantized taps into q[t*ldq + i];
+ * returns the number of pixels whose window holds a NaN or an infinity */
+static int64_t qc_dw_blockq_c(const float *const *src, int64_t K, int64_t n, float *qs, float *dxp, float *q,
+                              int64_t ldq)
+{
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        float a = 0.0f;
+        for (int64_t t = 0; t < K; ++t) {
+            const float v = fabsf(src[t][i]);
+            if (v > a || v != v) a = v;
+        }
+        if (!(a <= 3.4028234663852886e38f)) ++bad;
+        qs[i] = 1.0f;
+        dxp[i] = 1.0f;
+        if (a > 0) {
+            const float r = 127.0f / a;
+            if (r <= 3.4028234663852886e38f) { qs[i] = r; dxp[i] = a / 127.0f; }
+        }
+    }
+    for (int64_t t = 0; t < K; ++t)
+        for (int64_t i = 0; i < n; ++i) {
+            const float p = src[t][i] * qs[i];
+            float r = roundf(p);
+            r = r < -127.0f ? -127.0f : r;
+            r = r > 127.0f ? 127.0f : r;
+            q[t * ldq + i] = r;
+        }
+    return bad;
+}
+
+/* y[i] = clamp(dx*F + bias, lo, hi), F = scale*I[i] (+ offset*S[i]) (* dxp[i]): qc_gemm_scalar's order */
+static void qc_dw_epi_c(const float *I, const float *S, const float *dxp, float sc, float of, float dx, float bias,
+                        float lo, float hi, int64_t n, float *y)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        float f = sc * I[i];
+        if (S) f += of * S[i];
+        if (dxp) f *= dxp[i];
+        float v = dx * f + bias;
+        v = v < lo ? lo : v;
+        v = v > hi ? hi : v;
+        y[i] = v;
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define QC_DW_X86 1
+#define QC_DW_TGT __attribute__((target("avx2,fma")))
+
+/* the first n (< 8) lanes */
+QC_DW_TGT static inline __m256i qc_dw_mask(int64_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+QC_DW_TGT static void qc_dw_mac_avx2(const float *const *src, const float *w, int64_t K, int64_t n, float *acc)
+{
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {     /* 4 accumulators held in registers over all taps */
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t t = 0; t < K; ++t) {
+            const __m256 wv = _mm256_broadcast_ss(w + t);
+            const float *s = src[t] + i;
+            a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s), a0);
+            a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + 8), a1);
+            a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + 16), a2);
+            a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + 24), a3);
+        }
+        _mm256_storeu_ps(acc + i, a0);
+        _mm256_storeu_ps(acc + i + 8, a1);
+        _mm256_storeu_ps(acc + i + 16, a2);
+        _mm256_storeu_ps(acc + i + 24, a3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a0 = _mm256_setzero_ps();
+        for (int64_t t = 0; t < K; ++t)
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t), _mm256_loadu_ps(src[t] + i), a0);
+        _mm256_storeu_ps(acc + i, a0);
+    }
+    if (i < n) {
+        const __m256i m = qc_dw_mask(n - i);
+        __m256 a0 = _mm256_setzero_ps();
+        for (int64_t t = 0; t < K; ++t)
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t), _mm256_maskload_ps(src[t] + i, m), a0);
+        _mm256_maskstore_ps(acc + i, m, a0);
+    }
+}
+
+QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t K, int64_t n, float *qs, float *dxp,
+                                           float *q, int64_t ldq)
+{
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), big = _mm256_set1_ps(3.4028234663852886e38f);
+    const __m256 one = _mm256_set1_ps(1.0f), c127 = _mm256_set1_ps(127.0f), zero = _mm256_setzero_ps();
+    const __m256 h = _mm256_set1_ps(0.49999997f), sign = _mm256_set1_ps(-0.0f), m127 = _mm256_set1_ps(-127.0f);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = n - i >= 8 ? _mm256_set1_epi32(-1) : qc_dw_mask(n - i);
+        __m256 a = zero, nf = zero;
+        for (int64_t t = 0; t < K; ++t) {
+            const __m256 v = _mm256_and_ps(_mm256_maskload_ps(src[t] + i, m), absm);
+            nf = _mm256_or_ps(nf, _mm256_cmp_ps(v, big, _CMP_NLE_UQ));   /* NaN or inf */
+            a = _mm256_max_ps(a, v);
+        }
+        bad += __builtin_popcount((unsigned)_mm256_movemask_ps(nf));
+        const __m256 r = _mm256_div_ps(c127, a);
+        const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_cmp_ps(r, big, _CMP_LE_OQ));
+        _mm256_maskstore_ps(qs + i, m, _mm256_blendv_ps(one, r, ok));
+        _mm256_maskstore_ps(dxp + i, m, _mm256_blendv_ps(one, _mm256_div_ps(a, c127), ok));
+    }
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = n - i >= 8 ? _mm256_set1_epi32(-1) : qc_dw_mask(n - i);
+        const __m256 qv = _mm256_maskload_ps(qs + i, m);
+        for (int64_t t = 0; t < K; ++t) {
+            __m256 p = _mm256_mul_ps(_mm256_maskload_ps(src[t] + i, m), qv);
+            /* keep the float32 product: no fused multiply-add into the rounding below */
+            __asm__("" : "+x"(p));
+            /* round half away from zero = trunc(p + copysign(0.5 - 2^-25, p)) (see qc_quant_avx512) */
+            __m256 r = _mm256_round_ps(_mm256_add_ps(p, _mm256_or_ps(h, _mm256_and_ps(p, sign))),
+                                       _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            r = _mm256_min_ps(_mm256_max_ps(r, m127), c127);
+            _mm256_maskstore_ps(q + t * ldq + i, m, r);
+        }
+    }
+    return bad;
+}
+
+/* the GEMM kernels' epilogue: F = fma(scale, I, offset*S) [* dxp]; y = min(max(fma(dx, F, bias), lo), hi) */
+QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float *dxp, float sc, float of, float dx,
+                                     float bias, float lo, float hi, int64_t n, float *y)
+{
+    const __m256 scv = _mm256_set1_ps(sc), ofv = _mm256_set1_ps(of), dxv = _mm256_set1_ps(dx);
+    const __m256 bv = _mm256_set1_ps(bias), lov = _mm256_set1_ps(lo), hiv = _mm256_set1_ps(hi);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = n - i >= 8 ? _mm256_set1_epi32(-1) : qc_dw_mask(n - i);
+        const __m256 c = S ? _mm256_mul_ps(ofv, _mm256_maskload_ps(S + i, m)) : _mm256_setzero_ps();
+        __m256 f = _mm256_fmadd_ps(scv, _mm256_maskload_ps(I + i, m), c);
+        if (dxp) f = _mm256_mul_ps(f, _mm256_maskload_ps(dxp + i, m));
+        f = _mm256_fmadd_ps(dxv, f, bv);
+        f = _mm256_min_ps(_mm256_max_ps(f, lov), hiv);
+        if (n - i >= 8) _mm256_storeu_ps(y + i, f);
+        else _mm256_maskstore_ps(y + i, m, f);
+    }
+}
+#endif
+
+static inline void qc_dw_mac(const qc_dw_job *j, const float *const *src, const float *w, int64_t K, int64_t n,
+                             float *acc)
+{
+#ifdef QC_DW_X86
+    if (j->vec) { qc_dw_mac_avx2(src, w, K, n, acc); return; }
+#endif
+    (void)j;
+    qc_dw_mac_c(src, w, K, n, acc);
+}
+
+/* sums over any number of taps: float chunks of QC_DW_EXACT_TAPS taps, added in int32 (then exact as float
+ * when the int32 sum is, as the GEMM's cvtepi32) */
+static inline void qc_dw_sum(const qc_dw_job *j, const float *const *src, const float *w, int64_t K, int64_t n,
+                             float *acc, int32_t *isum)
+{
+    if (K <= QC_DW_EXACT_TAPS) { qc_dw_mac(j, src, w, K, n, acc); return; }
+    for (int64_t i = 0; i < n; ++i) isum[i] = 0;
+    for (int64_t t0 = 0; t0 < K; t0 += QC_DW_EXACT_TAPS) {
+        const int64_t kc = K - t0 < QC_DW_EXACT_TAPS ? K - t0 : QC_DW_EXACT_TAPS;
+        qc_dw_mac(j, src + t0, w + t0, kc, n, acc);
+        for (int64_t i = 0; i < n; ++i) isum[i] = (int32_t)((uint32_t)isum[i] + (uint32_t)(int32_t)acc[i]);
+    }
+    for (int64_t i = 0; i < n; ++i) acc[i] = (float)isum[i];
+}
+
+static inline int8_t qc_dw_requant(float v, float scale, int32_t zp)
+{
+    float r = roundf(v / scale);
+    r = r > 1000.0f ? 1000.0f : r;
+    r = r < -1000.0f ? -1000.0f : r;
+    int32_t q = (int32_t)r + zp;
+    q = q < -128 ? -128 : q;
+    q = q > 127 ? 127 : q;
+    return (int8_t)q;
+}
+
+/* padded row iy (image coordinates; outside the image: zeros) of channel c, sample n, into dst (RS floats) */
+static void qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
+{
+    const int64_t W = j->W, wph = qc_dw_wph(j), sw = j->sw, pw = j->pw;
+    memset(dst, 0, (size_t)qc_dw_rs(j) * sizeof(float));
+    if (iy < 0 || iy >= j->H) return;
+    int64_t off, st;
+    if (j->in_nc4hw4) {
+        off = ((((c >> 2) * j->N + n) * j->H + iy) * W) * 4 + (c & 3);
+        st = 4;
+    } else {
+        off = ((n * j->C + c) * j->H + iy) * W;
+        st = 1;
+    }
+    float *u = sw == 1 ? dst + pw : tmp;
+    if (j->kind == 0) {
+        const uint8_t *s = (const uint8_t *)j->x + off;
+        const int32_t zb = j->z[n] + 128;
+        if (st == 1) for (int64_t i = 0; i < W; ++i) u[i] = (float)((int32_t)s[i] - zb);
+        else for (int64_t i = 0; i < W; ++i) u[i] = (float)((int32_t)s[4 * i] - zb);
+    } else if (j->kind == 1) {
+        const int8_t *s = (const int8_t *)j->x + off;
+        const int32_t zb = j->z[n];
+        if (st == 1) for (int64_t i = 0; i < W; ++i) u[i] = (float)((int32_t)s[i] - zb);
+        else for (int64_t i = 0; i < W; ++i) u[i] = (float)((int32_t)s[4 * i] - zb);
+    } else {
+        const float *s = (const float *)j->x + off;
+        if (st == 1) memcpy(u, s, (size_t)W * sizeof(float));
+        else for (int64_t i = 0; i < W; ++i) u[i] = s[4 * i];
+    }
+    if (sw > 1)
+        for (int64_t i = 0; i < W; ++i) {
+            const int64_t ixp = i + pw;
+            dst[(ixp % sw) * wph + ixp / sw] = tmp[i];
+        }
+}
+
+/* One work item: sample n, channel c, output rows [oy0, oy1) of the band, all M output channels of c.
+ * scr: qc_dw_scratch_floats(j) floats; ptrs: qc_dw_scratch_ptrs(j) pointers. Returns the number of block-mode
+ * windows holding a NaN or an infinity (0 in the other modes). */
+static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
+{
+    const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, ow = QC_DW_UP(OW);
+    const int64_t n = item / (j->C * nb), c = (item / nb) % j->C, b = item % nb;
+    const int64_t oy0 = b * j->band, oy1 = oy0 + j->band < j->OH ? oy0 + j->band : j->OH;
+    const int64_t rs = qc_dw_rs(j), wph = qc_dw_wph(j), r0 = oy0 * j->sh;
+    const int64_t R = (oy1 - 1 - oy0) * j->sh + (int64_t)(j->KH - 1) * j->dh + 1;
+    const int64_t O = j->C * j->M, OHW = j->OH * OW;
+    float *plane = scr;
+    float *tmp = plane + QC_DW_UP(qc_dw_rows(j) * rs);
+    float *accI = tmp + QC_DW_UP(j->W), *accS = accI + ow, *yrow = accS + ow, *ones = yrow + ow;
+    float *qt = ones + QC_DW_UP(K), *qsp = qt + (j->kind == 2 ? K * ow : 0), *dxp = qsp + (j->kind == 2 ? ow : 0);
+    int32_t *isum = (int32_t *)(dxp + (j->kind == 2 ? ow : 0));
+    const float **src = ptrs, **qp = ptrs + K;
+    int64_t bad = 0;
+    for (int64_t r = 0; r < R; ++r) qc_dw_fill_row(j, n, c, r0 + r - j->ph, plane + r * rs, tmp);
+    for (int64_t t = 0; t < K; ++t) ones[t] = 1.0f;
+    if (j->kind == 2)
+        for (int64_t t = 0; t < K; ++t) qp[t] = qt + t * ow;
+    const float dxn = j->kind == 2 ? 1.0f : j->dx[n];
+    for (int64_t oy = oy0; oy < oy1; ++oy) {
+        const float *base = plane + (oy * j->sh - r0) * rs;
+        for (int64_t ky = 0; ky < j->KH; ++ky)
+            for (int64_t kx = 0; kx < j->KW; ++kx) {
+                const int64_t cx = kx * j->dw;
+                src[ky * j->KW + kx] = base + ky * j->dh * rs + (cx % j->sw) * wph + cx / j->sw;
+            }
+        const float *const *taps = src;
+        const float *dxpix = NULL;
+        if (j->kind == 2) {
+#ifdef QC_DW_X86
+            if (j->vec) bad += qc_dw_blockq_avx2(src, K, OW, qsp, dxp, qt, ow);
+            else
+#endif
+                bad += qc_dw_blockq_c(src, K, OW, qsp, dxp, qt, ow);
+            taps = qp;
+            dxpix = dxp;
+        }
+        if (j->offset) qc_dw_sum(j, taps, ones, K, OW, accS, isum + ow);
+        for (int64_t m = 0; m < j->M; ++m) {
+            const int64_t o = c * j->M + m;
+            qc_dw_sum(j, taps, j->wq + o * K, K, OW, accI, isum);
+            const int direct = !j->out_nc4hw4 && !j->out_int8;
+            float *yo = direct ? (float *)j->y + (n * O + o) * OHW + oy * OW : yrow;
+            const float of = j->offset ? j->offset[o] : 0.0f;
+            const float *S = j->offset ? accS : NULL;
+#ifdef QC_DW_X86
+            if (j->vec) qc_dw_epi_avx2(accI, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
+            else
+#endif
+                qc_dw_epi_c(accI, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
+            if (direct) continue;
+            int64_t idx = j->out_nc4hw4 ? ((((o >> 2) * j->N + n) * OHW + oy * OW) * 4 + (o & 3))
+                                        : (n * O + o) * OHW + oy * OW;
+            const int64_t st = j->out_nc4hw4 ? 4 : 1;
+            if (j->out_int8) {
+                int8_t *yi = (int8_t *)j->y + idx;
+                for (int64_t i = 0; i < OW; ++i) yi[i * st] = qc_dw_requant(yrow[i], j->oscale, j->ozp);
+            } else {
+                float *yf = (float *)j->y + idx;
+                for (int64_t i = 0; i < OW; ++i) yf[i * st] = yrow[i];
+            }
+        }
+    }
+    return bad;
+}
+
+#endif /* QCONV_DEPTHWISE_H */

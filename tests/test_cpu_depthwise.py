@@ -1,0 +1,183 @@
+"""The CPU engine's depthwise path (``qconv._ext._depthwise``: groups == in_channels, channel multiplier M).
+
+Against the oracle (integer parts exact, the per-output 1e-5 rule) and bitwise against the general GEMM path
+(``depthwise=False``: the depthwise epilogue is the GEMM kernels' own formula and order), over kernel sizes 1-7,
+strides, padding, dilation, odd channel counts, M in {1, 2}, int4 / int8 (symmetric or not, float16 scales),
+act_quant tensor / row / block, the static int8 path, NCHW and NC4HW4, bias, relu / relu6, and 1 vs 2 threads.
+The serial thresholds are 0 here, so 2-thread calls really run two threads.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("qconv._ext._depthwise")
+
+import qconv  # noqa: E402
+from qconv._ext import _cpu, _depthwise  # noqa: E402
+from qconv.cpu import KERNEL_NAMES, CpuEngine, serial_thresholds  # noqa: E402
+from qconv.geometry import ConvSpec  # noqa: E402
+from qconv.layouts.nc4hw4 import NC4HW4  # noqa: E402
+from qconv.testing import assert_matches_reference, strategies as qst  # noqa: E402
+
+# the AMX kernel's depthwise path is the AVX2 one; its GEMM path differs only in speed
+KERNELS = [k for k in KERNEL_NAMES if _cpu.kernel_supported(k) and k != "amx"]
+P4 = NC4HW4(4)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _threaded_paths():
+    with serial_thresholds(macs=0, quant_values=0):
+        yield
+
+
+@st.composite
+def dw_cases(draw, max_kernel=7):
+    c = draw(st.sampled_from([2, 3, 5, 7, 13, 16, 17, 33]) | st.integers(2, 24))
+    m = draw(st.sampled_from([1, 2]))
+    n = draw(st.integers(1, 2))
+    dims = []
+    for _ in range(2):
+        k = draw(st.integers(1, max_kernel))
+        s = draw(st.integers(1, 3))
+        p = draw(st.integers(0, k - 1))
+        d = draw(st.integers(1, 3)) if k > 1 else 1
+        lo = max(1, d * (k - 1) + 1 - 2 * p)
+        dims.append((k, s, p, d, draw(st.integers(lo, lo + 12))))
+    (kh, sh, ph, dh, h), (kw, sw, pw, dw, w) = dims
+    geo = qst.ConvGeometry(n, c, c * m, h, w, (kh, kw), (sh, sw), (ph, pw), (dh, dw), c)
+    weight = draw(qst.quantized_weights(geo))
+    x = draw(qst.activations((n, c, h, w)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    bias = rng.standard_normal(c * m).astype(np.float32) if draw(st.booleans()) else None
+    act = draw(st.sampled_from([None, "relu", "relu6"]))
+    return geo, weight, x, bias, act
+
+
+def _spec(geo, weight, bias, act, aq):
+    return ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, aq)
+
+
+def _run(eng, x, layout, o):
+    if layout == "nchw":
+        return eng.forward(x)
+    y4 = eng.forward(P4.pack_array(x), "nc4hw4")
+    if o % 4:
+        assert not y4[-1, ..., o % 4:].any(), "NC4HW4 output padding lanes must be zero"
+    return P4.unpack_array(y4, o)
+
+
+def _same(a, b):
+    """Bitwise equal (a zero's sign aside: the symmetric epilogue adds +0 where the GEMM adds offset 0 * S)."""
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(case=dw_cases(), aq=st.sampled_from(["tensor", "row", "block"]), layout=st.sampled_from(["nchw", "nc4hw4"]))
+@settings(deadline=None)
+def test_depthwise_matches_oracle_and_general_path(kernel, case, aq, layout):
+    geo, weight, x, bias, act = case
+    spec = _spec(geo, weight, bias, act, aq)
+    dw = CpuEngine(spec, threads=2, kernel=kernel)
+    assert "depthwise" in dw.describe()
+    y = _run(dw, x, layout, geo.o)
+    assert dw.last_call["split"] == "planes" and dw.last_call["gemm_threads"] == 2
+    assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, aq)
+    gen = CpuEngine(spec, threads=1, kernel=kernel, depthwise=False)
+    assert "depthwise" not in gen.describe()
+    assert _same(gen.forward(x), y)
+    one = CpuEngine(spec, threads=1, kernel=kernel)
+    assert np.array_equal(one.forward(x).view(np.uint32), y.view(np.uint32)), "1 vs 2 threads differ"
+
+
+@given(case=dw_cases(max_kernel=5), layout=st.sampled_from(["nchw", "nc4hw4"]),
+       out_int8=st.booleans(), zp=st.integers(-128, 127))
+@settings(deadline=None)
+def test_static_int8_path_bitwise_general(case, layout, out_int8, zp):
+    geo, weight, x, bias, act = case
+    rng = np.random.default_rng(geo.h * 31 + geo.w)
+    xi = rng.integers(-128, 128, x.shape).astype(np.int8)
+    kw = dict(input_qparams=(0.037, zp), output_qparams=(0.05, -3) if out_int8 else None)
+    spec = _spec(geo, weight, bias, act, "tensor")
+    dw = CpuEngine(spec, threads=2, **kw)
+    gen = CpuEngine(spec, threads=2, depthwise=False, **kw)
+    if layout == "nchw":
+        y, ref = dw.forward(xi), gen.forward(xi)
+    else:
+        xp = P4.pack_array(xi)
+        if geo.c % 4:
+            xp[-1, ..., geo.c % 4:] = rng.integers(-128, 128, xp[-1, ..., geo.c % 4:].shape)  # ignored lanes
+        y, ref = dw.forward(xp, "nc4hw4"), gen.forward(xp, "nc4hw4")
+    assert y.dtype == (np.int8 if out_int8 else np.float32)
+    assert _same(y, ref)
+
+
+def test_large_kernel_chunks_stay_exact():
+    """Over QC_DW_EXACT_TAPS taps the float chunk sums are added in int32: still the oracle's integers."""
+    rng = np.random.default_rng(5)
+    k = 25   # 625 taps > 512
+    assert k * k > _depthwise.EXACT_TAPS
+    w = qconv.quantize_weight(rng.standard_normal((6, 1, k, k)).astype(np.float32) + 3, bits=8, symmetric=False,
+                              groups=3)
+    x = np.abs(rng.standard_normal((1, 3, 30, 28)).astype(np.float32)) + 1   # large same-sign sums
+    for aq in ("tensor", "row", "block"):
+        spec = ConvSpec(w, None, 1, 3, 1, None, aq)
+        y = CpuEngine(spec, threads=2).forward(x)
+        assert_matches_reference(y, x, w, None, 1, 3, 1, None, aq)
+        assert _same(CpuEngine(spec, threads=1, depthwise=False).forward(x), y)
+
+
+@pytest.mark.parametrize("aq", ["tensor", "row", "block"])
+def test_nonfinite_input_rejected(aq):
+    w = qconv.quantize_weight(np.ones((4, 1, 3, 3), np.float32), groups=4)
+    eng = CpuEngine(ConvSpec(w, None, 1, 1, act_quant=aq), threads=2)
+    assert "depthwise" in eng.describe()
+    for bad in (np.nan, np.inf):
+        x = np.ones((1, 4, 5, 5), np.float32)
+        x[0, 2, 3, 1] = bad
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            eng.forward(x)
+    # NC4HW4 padding lanes are not values: NaN there is ignored
+    w3 = qconv.quantize_weight(np.ones((3, 1, 3, 3), np.float32), groups=3)
+    e3 = CpuEngine(ConvSpec(w3, None, 1, 1, act_quant=aq), threads=2)
+    x = np.random.default_rng(1).standard_normal((2, 3, 6, 5)).astype(np.float32)
+    xp = P4.pack_array(x)
+    clean = e3.forward(xp, "nc4hw4")
+    xp[-1, ..., 3] = np.nan
+    np.testing.assert_array_equal(e3.forward(xp, "nc4hw4"), clean)
+
+
+def test_dispatch_option_and_env(monkeypatch):
+    rng = np.random.default_rng(2)
+    w = qconv.quantize_weight(rng.standard_normal((8, 1, 3, 3)).astype(np.float32), groups=8)
+    spec = ConvSpec(w, None, 1, 1)
+    assert "depthwise" in CpuEngine(spec).describe()
+    assert "depthwise" not in CpuEngine(spec, depthwise=False).describe()
+    monkeypatch.setenv("QCONV_CPU_DEPTHWISE", "0")
+    assert "depthwise" not in CpuEngine(spec).describe()
+    assert "depthwise" in CpuEngine(spec, depthwise=True).describe()
+    monkeypatch.delenv("QCONV_CPU_DEPTHWISE")
+    # not depthwise: the general path; forcing the depthwise path there is an error
+    g2 = qconv.quantize_weight(rng.standard_normal((8, 2, 3, 3)).astype(np.float32), groups=4)
+    assert "depthwise" not in CpuEngine(ConvSpec(g2, None, 1, 1)).describe()
+    with pytest.raises(ValueError, match="depthwise"):
+        CpuEngine(ConvSpec(g2, None, 1, 1), depthwise=True)
+    with pytest.raises(TypeError, match="depthwise"):
+        CpuEngine(spec, depthwise="yes")
+    # the public layer picks it too
+    layer = qconv.Conv2d(w, None, padding=1, device="cpu", threads=2)
+    assert "depthwise" in repr(layer)
+    x = rng.standard_normal((1, 8, 9, 9)).astype(np.float32)
+    np.testing.assert_array_equal(layer(x), CpuEngine(spec, threads=1, depthwise=False).forward(x))
+
+
+def test_last_call_reports_threads():
+    w = qconv.quantize_weight(np.ones((6, 1, 3, 3), np.float32), groups=6)
+    eng = CpuEngine(ConvSpec(w, None, 1, 1), threads=2)
+    assert eng.last_call is None
+    x = np.ones((1, 6, 8, 8), np.float32)
+    eng.forward(x)
+    assert eng.last_call == dict(quant_threads=2, gemm_threads=2, split="planes")
+    with serial_thresholds(macs=1 << 40, quant_values=1 << 40):
+        eng.forward(x)
+        assert eng.last_call == dict(quant_threads=1, gemm_threads=1, split="planes")
