@@ -12,7 +12,9 @@ Reported per engine: median ms, GOP/s (2*MACs), relative L2 error against the fl
 original float weights, and peak RSS of the process during that engine's run (VmHWM, reset per row).
 A second table gives qconv's speed-up against each baseline of the same case.
 
-    python benchmarks/bench_cpu.py [--quick] [--json out.json] [--cases SUBSTRING] [--block]
+    python benchmarks/bench_cpu.py [--quick] [--json out.json] [--cases SUB[,SUB...]] [--block]
+                                   [--kernels avx512vnni[,...]] [--skip SUB[,SUB...]] [--sweeps N]
+                                   [--torch-qengine onednn]
     python benchmarks/bench_cpu.py --summarize run1.json run2.json ... [--json all.json]  # median table over runs
     python benchmarks/bench_cpu.py --summarize docs/results/bench_cpu.json --headline  # the README's table
 
@@ -258,9 +260,15 @@ def run(args):
     min_time, max_reps = (0.2, 15) if args.quick else (1.0, 100)
     cases = [("conv",) + c for c in CONVS] + [("linear",) + c for c in LINEARS]
     if args.cases:
-        cases = [c for c in cases if args.cases.lower() in c[1].lower()]
+        subs = [c.strip().lower() for c in args.cases.split(",") if c.strip()]
+        cases = [c for c in cases if any(sub in c[1].lower() for sub in subs)]
+    skip = [e.strip() for e in (args.skip or "").split(",") if e.strip()]
+    if torch is not None and args.torch_qengine:
+        torch.backends.quantized.engine = args.torch_qengine
 
     def record(case, scheme, engine, fn, ref, ops, build=None):
+        if any(sk in engine for sk in skip):
+            return
         gc.collect()   # frees the previous engine (and joins its threads) before this one is timed
         _reset_peak_rss()
         try:
@@ -379,6 +387,18 @@ def run(args):
             if rows[-1].get("engine") == "qconv cpu" and "ms" in rows[-1]:
                 rows[-1]["describe"] = build.layer.engine.describe()
                 rows[-1]["weight_bytes"] = build.layer.engine.streamed_bytes
+            for kname in [k.strip() for k in (args.kernels or "").split(",") if k.strip()]:
+                def build_k(b=build, kname=kname):   # the same layer with a forced micro-kernel
+                    old = os.environ.get("QCONV_CPU_KERNEL")
+                    os.environ["QCONV_CPU_KERNEL"] = kname
+                    try:
+                        return b()
+                    finally:
+                        if old is None:
+                            del os.environ["QCONV_CPU_KERNEL"]
+                        else:
+                            os.environ["QCONV_CPU_KERNEL"] = old
+                record(name, sname, f"qconv cpu kernel={kname}", None, ref, ops, build=build_k)
             if kind == "conv" and not args.quick:   # 1 -> 2 thread scaling
                 record(name, sname, "qconv cpu 1 thread", None, ref, ops, build=lambda b=build: b(threads=1))
             if args.block:  # act_quant="block" (per pixel x 32-channel blocks) and, for linears, "tensor"
@@ -401,7 +421,8 @@ def ceilings():
     """Peak int8 multiply-add rate (1 and THREADS threads) and read bandwidth (a 12 MiB buffer that caches can
     hold, a 512 MiB one that only DRAM can), measured now: the reference for the "% of peak" columns."""
     from qconv._ext import _cpu
-    c = dict(simd=_cpu.probe_simd(), vnni_gops_1t=_cpu.probe_vnni_gops(1), vnni_gops=_cpu.probe_vnni_gops(THREADS))
+    c = dict(simd=_cpu.probe_simd(), vnni_gops_1t=_cpu.probe_vnni_gops(1), vnni_gops=_cpu.probe_vnni_gops(THREADS),
+             amx_gops_1t=_cpu.probe_amx_gops(1), amx_gops=_cpu.probe_amx_gops(THREADS))
     for key, size in (("read_gbs_cache", 12 << 20), ("read_gbs_dram", 512 << 20)):
         buf = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
         gbs, chk = _cpu.probe_read(buf, THREADS, reps=5)
@@ -430,7 +451,9 @@ def report(rows, ceil, args):
     out.append(f"Ceilings measured in this run: int8 multiply-add peak {ceil['vnni_gops_1t']:.0f} GOP/s on 1 thread, "
                f"{ceil['vnni_gops']:.0f} GOP/s on {THREADS} ({'vpdpbusd' if ceil['simd'] else 'scalar'}); "
                f"read bandwidth {ceil['read_gbs_cache']:.0f} GB/s (12 MiB, cache-resident), "
-               f"{ceil['read_gbs_dram']:.0f} GB/s (512 MiB, DRAM).")
+               f"{ceil['read_gbs_dram']:.0f} GB/s (512 MiB, DRAM)."
+               + (f" AMX-INT8 peak (tdpbusd, 2x2 tiles): {ceil['amx_gops_1t']:.0f} GOP/s on 1 thread, "
+                  f"{ceil['amx_gops']:.0f} GOP/s on {THREADS}." if ceil.get("amx_gops") else " No AMX."))
     out.append("")
     out.append("| case | scheme | engine | median ms | GOP/s | rel. err vs float | peak RSS MB |")
     out.append("|---|---|---|---:|---:|---:|---:|")
@@ -438,7 +461,8 @@ def report(rows, ceil, args):
         if "error" in r:
             out.append(f"| {r['case']} | {r['scheme']} | {r['engine']} | n/a | | | ({r['error']}) |")
         else:
-            out.append(f"| {r['case']} | {r['scheme']} | {r['engine']} | {r['ms']:.3f} | {r['gops']:.1f} | "
+            rng_ms = f" ({r['ms']:.3f}-{r['ms_max']:.3f})" if r.get("ms_max", r["ms"]) != r["ms"] else ""
+            out.append(f"| {r['case']} | {r['scheme']} | {r['engine']} | {r['ms']:.3f}{rng_ms} | {r['gops']:.1f} | "
                        f"{r['rel_err']:.2e} | {r['peak_rss_mb']:.0f} |")
     out.append("")
     convs = {c[0] for c in CONVS}
@@ -450,19 +474,22 @@ def report(rows, ceil, args):
                "| % peak / GB/s | 1->2 threads |")
     out.append("|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        if r["engine"] != "qconv cpu" or "ms" not in r:
+        if not (r["engine"] == "qconv cpu" or r["engine"].startswith("qconv cpu kernel=")) or "ms" not in r:
             continue
         peers = _peer_rows(rows, r)
         p = peers[0] if peers else None
         if r["case"] in convs:
             eff = f"{100 * r['gops'] / ceil['vnni_gops']:.0f}%"
+            if ceil.get("amx_gops"):   # and of the AMX peak
+                eff += f" / {100 * r['gops'] / ceil['amx_gops']:.0f}% AMX"
             one = [b for b in rows if b["case"] == r["case"] and b["scheme"] == r["scheme"]
                    and b["engine"] == "qconv cpu 1 thread" and "ms" in b]
             scal = f"{one[0]['ms'] / r['ms']:.2f}x" if one else "-"
         else:
             eff = f"{r.get('weight_bytes', 0) / r['ms'] / 1e6:.0f} GB/s"
             scal = "-"
-        out.append(f"| {r['case']} | {r['scheme']} | {r['ms']:.3f} | {r['rel_err']:.1e} | "
+        label = r["scheme"] + (f" [{r['engine'].split('=')[1]}]" if "kernel=" in r["engine"] else "")
+        out.append(f"| {r['case']} | {label} | {r['ms']:.3f} | {r['rel_err']:.1e} | "
                    + (f"{p['engine']} | {p['ms']:.3f} | {p['rel_err']:.1e} | {p['ms'] / r['ms']:.2f} | "
                       if p else "(none) | | | | ")
                    + f"{eff} | {scal} |")
@@ -625,7 +652,15 @@ def main(argv=None):
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.add_argument("--block", action="store_true",
                    help='also time act_quant="block" (act_block=32), and "tensor" for the linears')
-    p.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains this")
+    p.add_argument("--cases", metavar="SUBSTRING", help="only cases whose name contains one of these (comma-separated)")
+    p.add_argument("--kernels", metavar="NAMES", help="also time qconv with these micro-kernels forced "
+                   "(comma-separated, e.g. avx512vnni; rows 'qconv cpu kernel=NAME')")
+    p.add_argument("--skip", metavar="SUBSTRINGS", help="skip engines whose name contains one of these "
+                   "(comma-separated, e.g. 'numpy,torch conv2d,onnxruntime Conv')")
+    p.add_argument("--sweeps", type=int, default=1, help="run the suite N times; each row keeps its best median "
+                   "(and the slowest, shown as a range)")
+    p.add_argument("--torch-qengine", metavar="NAME", help="torch.backends.quantized.engine for torch.ao (e.g. "
+                   "onednn, x86, fbgemm; default: torch's)")
     p.add_argument("--summarize", nargs="+", metavar="JSON",
                    help="print the same-scheme summary over these --json runs (no benchmarking); with --json, "
                         "also write them into one file")
@@ -643,6 +678,16 @@ def main(argv=None):
     import qconv.cpu  # noqa: F401,F811  (fail early when the extension is not built)
     ceil = ceilings()
     rows = run(args)
+    for _ in range(max(args.sweeps, 1) - 1):    # best median per row over the sweeps, with the slowest kept
+        best = {(r["case"], r["scheme"], r["engine"]): r for r in rows}
+        for r in run(args):
+            b = best.get((r["case"], r["scheme"], r["engine"]))
+            if b is None or "ms" not in r or "ms" not in b:
+                continue
+            hi = max(b.get("ms_max", b["ms"]), r["ms"])
+            if r["ms"] < b["ms"]:
+                b.update(r)
+            b["ms_max"] = hi
     report(rows, ceil, args)
 
 

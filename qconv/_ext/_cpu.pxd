@@ -9,6 +9,7 @@ cdef extern from "qconv_kernels.h" nogil:
         QC_KERNEL_SCALAR
         QC_KERNEL_AVX2
         QC_KERNEL_AVX512VNNI
+        QC_KERNEL_AMX
 
     ctypedef struct qc_gemm_args:
         const uint8_t *const *aptr
@@ -35,6 +36,9 @@ cdef extern from "qconv_kernels.h" nogil:
         int32_t first, last
         int32_t zpu
         float lo, hi
+        const uint8_t *wa
+        int64_t wa_bstride, wa_tstride
+        int32_t kp, amx_min
 
     void qc_gemm(const qc_gemm_args *g, int variant)
     void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, int32_t abias,
@@ -71,6 +75,11 @@ cdef struct ConvJob:
     const float *bias      # (G, OCp)
     const int32_t *oidx    # (O,) row position of output channel o in the out scratch
     float lo, hi
+    # AMX weights (AmxWeightLayout, tile-major like w), or NULL until bound; calls of fewer than amx_min columns
+    # (and every call of another kernel) use w
+    const uint8_t *wa
+    int64_t wa_gstride, wa_bstride, wa_tstride
+    int kp, amx_min
     # activations of this call
     const uint8_t *Q       # (N*H*W, Ltot1) xq + abias, padded lanes = zpu
     const int32_t *PS      # (N*H*W, GNB) per-pixel block sums of u = xq - z

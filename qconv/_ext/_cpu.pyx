@@ -29,20 +29,23 @@ from libc.string cimport memcpy, memset
 from libc.math cimport fabsf, roundf
 from libc.stdlib cimport free
 
-KERNELS = {"scalar": QC_KERNEL_SCALAR, "avx2": QC_KERNEL_AVX2, "avx512vnni": QC_KERNEL_AVX512VNNI}
+KERNELS = {"scalar": QC_KERNEL_SCALAR, "avx2": QC_KERNEL_AVX2, "avx512vnni": QC_KERNEL_AVX512VNNI,
+           "amx": QC_KERNEL_AMX}
 UNIT = QC_UNIT
 SRC_UNIT = QC_SRC_UNIT
 
 
 def kernel_supported(str name):
-    """True when this CPU runs the named micro-kernel (``scalar``, ``avx2``, ``avx512vnni``)."""
+    """True when this CPU runs the named micro-kernel (``scalar``, ``avx2``, ``avx512vnni``, ``amx``; ``amx`` also
+    needs the OS to grant the tile data state, asked once per process)."""
     return bool(qc_kernel_supported(KERNELS[name]))
 
 
 def best_kernel():
     """Name of the fastest micro-kernel this CPU supports (CPUID at run time)."""
     cdef int v = qc_best_kernel()
-    return {QC_KERNEL_SCALAR: "scalar", QC_KERNEL_AVX2: "avx2", QC_KERNEL_AVX512VNNI: "avx512vnni"}[v]
+    return {QC_KERNEL_SCALAR: "scalar", QC_KERNEL_AVX2: "avx2", QC_KERNEL_AVX512VNNI: "avx512vnni",
+            QC_KERNEL_AMX: "amx"}[v]
 
 
 def openmp_enabled():
@@ -89,6 +92,7 @@ def _test_refuse_allocation(int64_t k):
 
 cdef extern from "qconv_probe.h" nogil:
     int32_t qc_probe_vnni(int64_t n)
+    int32_t qc_probe_amx(int64_t n)
     uint64_t qc_probe_read(const uint8_t *p, int64_t nbytes)
     int qc_probe_simd()
 
@@ -115,6 +119,27 @@ def probe_vnni_gops(int threads=1, double seconds=0.25):
         n = <int64_t> (n * min(16.0, 1.2 * seconds / max(t, 1e-6)))
     # 12 vpdpbusd x 64 multiply-adds per step (the scalar loop counts the same number of additions)
     return threads * n * 12 * 64 * 2 / t / 1e9 + 0 * sink
+
+
+def probe_amx_gops(int threads=1, double seconds=0.25):
+    """Peak AMX-INT8 multiply-add rate in GOP/s (2 ops per multiply-add): ``threads`` threads each issue rounds of
+    4 independent ``tdpbusd`` (16 x 16 x 64 multiply-adds each) for about ``seconds``; None without AMX."""
+    import time
+    cdef int64_t n = 2000, i
+    cdef int32_t sink = 0
+    cdef double t = 0
+    if not qc_kernel_supported(QC_KERNEL_AMX):
+        return None
+    while True:
+        t0 = time.perf_counter()
+        with nogil:
+            for i in prange(threads, num_threads=threads, schedule="static"):
+                sink += qc_probe_amx(n)
+        t = time.perf_counter() - t0
+        if t >= seconds or n > (1 << 40):
+            break
+        n = <int64_t> (n * min(16.0, 1.2 * seconds / max(t, 1e-6)))
+    return threads * n * 4 * 16 * 16 * 64 * 2 / t / 1e9 + 0 * sink
 
 
 def probe_simd():
@@ -565,6 +590,11 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     a.zpu = j.zpu
     a.lo = j.lo
     a.hi = j.hi
+    a.wa = (j.wa + g * j.wa_gstride + k0 * j.wa_bstride + t0 * j.wa_tstride) if j.wa != NULL else NULL
+    a.wa_bstride = j.wa_bstride
+    a.wa_tstride = j.wa_tstride
+    a.kp = j.kp
+    a.amx_min = j.amx_min
     qc_gemm(&a, j.variant)
 
 
@@ -755,7 +785,7 @@ cdef class ConvPlan:
     """
     cdef ConvJob job
     cdef object keep, keep_scratch
-    cdef const uint8_t[::1] w
+    cdef const uint8_t[::1] w, wa
     cdef const int32_t[::1] wsx, oidx, chpos
     cdef const float[::1] scale, offset, bias
     cdef const uint16_t[::1] hscale, hoffset
@@ -827,6 +857,26 @@ cdef class ConvPlan:
         self.contiguous = int(all(int(chpos[c]) == c for c in range(j.C)))
         self.bound_slots = 0
         self.bound_pixels = -1
+
+    def set_amx(self, wa, int64_t gstride, int64_t bstride, int64_t tstride, int kp, int amx_min=4):
+        """Bind the AMX weight tiles: ``wa`` a uint8 view of a tile-major
+        :class:`~qconv.layouts.amx.AmxWeightLayout` of the same weights (strides in bytes, ``kp`` its padded block
+        bytes, a multiple of 64). With the ``amx`` kernel, GEMM calls of at least ``amx_min`` columns then run on
+        AMX tiles (fewer: the VNNI kernel on ``w``; the results are bitwise the same either way)."""
+        cdef ConvJob *j = &self.job
+        if kp % 64 or kp < j.K * j.BCp or amx_min < 1:
+            raise ValueError("kp must be a multiple of 64 covering a block, amx_min >= 1")
+        if wa.shape[0] < j.G * gstride:
+            raise ValueError("wa too short")
+        self.wa = wa
+        self.keep = self.keep + (wa,)
+        j.wa = &self.wa[0]
+        j.wa_gstride, j.wa_bstride, j.wa_tstride, j.kp, j.amx_min = gstride, bstride, tstride, kp, amx_min
+
+    @property
+    def amx_bound(self):
+        """True once :meth:`set_amx` bound AMX tiles."""
+        return self.job.wa != NULL
 
     def bind(self, Q, PS, zrow, AP, S, OUT, DXC, qs, z, dx, int slots, int64_t pixels, A=None, DXB=None):
         """Use these scratch arrays (sized by :class:`qconv.cpu.CpuEngine` for ``slots`` threads and an input of
@@ -1027,13 +1077,16 @@ def _test_indirect(const uint8_t[:, ::1] Q, const int32_t[:, ::1] PS, dict geo, 
 def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride, const int32_t[:, ::1] S,
                const int32_t[:, ::1] wsx, const float[:, ::1] scale, offset, const float[::1] dx,
                const float[::1] bias, int nblocks, int taps, int bq, int bits, int zpu, float lo, float hi, str kernel,
-               int first=1, int last=1, out=None, int ntiles=1, int64_t w_tstride=0, bint half=False):
+               int first=1, int last=1, out=None, int ntiles=1, int64_t w_tstride=0, bint half=False,
+               wa=None, int64_t wa_bstride=0, int64_t wa_tstride=0, int kp=0, int amx_min=1):
     """One micro-kernel call on a materialised A: ``A`` uint8 ``(ncols, nblocks*taps*bq*4)`` (block-major, each
     block ``taps`` runs of ``4*bq`` bytes, read through an indirection table like the engine's), ``w`` the
     tiles of ``ntiles`` 32-channel tiles (tile ``t``, block ``k`` at ``t*w_tstride + k*w_bstride``), ``S`` int32
     ``(ncols, nblocks)``, ``wsx``/``scale``/``offset`` ``(nblocks, 32*ntiles)``, ``dx`` ``(ncols,)``, ``bias``
     ``(32*ntiles,)``. ``half``: pass ``scale``/``offset`` to the kernel as float16 tables (they must be float16
-    values). Returns (or accumulates into ``out``) float32 ``(ncols, 32*ntiles)``."""
+    values). ``wa``: the same weights as AMX tiles (uint8, :class:`~qconv.layouts.amx.AmxWeightLayout`, block ``k``
+    of tile ``t`` at ``t*wa_tstride + k*wa_bstride``, ``kp`` bytes per padded block), read by the ``amx`` kernel
+    when ``ncols >= amx_min``. Returns (or accumulates into ``out``) float32 ``(ncols, 32*ntiles)``."""
     cdef qc_gemm_args a
     cdef int ncols = A.shape[0]
     cdef const float[:, ::1] off
@@ -1102,6 +1155,14 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
     a.ldo = width
     a.nblocks, a.taps, a.bq, a.ncols, a.bits, a.zpu = nblocks, taps, bq, ncols, bits, zpu
     a.lo, a.hi = lo, hi
+    cdef const uint8_t[::1] wav
+    a.wa = NULL
+    a.wa_bstride, a.wa_tstride, a.kp, a.amx_min = wa_bstride, wa_tstride, kp, amx_min
+    if wa is not None:
+        wav = wa
+        if kp % 64 or kp < 4 * blq or wav.shape[0] < (ntiles - 1) * wa_tstride + (nblocks - 1) * wa_bstride + 32 * kp:
+            raise ValueError("wa / kp do not match")
+        a.wa = &wav[0]
     with nogil:
         qc_gemm(&a, variant)
     return out

@@ -29,11 +29,18 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <stdlib.h>
+#if defined(__linux__)
+#include <unistd.h>
+#include <sys/syscall.h>
+#endif
 
 #define QC_UNIT 32
 #define QC_SRC_UNIT 4
 
-enum { QC_KERNEL_SCALAR = 0, QC_KERNEL_AVX2 = 1, QC_KERNEL_AVX512VNNI = 2 };
+/* QC_KERNEL_AMX: AMX-INT8 tiles for calls of >= amx_min columns with AMX weights bound (g->wa), the VNNI kernel
+ * otherwise; its helpers (quantization, reductions, stores) are the AVX-512 ones (every AMX CPU has them). */
+enum { QC_KERNEL_SCALAR = 0, QC_KERNEL_AVX2 = 1, QC_KERNEL_AVX512VNNI = 2, QC_KERNEL_AMX = 3 };
 
 typedef struct {
     const uint8_t *const *aptr;  /* A pointers, aptr[e*ldp + t] */
@@ -60,6 +67,13 @@ typedef struct {
     int32_t first, last;     /* first: F starts at 0 (else from out); last: apply dx, bias, clamp */
     int32_t zpu;             /* zero point in the stored A domain: z + 128 (int8 weights) or z (int4) */
     float lo, hi;            /* activation clamp */
+    /* AMX only (QC_KERNEL_AMX; see qconv/layouts/amx.py): the same weights as AmxWeightLayout tiles, channel tile 0,
+     * block 0 -- per (channel tile, block) two 16-channel halves of kp/4 rows x 16 channels x 4 bytes (int8 q, or
+     * int4 stored wider as the byte q + 8), each block zero-padded from 4*taps*bq to kp (a multiple of 64) bytes.
+     * wa == NULL or ncols < amx_min: the call runs the VNNI kernel (same integer sums, same epilogue). */
+    const uint8_t *wa;
+    int64_t wa_bstride, wa_tstride;
+    int32_t kp, amx_min;
 } qc_gemm_args;
 /* A is unsigned (U = xq + 128) for int8 weights and signed (xq) for int4 weights, whose nibbles then are the
  * unsigned operand: sum u*q = acc - zpu*wsx - (int4 ? 8*S : 0) either way. */
@@ -207,7 +221,13 @@ __m512 qc_vnni_facc(const qc_gemm_args *g, int k, int e, __m512 F, __m512i acc, 
     const int32_t cs = g->colsum[(int64_t)e * g->lds + k];
     const __m512i i = _mm512_sub_epi32(_mm512_sub_epi32(acc, z), _mm512_set1_epi32(g->bits == 4 ? 8 * cs : 0));
     __m512 f = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(i), _mm512_mul_ps(o, _mm512_set1_ps((float)cs)));
-    if (g->dxb) f = _mm512_mul_ps(f, _mm512_set1_ps(g->dxb[(int64_t)e * g->lds + k]));
+    if (g->dxb) {
+        f = _mm512_mul_ps(f, _mm512_set1_ps(g->dxb[(int64_t)e * g->lds + k]));
+        /* the product is rounded before the add below at every call site: without this barrier gcc fuses
+         * (f*dxb) + F into one FMA in some inlined copies and not in others (-ffp-contract=fast), and the AMX
+         * and VNNI kernels, which share this code, would differ in the last bit */
+        __asm__("" : "+v"(f));
+    }
     return add ? _mm512_add_ps(f, F) : f;
 }
 
@@ -530,7 +550,10 @@ void qc_avx2_cols(const qc_gemm_args *g, const int e0, const int NC)
                     const __m256i iv = _mm256_sub_epi32(_mm256_sub_epi32(h, zc), c8);
                     __m256 f = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(iv), _mm256_mul_ps(of, _mm256_set1_ps((float)s)));
                     float *out = out0 + (int64_t)e * g->ldo + 8 * p;
-                    if (g->dxb) f = _mm256_mul_ps(f, _mm256_set1_ps(g->dxb[(int64_t)(e0 + e) * g->lds + k]));
+                    if (g->dxb) {   /* rounded before the add, as the other kernels (no FMA contraction) */
+                        f = _mm256_mul_ps(f, _mm256_set1_ps(g->dxb[(int64_t)(e0 + e) * g->lds + k]));
+                        __asm__("" : "+x"(f));
+                    }
                     if (add) f = _mm256_add_ps(f, _mm256_loadu_ps(out));
                     if (fin) {
                         f = _mm256_fmadd_ps(_mm256_set1_ps(g->dx[e0 + e]), f, _mm256_loadu_ps(g->bias + to + 8 * p));
@@ -553,6 +576,130 @@ QC_TGT_AVX2 static void qc_gemm_avx2(const qc_gemm_args *g)
     case 1: qc_avx2_cols(g, e, 1); break;
     default: break;
     }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* AMX-INT8 kernel: tdpbusd / tdpbsud on 16 x 16 int32 tiles                                          */
+/* ------------------------------------------------------------------------------------------------ */
+/* Per pass of up to 32 columns (RT = 1 or 2 row tiles of 16 columns):
+ *   1. the pass's A is gathered through the indirection table into a packed per-thread buffer
+ *      abuf[k][16*RT][kp] (block k, column row, byte; bytes 4*taps*bq .. kp-1 are 0): one 64-byte K step of
+ *      16 columns is then one tile load of stride kp;
+ *   2. per channel tile (32 channels = two 16-channel halves h) and block k, the 2*RT accumulator tiles
+ *      C[r][h] (tmm0..3) run over the kp/64 K steps: A row tiles in tmm4/5, the B halves (AmxWeightLayout:
+ *      16 rows of 16 channels x 4 bytes, stride 64) in tmm6/7; int8 weights: tdpbusd (A = U = xq + 128 u8,
+ *      B = q s8), int4: tdpbsud (A = xq s8, B = nibble q + 8 as a u8 byte). The zero tails add 0*0, so every
+ *      int32 sum is exactly the VNNI kernel's acc (int32 sums are exact and order-free);
+ *   3. the tiles go to an int32 buffer cbuf[16*RT][32] and each column runs qc_vnni_epi, the VNNI kernel's own
+ *      epilogue (same float operations, same order): results are bitwise those of the VNNI kernel.
+ * The tile configuration (palette 1, eight 16 x 64-byte tiles) is loaded at the start of every call, on the
+ * calling thread (OpenMP workers included), and released at its end, so other AMX users in the process
+ * (oneDNN) and ours never see each other's configuration. Scratch: two per-thread buffers grown on demand
+ * (kept for the thread's life); when one cannot be allocated the call runs the VNNI kernel instead. */
+#define QC_TGT_AMX __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma,amx-tile,amx-int8")))
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) qc_amx_cfg;
+
+static __thread uint8_t *qc_amx_abuf = NULL;
+static __thread size_t qc_amx_acap = 0;
+
+static inline uint8_t *qc_amx_scratch(size_t n)
+{
+    if (n > qc_amx_acap) {
+        void *p = NULL;
+        n = (n + 4095) & ~(size_t)4095;
+        if (posix_memalign(&p, 64, n)) return NULL;
+        memset(p, 0, n);   /* the unused column rows of a partial row tile are read (and their sums dropped) */
+        free(qc_amx_abuf);
+        qc_amx_abuf = (uint8_t *)p;
+        qc_amx_acap = n;
+    }
+    return qc_amx_abuf;
+}
+
+/* dst[0:n] = src[0:n] with 512-bit (masked) moves */
+QC_TGT_AMX static inline void qc_amx_copy(uint8_t *dst, const uint8_t *src, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) _mm512_storeu_si512((void *)(dst + i), _mm512_loadu_si512((const void *)(src + i)));
+    if (i < n) {
+        const __mmask64 m = (__mmask64)(~0ULL >> (64 - (n - i)));
+        _mm512_mask_storeu_epi8(dst + i, m, _mm512_maskz_loadu_epi8(m, src + i));
+    }
+}
+
+QC_TGT_AMX static void qc_amx_pass(const qc_gemm_args *g, int e0, int nc, uint8_t *abuf, int32_t *cbuf)
+{
+    const int RT = nc > 16 ? 2 : 1, rows = 16 * RT;
+    const int64_t kp = g->kp, lb = 4 * (int64_t)g->taps * g->bq, run = 4 * (int64_t)g->bq;
+    const int ksteps = (int)(kp / 64);
+    const __m512i zpu = _mm512_set1_epi32(g->zpu);
+    /* 1. gather A */
+    for (int k = 0; k < g->nblocks; ++k)
+        for (int e = 0; e < nc; ++e) {
+            uint8_t *dst = abuf + ((int64_t)k * rows + e) * kp;
+            const int64_t koff = g->a_off + (int64_t)k * g->a_bstride;
+            for (int t = 0; t < g->taps; ++t) qc_amx_copy(dst + t * run, g->aptr[(int64_t)(e0 + e) * g->ldp + t] + koff, run);
+            if (kp > lb) memset(dst + lb, 0, (size_t)(kp - lb));
+        }
+    /* 2.-3. per channel tile and block */
+    for (int tile = 0; tile < g->ntiles; ++tile) {
+        const int64_t to = (int64_t)tile * QC_UNIT;
+        const float *bias = g->bias + to;
+        float *out0 = g->out + to;
+        for (int k = 0; k < g->nblocks; ++k) {
+            const uint8_t *wb = g->wa + (int64_t)tile * g->wa_tstride + (int64_t)k * g->wa_bstride;
+            const uint8_t *ab = abuf + (int64_t)k * rows * kp;
+            _tile_zero(0); _tile_zero(1);
+            if (RT == 2) { _tile_zero(2); _tile_zero(3); }
+            for (int s = 0; s < ksteps; ++s) {
+                _tile_loadd(6, wb + 1024 * (int64_t)s, 64);
+                _tile_loadd(7, wb + 16 * kp + 1024 * (int64_t)s, 64);
+                _tile_loadd(4, ab + 64 * (int64_t)s, kp);
+                if (g->bits == 8) { _tile_dpbusd(0, 4, 6); _tile_dpbusd(1, 4, 7); }
+                else { _tile_dpbsud(0, 4, 6); _tile_dpbsud(1, 4, 7); }
+                if (RT == 2) {
+                    _tile_loadd(5, ab + 16 * kp + 64 * (int64_t)s, kp);
+                    if (g->bits == 8) { _tile_dpbusd(2, 5, 6); _tile_dpbusd(3, 5, 7); }
+                    else { _tile_dpbsud(2, 5, 6); _tile_dpbsud(3, 5, 7); }
+                }
+            }
+            _tile_stored(0, cbuf, 128);
+            _tile_stored(1, cbuf + 16, 128);
+            if (RT == 2) { _tile_stored(2, cbuf + 16 * 32, 128); _tile_stored(3, cbuf + 16 * 32 + 16, 128); }
+            const int64_t tt = (int64_t)k * g->ldt + (int64_t)tile * g->ldtt;
+            const qc_vnni_tab tb = qc_vnni_tab_load(g, tt, zpu);
+            for (int e = 0; e < nc; ++e)
+                qc_vnni_epi(g, k, e0 + e, _mm512_loadu_si512((const void *)(cbuf + 32 * e)),
+                            _mm512_loadu_si512((const void *)(cbuf + 32 * e + 16)), &tb, bias, out0);
+        }
+    }
+}
+
+QC_TGT_AMX static void qc_gemm_amx(const qc_gemm_args *g)
+{
+    int32_t cbuf[32 * 32] __attribute__((aligned(64)));
+    const int64_t passcols = g->ncols < 32 ? (g->ncols > 16 ? 32 : 16) : 32;
+    uint8_t *abuf = qc_amx_scratch((size_t)(g->nblocks * passcols * (int64_t)g->kp));
+    if (abuf == NULL || g->kp % 64 || g->kp < 4 * (int64_t)g->taps * g->bq) { qc_gemm_vnni(g); return; }
+    qc_amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 8; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+    /* passes of at most 32 columns, balanced like the VNNI kernel's (40 = 20 + 20) */
+    const int npass = (g->ncols + 31) / 32;
+    int e = 0;
+    for (int p = 0; p < npass; ++p) {
+        const int nc = (g->ncols - e) / (npass - p);
+        qc_amx_pass(g, e, nc, abuf, cbuf);
+        e += nc;
+    }
+    _tile_release();
 }
 #endif /* x86 */
 
@@ -733,7 +880,7 @@ QC_TGT_512 static float qc_absmax_avx512(const float *x, int64_t n)
 static inline void qc_minmax(const float *x, int64_t n, float *lo, float *hi, int variant)
 {
 #ifdef QC_HAVE_X86
-    if (variant == QC_KERNEL_AVX512VNNI) { qc_minmax_avx512(x, n, lo, hi); return; }
+    if (variant >= QC_KERNEL_AVX512VNNI) { qc_minmax_avx512(x, n, lo, hi); return; }
 #endif
     (void)variant;
     qc_minmax_scalar(x, n, lo, hi);
@@ -742,7 +889,7 @@ static inline void qc_minmax(const float *x, int64_t n, float *lo, float *hi, in
 static inline float qc_absmax(const float *x, int64_t n, int variant)
 {
 #ifdef QC_HAVE_X86
-    if (variant == QC_KERNEL_AVX512VNNI) return qc_absmax_avx512(x, n);
+    if (variant >= QC_KERNEL_AVX512VNNI) return qc_absmax_avx512(x, n);
 #endif
     (void)variant;
     return qc_absmax_scalar(x, n);
@@ -796,7 +943,7 @@ static inline void qc_quant(const float *x, int64_t n, float qs, int32_t z, int3
                             uint8_t *dst, int variant)
 {
 #ifdef QC_HAVE_X86
-    if (variant == QC_KERNEL_AVX512VNNI) { qc_quant_avx512(x, n, qs, z, qlo, qhi, abias, dst); return; }
+    if (variant >= QC_KERNEL_AVX512VNNI) { qc_quant_avx512(x, n, qs, z, qlo, qhi, abias, dst); return; }
 #endif
     (void)variant;
     qc_quant_scalar(x, n, qs, z, qlo, qhi, abias, dst);
@@ -806,7 +953,7 @@ static inline void qc_block_sums(const uint8_t *Q, int64_t npix, int64_t ltot, i
                                  int32_t zpu, int32_t flip, int32_t *ps, int variant)
 {
 #ifdef QC_HAVE_X86
-    if (variant == QC_KERNEL_AVX512VNNI) { qc_block_sums_avx512(Q, npix, ltot, gnb, bcp, zpu, flip, ps); return; }
+    if (variant >= QC_KERNEL_AVX512VNNI) { qc_block_sums_avx512(Q, npix, ltot, gnb, bcp, zpu, flip, ps); return; }
 #endif
     (void)variant;
     qc_block_sums_scalar(Q, npix, ltot, gnb, bcp, zpu, flip, ps);
@@ -818,7 +965,7 @@ static inline int qc_store16_nchw(const float *OUT, int64_t ldo, int G, int Og, 
                                   int variant)
 {
 #ifdef QC_HAVE_X86
-    if (variant == QC_KERNEL_AVX512VNNI) {
+    if (variant >= QC_KERNEL_AVX512VNNI) {
         if (OUT) qc_store16_nchw_avx512(OUT, ldo, G, Og, OCp, yimg, ohw);
         return 1;
     }
@@ -830,6 +977,24 @@ static inline int qc_store16_nchw(const float *OUT, int64_t ldo, int G, int Og, 
 /* ------------------------------------------------------------------------------------------------ */
 /* dispatch                                                                                            */
 /* ------------------------------------------------------------------------------------------------ */
+/* Linux gives a process the AMX tile data state only on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
+ * XFEATURE_XTILEDATA), kernel >= 5.16): asked once per process (the permission covers every thread), 1 when
+ * granted. Other systems: 0 (no AMX). */
+static int qc_amx_perm = -1;
+static inline int qc_amx_permitted(void)
+{
+    int p = __atomic_load_n(&qc_amx_perm, __ATOMIC_ACQUIRE);
+    if (p < 0) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+        p = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+        p = 0;
+#endif
+        __atomic_store_n(&qc_amx_perm, p, __ATOMIC_RELEASE);
+    }
+    return p;
+}
+
 static inline int qc_kernel_supported(int variant)
 {
     if (variant == QC_KERNEL_SCALAR) return 1;
@@ -841,12 +1006,16 @@ static inline int qc_kernel_supported(int variant)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
             && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
             && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+    if (variant == QC_KERNEL_AMX)
+        return qc_kernel_supported(QC_KERNEL_AVX512VNNI) && __builtin_cpu_supports("amx-tile")
+            && __builtin_cpu_supports("amx-int8") && qc_amx_permitted();
 #endif
     return 0;
 }
 
 static inline int qc_best_kernel(void)
 {
+    if (qc_kernel_supported(QC_KERNEL_AMX)) return QC_KERNEL_AMX;
     if (qc_kernel_supported(QC_KERNEL_AVX512VNNI)) return QC_KERNEL_AVX512VNNI;
     if (qc_kernel_supported(QC_KERNEL_AVX2)) return QC_KERNEL_AVX2;
     return QC_KERNEL_SCALAR;
@@ -855,6 +1024,10 @@ static inline int qc_best_kernel(void)
 static inline void qc_gemm(const qc_gemm_args *g, int variant)
 {
 #ifdef QC_HAVE_X86
+    if (variant == QC_KERNEL_AMX) {
+        if (g->wa != NULL && g->ncols >= g->amx_min) qc_gemm_amx(g); else qc_gemm_vnni(g);
+        return;
+    }
     if (variant == QC_KERNEL_AVX512VNNI) { qc_gemm_vnni(g); return; }
     if (variant == QC_KERNEL_AVX2) { qc_gemm_avx2(g); return; }
 #endif

@@ -2,12 +2,15 @@
  *   qc_probe_vnni(n):        n rounds of 12 independent 512-bit vpdpbusd (peak int8 multiply-add issue rate)
  *   qc_probe_read(p, bytes): streams `bytes` (a multiple of 256) with 512-bit loads; returns the XOR of all
  *                            64-bit words, so the caller can check that every byte was read.
+ *   qc_probe_amx(n):         n rounds of 4 independent AMX tdpbusd on 16 x 16 int32 tiles (the AMX kernel's
+ *                            2 x 2 tile shape, loads left out): the AMX-INT8 peak; -1 without AMX
  * Other CPUs get scalar fallbacks (the numbers then say so). */
 #ifndef QCONV_PROBE_H
 #define QCONV_PROBE_H
 
 #include <stdint.h>
 #include <string.h>
+#include "qconv_kernels.h"   /* qc_kernel_supported (AMX permission) */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -66,6 +69,36 @@ static int32_t qc_probe_vnni(int64_t n)
     volatile int32_t acc = 0;      /* scalar: 1 multiply-add per step */
     for (int64_t i = 0; i < n * 12 * 64; ++i) acc += 2;
     return acc;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("amx-tile,amx-int8"))) static int32_t qc_probe_amx_x86(int64_t n)
+{
+    static const uint8_t src[1024] __attribute__((aligned(64))) = {1};
+    int32_t out[256] __attribute__((aligned(64)));
+    qc_amx_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 8; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    _tile_loadd(4, src, 64); _tile_loadd(5, src, 64); _tile_loadd(6, src, 64); _tile_loadd(7, src, 64);
+    for (int64_t i = 0; i < n; ++i) {
+        _tile_dpbusd(0, 4, 6); _tile_dpbusd(1, 4, 7); _tile_dpbusd(2, 5, 6); _tile_dpbusd(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    return out[0];
+}
+#endif
+
+static int32_t qc_probe_amx(int64_t n)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (qc_kernel_supported(QC_KERNEL_AMX)) return qc_probe_amx_x86(n);
+#endif
+    (void)n;
+    return -1;
 }
 
 static uint64_t qc_probe_read(const uint8_t *p, int64_t bytes)

@@ -11,6 +11,7 @@ spec                   layout                                      module
 ``NC4HW4(pack)``       activations ``[ceil(C/P)][N][H][W][P]``     :mod:`qconv.layouts.nc4hw4`
 ``Int4Packing``        two nibbles a byte (MNN / ONNX / GGUF)      :mod:`qconv.layouts.int4`
 ``TiledWeightLayout``  CPU int8 GEMM weight tiles                  :mod:`qconv.layouts.gemm_tiles`
+``AmxWeightLayout``    CPU AMX-INT8 weight tiles (K/4 x 16 x 4)   :mod:`qconv.layouts.amx`
 OpenCL specs           ``SPECS`` of :mod:`qconv.layouts.opencl`:   :mod:`qconv.layouts.opencl`
                        general conv, 1x1 buffer, 1x1 Image2D,
                        scales, int8 tensor-core conv, f16
@@ -40,6 +41,11 @@ def all_specs():
     try:
         from .gemm_tiles import TiledWeightLayout
         specs.append(TiledWeightLayout)
+    except ImportError:
+        pass
+    try:
+        from .amx import AmxWeightLayout
+        specs.append(AmxWeightLayout)
     except ImportError:
         pass
     try:

@@ -1,0 +1,224 @@
+"""``AmxWeightLayout``: the weight tiles of the CPU engine's AMX-INT8 kernel.
+
+AMX's ``tdpbusd`` / ``tdpbsud`` multiply a 16 x 64-byte A tile (16 output columns x 64 reduction bytes) by a
+B tile of 16 rows of 64 bytes, each row **16 output channels x 4 consecutive reduction values** (the "K/4 x N x 4"
+form). A weight of ``G`` groups, ``Og = O/G`` output channels and ``NB`` blocks of ``BC`` input channels times
+``K = kh*kw`` taps is stored as
+
+    [G][ceil(Og/32)][NB][2][KP/4][16][4]       int8 q (8-bit weights) or uint8 q + 8 (4-bit weights)
+
+i.e. per 32-channel tile (the engine's UNIT, so the fused tables of :class:`~qconv.layouts.gemm_tiles.TiledWeightLayout`
+serve both kernels) and block, two 16-channel halves, each ``KP/4`` rows of 64 bytes; B tile ``s`` (K step ``s``)
+of half ``h`` is the 1 KiB at ``h*16*KP + s*1024``, loaded with a row stride of 64 bytes. The reduction order
+inside a block is the tiled layout's: ``l = tap*ICL + c`` with ``ICL = round_up(BC, 4)``, ``Lb = K*ICL``
+positions; ``KP = round_up(Lb, 64)`` (the 64-byte K step of a tile).
+
+Padding: inside ``Lb`` every position that is not a real (output channel, channel, tap) -- padded channel lanes,
+padded output channels -- holds ``q = 0`` (the byte 8 for 4-bit weights, as the nibble 8 of the tiled layout,
+so the kernels' weight-sum corrections are the same); the K tail ``Lb .. KP-1`` holds the byte **0** for both
+widths, and the kernel's packed A holds 0 there too, so the tail adds exactly nothing to the int32 sums.
+
+4-bit weights are stored one value a byte (twice the bytes of the packed nibbles): the AMX kernel runs the
+compute-bound calls (convs, batched linears), where the tiles are read from cache many times, and
+single-row GEMVs keep the VNNI kernel on the packed tiled layout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _up(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+@dataclass(frozen=True)
+class AmxWeightLayout:
+    """AMX-INT8 weight tiles of the CPU engine: ``[G][ceil(Og/32)][blocks][2][KP/4][16][4]`` -- per 32-channel tile and
+    block, two halves of ``KP/4`` rows x 16 output channels x 4 reduction values (``tdpbusd``'s B form), int8
+    ``q`` or uint8 ``q + 8`` (4-bit), blocks zero-padded to the 64-byte K step (details in the module docstring).
+
+    ``out_channels``: ``O`` (all groups); ``in_channels``: input channels per group; ``taps``: ``kh*kw``;
+    ``n_blocks``: blocks per output channel (must divide ``in_channels``); ``bits``: 8 or 4; ``groups``.
+    """
+
+    out_channels: int
+    in_channels: int
+    taps: int = 1
+    n_blocks: int = 1
+    bits: int = 8
+    groups: int = 1
+
+    unit = 32       # output channels per tile (the engine's UNIT; tables are per 32-channel tile)
+    tile_n = 16     # output channels per AMX B tile (one half of a unit)
+    src_unit = 4    # reduction values per channel and B-tile row
+    k_step = 64     # reduction bytes per AMX tile step
+
+    def __post_init__(self):
+        for name in ("out_channels", "in_channels", "taps", "n_blocks", "groups"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        if self.bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
+        if self.out_channels % self.groups:
+            raise ValueError(f"groups={self.groups} must divide out_channels={self.out_channels}")
+        if self.in_channels % self.n_blocks:
+            raise ValueError(f"n_blocks={self.n_blocks} must divide the {self.in_channels} input channels per group")
+
+    @classmethod
+    def for_weight(cls, weight) -> "AmxWeightLayout":
+        """The layout of a :class:`~qconv.weights.QuantizedWeight`."""
+        return cls(weight.out_channels, int(weight.q.shape[1]), weight.taps, weight.n_blocks, weight.bits,
+                   weight.groups)
+
+    # --- constants the kernel reads ---------------------------------------------------------------
+    @property
+    def group_out_channels(self) -> int:
+        return self.out_channels // self.groups
+
+    @property
+    def block_channels(self) -> int:
+        """``BC``: input channels of one block."""
+        return self.in_channels // self.n_blocks
+
+    @property
+    def block_icl(self) -> int:
+        """``ICL = round_up(BC, 4)``: the tap stride in a block's reduction order (as the tiled layout's)."""
+        return _up(self.block_channels, self.src_unit)
+
+    @property
+    def block_values(self) -> int:
+        """``Lb = taps * ICL``: reduction positions per block before the K-step padding."""
+        return self.taps * self.block_icl
+
+    @property
+    def block_bytes(self) -> int:
+        """``KP = round_up(Lb, 64)``: reduction bytes per block and output channel, padding included."""
+        return _up(self.block_values, self.k_step)
+
+    @property
+    def oc_tiles(self) -> int:
+        return -(-self.group_out_channels // self.unit)
+
+    @property
+    def oc_padded(self) -> int:
+        return self.oc_tiles * self.unit
+
+    @property
+    def half_stride(self) -> int:
+        """Bytes between the two 16-channel halves of a (tile, block)."""
+        return self.tile_n * self.block_bytes
+
+    @property
+    def block_stride(self) -> int:
+        """Bytes between consecutive blocks of one output-channel tile."""
+        return self.unit * self.block_bytes
+
+    @property
+    def oc_tile_stride(self) -> int:
+        """Bytes between consecutive output-channel tiles of one group."""
+        return self.n_blocks * self.block_stride
+
+    @property
+    def group_stride(self) -> int:
+        return self.oc_tiles * self.oc_tile_stride
+
+    @property
+    def packed_shape(self) -> tuple:
+        return (self.groups, self.oc_tiles, self.n_blocks, 2, self.block_bytes // self.src_unit, self.tile_n,
+                self.src_unit)
+
+    @property
+    def packed_dtype(self):
+        return np.dtype(np.int8) if self.bits == 8 else np.dtype(np.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        return self.groups * self.group_stride
+
+    def byte_offset(self, o, c, kpos):
+        """Byte offset in the packed array of weight ``(o, c, kpos)``: output channel ``o`` (all groups), input
+        channel ``c`` of its group, tap ``kpos`` (arrays broadcast)."""
+        o, c, kpos = np.asarray(o), np.asarray(c), np.asarray(kpos)
+        og, bc = self.group_out_channels, self.block_channels
+        g, oo = o // og, o % og
+        l = kpos * self.block_icl + c % bc
+        return (g * self.group_stride + (oo // self.unit) * self.oc_tile_stride + (c // bc) * self.block_stride
+                + ((oo % self.unit) // self.tile_n) * self.half_stride + (l // 4) * (self.tile_n * 4)
+                + (oo % self.tile_n) * 4 + l % 4)
+
+    @classmethod
+    def hypothesis_case(cls):
+        """Strategy of ``(spec, q)``: int8 ``q (O, I/groups, kh, kw)`` over bits, groups, blocks (lengths across the
+        64-byte step) and channel counts across the 16 / 32 channel tiles."""
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            groups = draw(st.integers(1, 3))
+            og = draw(st.sampled_from([1, 3, 15, 16, 17, 32, 33]))
+            nb = draw(st.integers(1, 3))
+            bc = draw(st.sampled_from([1, 3, 4, 7, 13, 16, 17, 64]))
+            kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+            bits = draw(st.sampled_from([8, 4]))
+            spec = cls(og * groups, bc * nb, kh * kw, nb, bits, groups)
+            lo, hi = (-8, 7) if bits == 4 else (-128, 127)
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+            return spec, rng.integers(lo, hi + 1, (og * groups, bc * nb, kh, kw)).astype(np.int8)
+
+        return case()
+
+    # --- packing ---------------------------------------------------------------------------------------
+    def _check_logical(self, q: np.ndarray) -> np.ndarray:
+        q = np.asarray(q)
+        if q.dtype != np.int8:
+            raise TypeError(f"q must be int8, got {q.dtype}")
+        if q.ndim == 2:
+            q = q[:, :, None, None]
+        if q.ndim != 4 or q.shape[0] != self.out_channels or q.shape[1] != self.in_channels \
+                or q.shape[2] * q.shape[3] != self.taps:
+            raise ValueError(f"q must have shape ({self.out_channels}, {self.in_channels}, kh, kw) with "
+                             f"kh*kw={self.taps}, got {q.shape}")
+        if self.bits == 4 and q.size and (q.min() < -8 or q.max() > 7):
+            raise ValueError("int4 values must lie in [-8, 7]")
+        return q
+
+    def pack_array(self, q: np.ndarray) -> np.ndarray:
+        """int8 ``q (O, I/groups, kh, kw)`` (or ``(O, I/groups)``) -> :attr:`packed_shape` array (int8 ``q``, or uint8
+        ``q + 8`` for 4-bit weights; padding as in the module docstring)."""
+        q = self._check_logical(q)
+        g, og, nb, bc, k = self.groups, self.group_out_channels, self.n_blocks, self.block_channels, self.taps
+        icl, ocp, kp, lb = self.block_icl, self.oc_padded, self.block_bytes, self.block_values
+        off = 8 if self.bits == 4 else 0
+        v = q.reshape(g, og, nb, bc, k).transpose(0, 2, 1, 4, 3).astype(np.int16)   # (G, NB, Og, K, BC)
+        full = np.zeros((g, nb, ocp, k, icl), np.int16)
+        full[:, :, :og, :, :bc] = v
+        flat = np.zeros((g, nb, ocp, kp), np.int16)
+        flat[..., :lb] = full.reshape(g, nb, ocp, lb) + off
+        t = flat.reshape(g, nb, ocp // self.unit, 2, self.tile_n, kp // 4, 4).transpose(0, 2, 1, 3, 5, 4, 6)
+        return np.ascontiguousarray(t).astype(self.packed_dtype)
+
+    def unpack_array(self, packed: np.ndarray, shape=None) -> np.ndarray:
+        """Inverse of :meth:`pack_array`: int8 ``(O, I/groups, kh, kw)`` (``shape``, default ``(O, I/G, taps, 1)``)."""
+        packed = np.asarray(packed)
+        if packed.shape != self.packed_shape or packed.dtype != self.packed_dtype:
+            raise ValueError(f"packed weights must be {self.packed_dtype} {self.packed_shape}, "
+                             f"got {packed.dtype} {packed.shape}")
+        if shape is None:
+            shape = (self.out_channels, self.in_channels, self.taps, 1)
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 4 or shape[:2] != (self.out_channels, self.in_channels) or shape[2] * shape[3] != self.taps:
+            raise ValueError(f"shape {shape} does not match this layout")
+        g, og, nb, bc, k = self.groups, self.group_out_channels, self.n_blocks, self.block_channels, self.taps
+        icl, ocp, kp, lb = self.block_icl, self.oc_padded, self.block_bytes, self.block_values
+        off = 8 if self.bits == 4 else 0
+        t = packed.astype(np.int16).transpose(0, 2, 1, 3, 5, 4, 6)     # (G, NB, OCU, 2, 16, KP/4, 4)
+        flat = t.reshape(g, nb, ocp, kp)[..., :lb] - off
+        full = flat.reshape(g, nb, ocp, k, icl)[:, :, :og, :, :bc]       # (G, NB, Og, K, BC)
+        return np.ascontiguousarray(full.transpose(0, 2, 1, 4, 3).reshape(shape).astype(np.int8))
+
+
+__all__ = ["AmxWeightLayout"]
