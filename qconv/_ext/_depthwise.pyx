@@ -26,9 +26,6 @@ from libc.stdlib cimport malloc, free
 from . import _cpu
 
 
-cdef extern from "qconv_kernels.h" nogil:
-    void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, int32_t abias,
-                  uint8_t *dst, int variant)
 
 
 cdef extern from "qconv_depthwise.h" nogil:
@@ -56,6 +53,9 @@ cdef extern from "qconv_depthwise.h" nogil:
     int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t qc_dw_scratch_ptrs(const qc_dw_job *j)
     int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
+    void qc_dw_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, uint8_t *dst,
+                     int variant, int vec)
+    void qc_dw_minmax(const float *x, int64_t n, float *lo, float *hi, int variant, int vec)
 
 
 EXACT_TAPS = QC_DW_EXACT_TAPS
@@ -83,8 +83,10 @@ def is_depthwise(spec):
 
 
 cdef int64_t _quantize_u8(const float *x, uint8_t *U, int nc4hw4, int64_t N, int64_t C, int64_t H, int64_t W,
-                          const float *qs, const int32_t *z, int qlo, int qhi, int variant, int nt) noexcept nogil:
-    """``U = clip(round(x*qs[n]) + z[n], qlo, qhi) + 128`` (the engine's ``qc_quant``) in the input's layout, a run of
+                          const float *qs, const int32_t *z, int qlo, int qhi, int variant, int vec,
+                          int nt) noexcept nogil:
+    """``U = clip(round(x*qs[n]) + z[n], qlo, qhi) + 128`` (the engine's ``qc_quant``, or its AVX2 twin ``qc_dw_quant``
+    where the engine has only the scalar loop) in the input's layout, a run of
     image rows of one sample per work item. NC4HW4 padding lanes of the tail quad are quantized as zeros (never
     read). Returns the number of items whose scratch could not be allocated."""
     cdef int64_t rows, rowlen, rph, per_img, r, n, h, nh, L, c, plane, i
@@ -120,11 +122,39 @@ cdef int64_t _quantize_u8(const float *x, uint8_t *U, int nc4hw4, int64_t N, int
                 if tail and c == rows - 1:
                     for i in range(L):
                         tmp[i] = x[plane + i] if i % 4 < tail else 0
-                    qc_quant(tmp, L, qs[n], z[n], qlo, qhi, 128, U + plane, variant)
+                    qc_dw_quant(tmp, L, qs[n], z[n], qlo, qhi, U + plane, variant, vec)
                 else:
-                    qc_quant(x + plane, L, qs[n], z[n], qlo, qhi, 128, U + plane, variant)
+                    qc_dw_quant(x + plane, L, qs[n], z[n], qlo, qhi, U + plane, variant, vec)
             free(tmp)
     return fails
+
+
+def _minmax(const float[::1] x, int threads, int variant, int vec):
+    """``(min, max)`` of a non-empty float32 array (both NaN when it holds a NaN), chunks of 64K values over
+    ``threads`` threads: :func:`qconv._ext._cpu.minmax`'s result, with an AVX2 loop where the engine has a scalar one."""
+    cdef int64_t n = x.shape[0], nchunk = (x.shape[0] + 65535) // 65536, c, a, b
+    cdef int nt = <int> (nchunk if nchunk < threads else threads)
+    part = np.empty(2 * nchunk, np.float32)
+    cdef float[::1] pv = part
+    cdef float lo, hi
+    with nogil:
+        for c in prange(nchunk, num_threads=nt, schedule="static"):
+            a = c * 65536
+            b = a + 65536 if a + 65536 < n else n
+            qc_dw_minmax(&x[0] + a, b - a, &pv[2 * c], &pv[2 * c + 1], variant, vec)
+    lo, hi = part[0::2].min(), part[1::2].max()    # numpy: NaN propagates
+    return float(lo), float(hi)
+
+
+def _test_quant(const float[::1] x, float qs, int z, int qlo, int qhi, str kernel="avx2"):
+    """uint8 bytes ``xq + 128`` of ``x`` as the depthwise path quantizes them (test hook)."""
+    out = np.empty(x.shape[0], np.uint8)
+    cdef uint8_t[::1] o = out
+    cdef int variant = _cpu.KERNELS[kernel], vec = 0 if kernel == "scalar" else 1
+    if x.shape[0]:
+        with nogil:
+            qc_dw_quant(&x[0], x.shape[0], qs, z, qlo, qhi, &o[0], variant, vec)
+    return out
 
 
 cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
@@ -217,7 +247,7 @@ cdef class DepthwisePlan:
         e = _qparams()
         if self.mode == "tensor":
             if full.size:
-                lo, hi = _cpu.minmax(full.reshape(-1), threads, self.kernel)
+                lo, hi = _minmax(full.reshape(-1), threads, self.variant, self.vec)
             else:
                 lo, hi = np.nan, np.nan
             if tail:
@@ -329,7 +359,7 @@ cdef class DepthwisePlan:
         with nogil:
             if j.kind == 0:
                 qfails = _quantize_u8(<const float *> &xb[0], &ub[0], not nchw_input, N, C, H, W, &qsv[0], &zv[0],
-                                      qlo, qhi, self.variant, qt)
+                                      qlo, qhi, self.variant, self.vec, qt)
             if qfails == 0:
                 bad = _run(&j, nt, &fails)
         if qfails or fails:

@@ -31,8 +31,12 @@
 #include <string.h>
 #include <math.h>
 
+#include "qconv_kernels.h"
+
 /* taps per float accumulation chunk: 512 * 255 * 128 < 2^24 */
 #define QC_DW_EXACT_TAPS 512
+/* output rows per pass: their sums are independent FMA chains (the MAC loop is latency-bound on one row) */
+#define QC_DW_NR 4
 
 typedef struct {
     int64_t N, C, H, W, OH, OW;   /* input (N, C, H, W); output (N, C*M, OH, OW) */
@@ -68,36 +72,42 @@ static inline int64_t qc_dw_rows(const qc_dw_job *j)
 static inline int64_t qc_dw_scratch_floats(const qc_dw_job *j)
 {
     const int64_t K = (int64_t)j->KH * j->KW, ow = QC_DW_UP(j->OW);
-    int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + QC_DW_UP(j->W) + 3 * ow + QC_DW_UP(K);
-    if (j->kind == 2) n += K * ow + 2 * ow;          /* quantized taps, qs, dx per pixel */
-    if (K > QC_DW_EXACT_TAPS) n += 2 * ow;           /* int32 chunk sums of I and S */
+    const int64_t nr = QC_DW_NR;
+    int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + QC_DW_UP(j->W) + 2 * nr * ow + ow + QC_DW_UP(K);
+    if (j->kind == 2) n += K * nr * ow + 2 * nr * ow;   /* quantized taps, qs, dx per pixel */
+    if (K > QC_DW_EXACT_TAPS) n += 2 * nr * ow;         /* int32 chunk sums of I and S */
     return n;
 }
-static inline int64_t qc_dw_scratch_ptrs(const qc_dw_job *j) { return 2 * (int64_t)j->KH * j->KW; }
+static inline int64_t qc_dw_scratch_ptrs(const qc_dw_job *j) { return 3 * (int64_t)j->KH * j->KW; }
 
 /* ------------------------------------------------------------------------------------------------ */
 /* portable kernels                                                                                    */
 /* ------------------------------------------------------------------------------------------------ */
-/* acc[i] = sum_t w[t] * src[t][i], i < n (exact: integer values, see the file comment) */
-static void qc_dw_mac_c(const float *const *src, const float *w, int64_t K, int64_t n, float *acc)
+/* acc[r*lda + i] = sum_t w[t] * src[t][r*rst + i], rows r < nr, i < n (exact: integer values, see the file
+ * comment) */
+static void qc_dw_mac_c(const float *const *src, const float *w, int64_t K, int64_t n, float *acc, int64_t lda,
+                        int nr, int64_t rst)
 {
-    for (int64_t i = 0; i < n; ++i) acc[i] = 0.0f;
-    for (int64_t t = 0; t < K; ++t) {
-        const float wt = w[t], *s = src[t];
-        for (int64_t i = 0; i < n; ++i) acc[i] += wt * s[i];
+    for (int r = 0; r < nr; ++r) {
+        float *a = acc + r * lda;
+        for (int64_t i = 0; i < n; ++i) a[i] = 0.0f;
+        for (int64_t t = 0; t < K; ++t) {
+            const float wt = w[t], *s = src[t] + r * rst;
+            for (int64_t i = 0; i < n; ++i) a[i] += wt * s[i];
+        }
     }
 }
 
 /* block mode: per pixel i, amax over the K taps, qs / dx (the oracle's rule), quantized taps into q[t*ldq + i];
  * returns the number of pixels whose window holds a NaN or an infinity */
-static int64_t qc_dw_blockq_c(const float *const *src, int64_t K, int64_t n, float *qs, float *dxp, float *q,
-                              int64_t ldq)
+static int64_t qc_dw_blockq_c(const float *const *src, int64_t ro, int64_t K, int64_t n, float *qs, float *dxp,
+                              float *q, int64_t ldq)
 {
     int64_t bad = 0;
     for (int64_t i = 0; i < n; ++i) {
         float a = 0.0f;
         for (int64_t t = 0; t < K; ++t) {
-            const float v = fabsf(src[t][i]);
+            const float v = fabsf(src[t][ro + i]);
             if (v > a || v != v) a = v;
         }
         if (!(a <= 3.4028234663852886e38f)) ++bad;
@@ -110,7 +120,7 @@ static int64_t qc_dw_blockq_c(const float *const *src, int64_t K, int64_t n, flo
     }
     for (int64_t t = 0; t < K; ++t)
         for (int64_t i = 0; i < n; ++i) {
-            const float p = src[t][i] * qs[i];
+            const float p = src[t][ro + i] * qs[i];
             float r = roundf(p);
             r = r < -127.0f ? -127.0f : r;
             r = r > 127.0f ? 127.0f : r;
@@ -145,41 +155,65 @@ QC_DW_TGT static inline __m256i qc_dw_mask(int64_t n)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-QC_DW_TGT static void qc_dw_mac_avx2(const float *const *src, const float *w, int64_t K, int64_t n, float *acc)
+/* NR rows x 16 columns per step (2*NR independent accumulators), then 8 columns, then a masked tail */
+#define QC_DW_MAC_ROWS(NR)                                                                                    \
+    do {                                                                                                      \
+        int64_t i = 0;                                                                                        \
+        for (; i + 16 <= n; i += 16) {                                                                        \
+            __m256 a0[NR], a1[NR];                                                                            \
+            for (int r = 0; r < NR; ++r) { a0[r] = _mm256_setzero_ps(); a1[r] = a0[r]; }                     \
+            for (int64_t t = 0; t < K; ++t) {                                                                 \
+                const __m256 wv = _mm256_broadcast_ss(w + t);                                                 \
+                const float *s = src[t] + r0 + i;                                                             \
+                for (int r = 0; r < NR; ++r) {                                                                \
+                    a0[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + r * rst), a0[r]);                         \
+                    a1[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + r * rst + 8), a1[r]);                     \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int r = 0; r < NR; ++r) {                                                                    \
+                _mm256_storeu_ps(acc + r * lda + i, a0[r]);                                                   \
+                _mm256_storeu_ps(acc + r * lda + i + 8, a1[r]);                                               \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (; i < n; i += 8) {                                                                               \
+            const __m256i m = n - i >= 8 ? _mm256_set1_epi32(-1) : qc_dw_mask(n - i);                         \
+            __m256 a0[NR];                                                                                    \
+            for (int r = 0; r < NR; ++r) a0[r] = _mm256_setzero_ps();                                         \
+            for (int64_t t = 0; t < K; ++t) {                                                                 \
+                const __m256 wv = _mm256_broadcast_ss(w + t);                                                 \
+                const float *s = src[t] + r0 + i;                                                             \
+                for (int r = 0; r < NR; ++r)                                                                  \
+                    a0[r] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(s + r * rst, m), a0[r]);                   \
+            }                                                                                                 \
+            for (int r = 0; r < NR; ++r) _mm256_maskstore_ps(acc + r * lda + i, m, a0[r]);                    \
+        }                                                                                                     \
+    } while (0)
+
+QC_DW_TGT static void qc_dw_mac_avx2_1(const float *const *src, const float *w, int64_t K, int64_t n, float *acc,
+                                       int64_t lda, int64_t rst, int64_t r0) { QC_DW_MAC_ROWS(1); }
+QC_DW_TGT static void qc_dw_mac_avx2_2(const float *const *src, const float *w, int64_t K, int64_t n, float *acc,
+                                       int64_t lda, int64_t rst, int64_t r0) { QC_DW_MAC_ROWS(2); }
+QC_DW_TGT static void qc_dw_mac_avx2_4(const float *const *src, const float *w, int64_t K, int64_t n, float *acc,
+                                       int64_t lda, int64_t rst, int64_t r0) { QC_DW_MAC_ROWS(4); }
+
+/* acc[r*lda + i] = sum_t w[t] * src[t][r*rst + i] for rows r < nr (1 .. QC_DW_NR) */
+QC_DW_TGT static void qc_dw_mac_avx2(const float *const *src, const float *w, int64_t K, int64_t n, float *acc,
+                                     int64_t lda, int nr, int64_t rst)
 {
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {     /* 4 accumulators held in registers over all taps */
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t t = 0; t < K; ++t) {
-            const __m256 wv = _mm256_broadcast_ss(w + t);
-            const float *s = src[t] + i;
-            a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s), a0);
-            a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + 8), a1);
-            a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + 16), a2);
-            a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + 24), a3);
-        }
-        _mm256_storeu_ps(acc + i, a0);
-        _mm256_storeu_ps(acc + i + 8, a1);
-        _mm256_storeu_ps(acc + i + 16, a2);
-        _mm256_storeu_ps(acc + i + 24, a3);
-    }
-    for (; i + 8 <= n; i += 8) {
-        __m256 a0 = _mm256_setzero_ps();
-        for (int64_t t = 0; t < K; ++t)
-            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t), _mm256_loadu_ps(src[t] + i), a0);
-        _mm256_storeu_ps(acc + i, a0);
-    }
-    if (i < n) {
-        const __m256i m = qc_dw_mask(n - i);
-        __m256 a0 = _mm256_setzero_ps();
-        for (int64_t t = 0; t < K; ++t)
-            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t), _mm256_maskload_ps(src[t] + i, m), a0);
-        _mm256_maskstore_ps(acc + i, m, a0);
+    int64_t r0 = 0;   /* offset of the pass's first row from src[t] */
+    while (nr > 0) {
+        const int k = nr >= 4 ? 4 : nr >= 2 ? 2 : 1;
+        if (k == 4) qc_dw_mac_avx2_4(src, w, K, n, acc, lda, rst, r0);
+        else if (k == 2) qc_dw_mac_avx2_2(src, w, K, n, acc, lda, rst, r0);
+        else qc_dw_mac_avx2_1(src, w, K, n, acc, lda, rst, r0);
+        acc += k * lda;
+        r0 += k * rst;
+        nr -= k;
     }
 }
 
-QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t K, int64_t n, float *qs, float *dxp,
-                                           float *q, int64_t ldq)
+QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t ro, int64_t K, int64_t n, float *qs,
+                                           float *dxp, float *q, int64_t ldq)
 {
     const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), big = _mm256_set1_ps(3.4028234663852886e38f);
     const __m256 one = _mm256_set1_ps(1.0f), c127 = _mm256_set1_ps(127.0f), zero = _mm256_setzero_ps();
@@ -189,7 +223,7 @@ QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t K, i
         const __m256i m = n - i >= 8 ? _mm256_set1_epi32(-1) : qc_dw_mask(n - i);
         __m256 a = zero, nf = zero;
         for (int64_t t = 0; t < K; ++t) {
-            const __m256 v = _mm256_and_ps(_mm256_maskload_ps(src[t] + i, m), absm);
+            const __m256 v = _mm256_and_ps(_mm256_maskload_ps(src[t] + ro + i, m), absm);
             nf = _mm256_or_ps(nf, _mm256_cmp_ps(v, big, _CMP_NLE_UQ));   /* NaN or inf */
             a = _mm256_max_ps(a, v);
         }
@@ -203,7 +237,7 @@ QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t K, i
         const __m256i m = n - i >= 8 ? _mm256_set1_epi32(-1) : qc_dw_mask(n - i);
         const __m256 qv = _mm256_maskload_ps(qs + i, m);
         for (int64_t t = 0; t < K; ++t) {
-            __m256 p = _mm256_mul_ps(_mm256_maskload_ps(src[t] + i, m), qv);
+            __m256 p = _mm256_mul_ps(_mm256_maskload_ps(src[t] + ro + i, m), qv);
             /* keep the float32 product: no fused multiply-add into the rounding below */
             __asm__("" : "+x"(p));
             /* round half away from zero = trunc(p + copysign(0.5 - 2^-25, p)) (see qc_quant_avx512) */
@@ -214,6 +248,64 @@ QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t K, i
         }
     }
     return bad;
+}
+
+/* dst[i] = clip(round_half_away(float32(x[i]*qs)) + z, qlo, qhi) + 128: qc_quant (qconv_kernels.h) with abias 128,
+ * bit for bit, in AVX2 (qc_quant has AVX-512 and scalar variants only); the rounding as qc_quant_avx512 */
+QC_DW_TGT static void qc_dw_quant_avx2(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi,
+                                       uint8_t *dst)
+{
+    const __m256 q = _mm256_set1_ps(qs), h = _mm256_set1_ps(0.49999997f), sign = _mm256_set1_ps(-0.0f);
+    const __m256i zv = _mm256_set1_epi32(z + 128), lo = _mm256_set1_epi32(qlo + 128), hi = _mm256_set1_epi32(qhi + 128);
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), q);
+        __asm__("" : "+x"(v));    /* the float32 product, never fused into the add below */
+        const __m256 r = _mm256_add_ps(v, _mm256_or_ps(h, _mm256_and_ps(v, sign)));
+        __m256i iv = _mm256_add_epi32(_mm256_cvttps_epi32(r), zv);
+        iv = _mm256_min_epi32(_mm256_max_epi32(iv, lo), hi);          /* 0 .. 255 */
+        const __m256i b = _mm256_shuffle_epi8(iv, pick);              /* bytes 0-3 of each 128-bit lane */
+        const uint32_t w0 = (uint32_t)_mm256_extract_epi32(b, 0), w1 = (uint32_t)_mm256_extract_epi32(b, 4);
+        memcpy(dst + i, &w0, 4);
+        memcpy(dst + i + 4, &w1, 4);
+    }
+    for (; i < n; ++i) {
+        float p = x[i] * qs;
+        __asm__("" : "+x"(p));
+        int32_t v = (int32_t)roundf(p) + z;
+        v = v < qlo ? qlo : v;
+        v = v > qhi ? qhi : v;
+        dst[i] = (uint8_t)(v + 128);
+    }
+}
+
+/* min and max of x[0:n] (n >= 1); NaN in both when x holds a NaN (qc_minmax's rule) */
+QC_DW_TGT static void qc_dw_minmax_avx2(const float *x, int64_t n, float *lo, float *hi)
+{
+    __m256 mn = _mm256_set1_ps(x[0]), mx = mn, nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        mn = _mm256_min_ps(mn, v);
+        mx = _mm256_max_ps(mx, v);
+    }
+    float a[8], b[8], l, u;
+    _mm256_storeu_ps(a, mn);
+    _mm256_storeu_ps(b, mx);
+    l = a[0]; u = b[0];
+    for (int k = 1; k < 8; ++k) { l = a[k] < l ? a[k] : l; u = b[k] > u ? b[k] : u; }
+    int bad = _mm256_movemask_ps(nan) != 0;
+    for (; i < n; ++i) {
+        if (x[i] != x[i]) bad = 1;
+        l = x[i] < l ? x[i] : l;
+        u = x[i] > u ? x[i] : u;
+    }
+    if (bad) l = u = NAN;
+    *lo = l;
+    *hi = u;
 }
 
 /* the GEMM kernels' epilogue: F = fma(scale, I, offset*S) [* dxp]; y = min(max(fma(dx, F, bias), lo), hi) */
@@ -235,29 +327,53 @@ QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float
 }
 #endif
 
-static inline void qc_dw_mac(const qc_dw_job *j, const float *const *src, const float *w, int64_t K, int64_t n,
-                             float *acc)
+/* the engine's element quantizer (qc_quant, abias 128) or its AVX2 twin (vec = 1), bitwise the same bytes */
+static inline void qc_dw_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, uint8_t *dst,
+                               int variant, int vec)
 {
 #ifdef QC_DW_X86
-    if (j->vec) { qc_dw_mac_avx2(src, w, K, n, acc); return; }
+    if (vec && variant < QC_KERNEL_AVX512VNNI) { qc_dw_quant_avx2(x, n, qs, z, qlo, qhi, dst); return; }
+#endif
+    (void)vec;
+    qc_quant(x, n, qs, z, qlo, qhi, 128, dst, variant);
+}
+
+/* min / max (NaN when any) of x[0:n], n >= 1: the AVX2 loop, or qc_minmax (qconv_kernels.h) */
+static inline void qc_dw_minmax(const float *x, int64_t n, float *lo, float *hi, int variant, int vec)
+{
+#ifdef QC_DW_X86
+    if (vec && variant < QC_KERNEL_AVX512VNNI) { qc_dw_minmax_avx2(x, n, lo, hi); return; }
+#endif
+    (void)vec;
+    qc_minmax(x, n, lo, hi, variant);
+}
+
+static inline void qc_dw_mac(const qc_dw_job *j, const float *const *src, const float *w, int64_t K, int64_t n,
+                             float *acc, int64_t lda, int nr, int64_t rst)
+{
+#ifdef QC_DW_X86
+    if (j->vec) { qc_dw_mac_avx2(src, w, K, n, acc, lda, nr, rst); return; }
 #endif
     (void)j;
-    qc_dw_mac_c(src, w, K, n, acc);
+    qc_dw_mac_c(src, w, K, n, acc, lda, nr, rst);
 }
 
 /* sums over any number of taps: float chunks of QC_DW_EXACT_TAPS taps, added in int32 (then exact as float
  * when the int32 sum is, as the GEMM's cvtepi32) */
 static inline void qc_dw_sum(const qc_dw_job *j, const float *const *src, const float *w, int64_t K, int64_t n,
-                             float *acc, int32_t *isum)
+                             float *acc, int64_t lda, int nr, int64_t rst, int32_t *isum)
 {
-    if (K <= QC_DW_EXACT_TAPS) { qc_dw_mac(j, src, w, K, n, acc); return; }
-    for (int64_t i = 0; i < n; ++i) isum[i] = 0;
+    if (K <= QC_DW_EXACT_TAPS) { qc_dw_mac(j, src, w, K, n, acc, lda, nr, rst); return; }
+    for (int64_t i = 0; i < nr * lda; ++i) isum[i] = 0;
     for (int64_t t0 = 0; t0 < K; t0 += QC_DW_EXACT_TAPS) {
         const int64_t kc = K - t0 < QC_DW_EXACT_TAPS ? K - t0 : QC_DW_EXACT_TAPS;
-        qc_dw_mac(j, src + t0, w + t0, kc, n, acc);
-        for (int64_t i = 0; i < n; ++i) isum[i] = (int32_t)((uint32_t)isum[i] + (uint32_t)(int32_t)acc[i]);
+        qc_dw_mac(j, src + t0, w + t0, kc, n, acc, lda, nr, rst);
+        for (int64_t r = 0; r < nr; ++r)
+            for (int64_t i = 0; i < n; ++i)
+                isum[r * lda + i] = (int32_t)((uint32_t)isum[r * lda + i] + (uint32_t)(int32_t)acc[r * lda + i]);
     }
-    for (int64_t i = 0; i < n; ++i) acc[i] = (float)isum[i];
+    for (int64_t r = 0; r < nr; ++r)
+        for (int64_t i = 0; i < n; ++i) acc[r * lda + i] = (float)isum[r * lda + i];
 }
 
 static inline int8_t qc_dw_requant(float v, float scale, int32_t zp)
@@ -272,7 +388,8 @@ static inline int8_t qc_dw_requant(float v, float scale, int32_t zp)
 }
 
 /* padded row iy (image coordinates; outside the image: zeros) of channel c, sample n, into dst (RS floats) */
-static void qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
+static inline __attribute__((always_inline))
+void qc_dw_fill_row_body(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
 {
     const int64_t W = j->W, wph = qc_dw_wph(j), sw = j->sw, pw = j->pw;
     memset(dst, 0, (size_t)qc_dw_rs(j) * sizeof(float));
@@ -308,6 +425,25 @@ static void qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy,
         }
 }
 
+static void qc_dw_fill_row_c(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
+{
+    qc_dw_fill_row_body(j, n, c, iy, dst, tmp);
+}
+#ifdef QC_DW_X86
+QC_DW_TGT static void qc_dw_fill_row_avx2(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst,
+                                          float *tmp)
+{
+    qc_dw_fill_row_body(j, n, c, iy, dst, tmp);   /* the same code, vectorised by the compiler with AVX2 */
+}
+#endif
+static inline void qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
+{
+#ifdef QC_DW_X86
+    if (j->vec) { qc_dw_fill_row_avx2(j, n, c, iy, dst, tmp); return; }
+#endif
+    qc_dw_fill_row_c(j, n, c, iy, dst, tmp);
+}
+
 /* One work item: sample n, channel c, output rows [oy0, oy1) of the band, all M output channels of c.
  * scr: qc_dw_scratch_floats(j) floats; ptrs: qc_dw_scratch_ptrs(j) pointers. Returns the number of block-mode
  * windows holding a NaN or an infinity (0 in the other modes). */
@@ -318,60 +454,73 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
     const int64_t oy0 = b * j->band, oy1 = oy0 + j->band < j->OH ? oy0 + j->band : j->OH;
     const int64_t rs = qc_dw_rs(j), wph = qc_dw_wph(j), r0 = oy0 * j->sh;
     const int64_t R = (oy1 - 1 - oy0) * j->sh + (int64_t)(j->KH - 1) * j->dh + 1;
-    const int64_t O = j->C * j->M, OHW = j->OH * OW;
+    const int64_t O = j->C * j->M, OHW = j->OH * OW, NR = QC_DW_NR;
     float *plane = scr;
     float *tmp = plane + QC_DW_UP(qc_dw_rows(j) * rs);
-    float *accI = tmp + QC_DW_UP(j->W), *accS = accI + ow, *yrow = accS + ow, *ones = yrow + ow;
-    float *qt = ones + QC_DW_UP(K), *qsp = qt + (j->kind == 2 ? K * ow : 0), *dxp = qsp + (j->kind == 2 ? ow : 0);
-    int32_t *isum = (int32_t *)(dxp + (j->kind == 2 ? ow : 0));
+    /* per pass of up to NR output rows: row r of accI / accS / qs / dx at r*ow, tap t of row r at qt[(t*NR + r)*ow] */
+    float *accI = tmp + QC_DW_UP(j->W), *accS = accI + NR * ow, *yrow = accS + NR * ow, *ones = yrow + ow;
+    float *qt = ones + QC_DW_UP(K);
+    float *qsp = qt + (j->kind == 2 ? K * NR * ow : 0), *dxp = qsp + (j->kind == 2 ? NR * ow : 0);
+    int32_t *isum = (int32_t *)(dxp + (j->kind == 2 ? NR * ow : 0));
     const float **src = ptrs, **qp = ptrs + K;
+    int64_t *toff = (int64_t *)(ptrs + 2 * K);   /* tap t's offset from its output row's first plane row */
     int64_t bad = 0;
     for (int64_t r = 0; r < R; ++r) qc_dw_fill_row(j, n, c, r0 + r - j->ph, plane + r * rs, tmp);
     for (int64_t t = 0; t < K; ++t) ones[t] = 1.0f;
     if (j->kind == 2)
-        for (int64_t t = 0; t < K; ++t) qp[t] = qt + t * ow;
+        for (int64_t t = 0; t < K; ++t) qp[t] = qt + t * NR * ow;
     const float dxn = j->kind == 2 ? 1.0f : j->dx[n];
-    for (int64_t oy = oy0; oy < oy1; ++oy) {
-        const float *base = plane + (oy * j->sh - r0) * rs;
-        for (int64_t ky = 0; ky < j->KH; ++ky)
-            for (int64_t kx = 0; kx < j->KW; ++kx) {
-                const int64_t cx = kx * j->dw;
-                src[ky * j->KW + kx] = base + ky * j->dh * rs + (cx % j->sw) * wph + cx / j->sw;
-            }
-        const float *const *taps = src;
-        const float *dxpix = NULL;
-        if (j->kind == 2) {
-#ifdef QC_DW_X86
-            if (j->vec) bad += qc_dw_blockq_avx2(src, K, OW, qsp, dxp, qt, ow);
-            else
-#endif
-                bad += qc_dw_blockq_c(src, K, OW, qsp, dxp, qt, ow);
-            taps = qp;
-            dxpix = dxp;
+    for (int64_t ky = 0; ky < j->KH; ++ky)
+        for (int64_t kx = 0; kx < j->KW; ++kx) {
+            const int64_t cx = kx * j->dw;
+            toff[ky * j->KW + kx] = ky * j->dh * rs + (cx % j->sw) * wph + cx / j->sw;
         }
-        if (j->offset) qc_dw_sum(j, taps, ones, K, OW, accS, isum + ow);
+    const int direct = !j->out_nc4hw4 && !j->out_int8;
+    for (int64_t oy = oy0; oy < oy1; oy += NR) {
+        const int nr = (int)(oy1 - oy < NR ? oy1 - oy : NR);
+        const float *base = plane + (oy * j->sh - r0) * rs;
+        for (int64_t t = 0; t < K; ++t) src[t] = base + toff[t];
+        const float *const *taps = src;
+        int64_t rst = j->sh * rs;   /* between the pass's rows in the tap runs */
+        if (j->kind == 2) {
+            for (int r = 0; r < nr; ++r) {
+#ifdef QC_DW_X86
+                if (j->vec) bad += qc_dw_blockq_avx2(src, r * rst, K, OW, qsp + r * ow, dxp + r * ow, qt + r * ow,
+                                                     NR * ow);
+                else
+#endif
+                    bad += qc_dw_blockq_c(src, r * rst, K, OW, qsp + r * ow, dxp + r * ow, qt + r * ow, NR * ow);
+            }
+            taps = qp;
+            rst = ow;
+        }
+        if (j->offset) qc_dw_sum(j, taps, ones, K, OW, accS, ow, nr, rst, isum + NR * ow);
         for (int64_t m = 0; m < j->M; ++m) {
             const int64_t o = c * j->M + m;
-            qc_dw_sum(j, taps, j->wq + o * K, K, OW, accI, isum);
-            const int direct = !j->out_nc4hw4 && !j->out_int8;
-            float *yo = direct ? (float *)j->y + (n * O + o) * OHW + oy * OW : yrow;
             const float of = j->offset ? j->offset[o] : 0.0f;
-            const float *S = j->offset ? accS : NULL;
+            qc_dw_sum(j, taps, j->wq + o * K, K, OW, accI, ow, nr, rst, isum);
+            for (int r = 0; r < nr; ++r) {
+                const int64_t y0 = (oy + r) * OW;
+                float *yo = direct ? (float *)j->y + (n * O + o) * OHW + y0 : yrow;
+                const float *S = j->offset ? accS + r * ow : NULL;
+                const float *dxpix = j->kind == 2 ? dxp + r * ow : NULL;
 #ifdef QC_DW_X86
-            if (j->vec) qc_dw_epi_avx2(accI, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
-            else
+                if (j->vec)
+                    qc_dw_epi_avx2(accI + r * ow, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
+                else
 #endif
-                qc_dw_epi_c(accI, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
-            if (direct) continue;
-            int64_t idx = j->out_nc4hw4 ? ((((o >> 2) * j->N + n) * OHW + oy * OW) * 4 + (o & 3))
-                                        : (n * O + o) * OHW + oy * OW;
-            const int64_t st = j->out_nc4hw4 ? 4 : 1;
-            if (j->out_int8) {
-                int8_t *yi = (int8_t *)j->y + idx;
-                for (int64_t i = 0; i < OW; ++i) yi[i * st] = qc_dw_requant(yrow[i], j->oscale, j->ozp);
-            } else {
-                float *yf = (float *)j->y + idx;
-                for (int64_t i = 0; i < OW; ++i) yf[i * st] = yrow[i];
+                    qc_dw_epi_c(accI + r * ow, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
+                if (direct) continue;
+                const int64_t idx = j->out_nc4hw4 ? ((((o >> 2) * j->N + n) * OHW + y0) * 4 + (o & 3))
+                                                  : (n * O + o) * OHW + y0;
+                const int64_t st = j->out_nc4hw4 ? 4 : 1;
+                if (j->out_int8) {
+                    int8_t *yi = (int8_t *)j->y + idx;
+                    for (int64_t i = 0; i < OW; ++i) yi[i * st] = qc_dw_requant(yrow[i], j->oscale, j->ozp);
+                } else {
+                    float *yf = (float *)j->y + idx;
+                    for (int64_t i = 0; i < OW; ++i) yf[i * st] = yrow[i];
+                }
             }
         }
     }
