@@ -318,7 +318,10 @@ QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float
         const __m256i m = n - i >= 8 ? _mm256_set1_epi32(-1) : qc_dw_mask(n - i);
         const __m256 c = S ? _mm256_mul_ps(ofv, _mm256_maskload_ps(S + i, m)) : _mm256_setzero_ps();
         __m256 f = _mm256_fmadd_ps(scv, _mm256_maskload_ps(I + i, m), c);
-        if (dxp) f = _mm256_mul_ps(f, _mm256_maskload_ps(dxp + i, m));
+        if (dxp) {   /* rounded before the fma below, as the GEMM kernels (no contraction) */
+            f = _mm256_mul_ps(f, _mm256_maskload_ps(dxp + i, m));
+            __asm__("" : "+x"(f));
+        }
         f = _mm256_fmadd_ps(dxv, f, bv);
         f = _mm256_min_ps(_mm256_max_ps(f, lov), hiv);
         if (n - i >= 8) _mm256_storeu_ps(y + i, f);
