@@ -10,8 +10,8 @@ export PYTHONUNBUFFERED=1 QCONV_REQUIRE_OPENCL=0 PYTHONPATH=$PWD
   > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 python3 setup.py -q build_ext --inplace -j 16 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-python3 -c "from qconv._ext import _cpu; print('best', _cpu.best_kernel(), 'amx', _cpu.kernel_supported('amx'), \
-'amx peak 1t %.0f GOP/s' % _cpu.probe_amx_gops(1), 'vnni peak 1t %.0f GOP/s' % _cpu.probe_vnni_gops(1))" 2>&1 | tee "$OUT/kernel.txt"
+python3 -c "from qconv._ext import _cpu, _cpu_probes as P; print('best', _cpu.best_kernel(), 'amx', _cpu.kernel_supported('amx'), \
+'amx peak 1t %.0f GOP/s' % P.probe_amx_gops(1), 'vnni peak 1t %.0f GOP/s' % P.probe_vnni_gops(1))" 2>&1 | tee "$OUT/kernel.txt"
 if [ "$what" = tests ] || [ "$what" = all ]; then
   CI=true timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rf --tb=short -p no:cacheprovider -n 12 ${TESTS:-tests/test_cpu_amx.py \
     tests/test_cpu_kernels.py tests/test_cpu_engine.py tests/test_cpu_block.py tests/test_cpu_depthwise.py tests/test_layouts.py} \

@@ -420,7 +420,7 @@ def run(args):
 def ceilings():
     """Peak int8 multiply-add rate (1 and THREADS threads) and read bandwidth (a 12 MiB buffer that caches can
     hold, a 512 MiB one that only DRAM can), measured now: the reference for the "% of peak" columns."""
-    from qconv._ext import _cpu
+    from qconv._ext import _cpu_probes as _cpu
     c = dict(simd=_cpu.probe_simd(), vnni_gops_1t=_cpu.probe_vnni_gops(1), vnni_gops=_cpu.probe_vnni_gops(THREADS),
              amx_gops_1t=_cpu.probe_amx_gops(1), amx_gops=_cpu.probe_amx_gops(THREADS))
     for key, size in (("read_gbs_cache", 12 << 20), ("read_gbs_dram", 512 << 20)):

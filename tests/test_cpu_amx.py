@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 pytest.importorskip("qconv._ext._cpu")
 
 from qconv import quantize_weight  # noqa: E402
-from qconv._ext import _cpu  # noqa: E402
+from qconv._ext import _cpu, _cpu_testing  # noqa: E402
 from qconv.cpu import CpuEngine, serial_thresholds  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
 from qconv.layouts import all_specs  # noqa: E402
@@ -133,7 +133,7 @@ def _case(rng, ncols, ntiles, nblocks, taps, bq, bits, unit_scales):
 
 
 def _call(c, kernel, nblocks, taps, bq, bits, ntiles, amx_min=1, wa=None):
-    return _cpu._test_gemm(c["A"], c["w"], c["tl"].block_stride, c["S"], c["wsx"], c["scale"], c["off"], c["dx"],
+    return _cpu_testing._test_gemm(c["A"], c["w"], c["tl"].block_stride, c["S"], c["wsx"], c["scale"], c["off"], c["dx"],
                            c["bias"], nblocks, taps, bq, bits, c["zpu"], -np.inf, np.inf, kernel, ntiles=ntiles,
                            w_tstride=c["tl"].oc_tile_stride, wa=c["wa"] if wa is None else wa,
                            wa_bstride=c["al"].block_stride, wa_tstride=c["al"].oc_tile_stride,

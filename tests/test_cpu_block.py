@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 pytest.importorskip("qconv._ext._cpu")
 
 from qconv import quantize_weight, reference  # noqa: E402
-from qconv._ext import _cpu  # noqa: E402
+from qconv._ext import _cpu, _cpu_testing  # noqa: E402
 from qconv.cpu import KERNEL_NAMES, CpuEngine  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
 from qconv.layouts.nc4hw4 import NC4HW4  # noqa: E402
@@ -74,13 +74,9 @@ def test_block_columns_integer_parts_exact(kernel, case):
     n, c, h, w = x.shape
     oh, ow = spec.out_hw(h, w)
     g, taps, fb = weight.groups, weight.taps, spec.fine_block_channels
-    geo_d = dict(N=n, H=h, W=w, OH=oh, OW=ow, C=c, G=g, NB=lay.n_blocks, BC=lay.block_channels, BCp=lay.block_icl,
-                 AB=spec.act_block, KH=weight.kernel_size[0], KW=weight.kernel_size[1], sh=geo.stride[0],
-                 sw=geo.stride[1], ph=geo.padding[0], pw=geo.padding[1], dh=geo.dilation[0], dw=geo.dilation[1],
-                 bits=weight.bits)
     xp = np.ascontiguousarray(x.transpose(0, 2, 3, 1).reshape(-1, c))
     p = n * oh * ow
-    A, S, D = _cpu._test_block_cols(xp, geo_d, 0, p, kernel)
+    A, S, D = _cpu_testing._test_block_cols(xp, eng.geometry, n, h, w, 0, p, kernel)
     cols = reference._columns(x.astype(np.float64), spec)
     vq, dx = reference.quantize_columns(cols, spec.act_block * taps)
     nf = c // g // fb

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 pytest.importorskip("qconv._ext._cpu")
 
 from qconv import reference  # noqa: E402
-from qconv._ext import _cpu  # noqa: E402
+from qconv._ext import _cpu, _cpu_probes, _cpu_testing  # noqa: E402
 from qconv.cpu import KERNEL_NAMES, row_qparams, tensor_qparams  # noqa: E402
 from qconv.weights import round_half_away  # noqa: E402
 
@@ -116,7 +116,7 @@ def test_quantize(kernel, n, cg, h, w, mode, nc4hw4, seed):
         xin = NC4HW4(4).pack_array(xin)
         xin[-1, ..., c % 4 or 4:] = 100 if mode == "int8" else np.nan   # padding lanes: garbage, never read
     abias = 0 if seed % 2 else 128
-    Q, PS, used = _cpu._test_quantize(xin, int(not nc4hw4), c, qs, z, qlo, 127, chpos, gnb * bcp, gnb, bcp, kernel,
+    Q, PS, used = _cpu_testing._test_quantize(xin, int(not nc4hw4), c, qs, z, qlo, 127, chpos, gnb * bcp, gnb, bcp, kernel,
                                       2, abias)
     assert used == min(2, n * h)   # the threaded pass whenever there are two rows of work
     want_q = np.repeat(((z + abias) & 255).astype(np.uint8)[:, None], h * w, axis=0)[:, :, None].repeat(gnb * bcp, 2)
@@ -130,6 +130,14 @@ def test_quantize(kernel, n, cg, h, w, mode, nc4hw4, seed):
 
 
 # --- im2col indirection table ------------------------------------------------------------------------------
+def _geometry(gnb, bcp, kh, kw, s, p, d):
+    """A layer geometry with ``gnb`` blocks of ``bcp`` channels (one group) and the given kernel / stride / pad."""
+    return _cpu.ConvGeometry(in_channels=gnb * bcp, out_channels=32, groups=1, n_blocks=gnb, block_channels=bcp,
+                             block_icl=bcp, kernel_h=kh, kernel_w=kw, stride_h=s, stride_w=s, pad_h=p, pad_w=p,
+                             dilation_h=d, dilation_w=d, oc_tiles=1, bits=8, tile_cols=16, w_tile_stride=0,
+                             w_block_stride=0, w_group_stride=0, lo=-np.inf, hi=np.inf)
+
+
 @given(st.integers(1, 2), st.integers(1, 3), st.sampled_from([4, 8, 16, 36]), st.integers(1, 3), st.integers(1, 3),
        st.integers(1, 2), st.integers(0, 2), st.integers(1, 2), st.integers(1, 9), st.integers(0, 2**31))
 def test_indirect(n, gnb, bcp, kh, kw, s, p, d, size, seed):
@@ -139,11 +147,12 @@ def test_indirect(n, gnb, bcp, kh, kw, s, p, d, size, seed):
     ow = (w + 2 * p - d * (kw - 1) - 1) // s + 1
     Q = rng.integers(0, 256, (n * h * w, gnb * bcp)).astype(np.uint8)
     PS = rng.integers(-1000, 1000, (n * h * w, gnb)).astype(np.int32)
-    geo = dict(N=n, H=h, W=w, OH=oh, OW=ow, KH=kh, KW=kw, sh=s, sw=s, ph=p, pw=p, dh=d, dw=d, GNB=gnb, BCp=bcp)
+    geo = _geometry(gnb, bcp, kh, kw, s, p, d)
+    assert geo.out_hw(h, w) == (oh, ow)
     total = n * oh * ow
     p0 = int(rng.integers(0, total))
     ncols = int(rng.integers(1, total - p0 + 1))
-    rows, S = _cpu._test_indirect(Q, PS, geo, p0, ncols)
+    rows, S = _cpu_testing._test_indirect(Q, PS, geo, n, h, w, p0, ncols)
     cols = np.arange(p0, p0 + ncols)
     nn, oy, ox = cols // (oh * ow), (cols // ow) % oh, cols % ow
     want = np.empty((ncols, kh * kw), np.int64)
@@ -161,11 +170,20 @@ def test_indirect(n, gnb, bcp, kh, kw, s, p, d, size, seed):
 
 def test_indirect_rejects_bad_geometry():
     Q = np.zeros((4, 2), np.uint8)
-    geo = dict(N=1, H=2, W=2, OH=2, OW=2, KH=1, KW=1, sh=1, sw=1, ph=0, pw=0, dh=1, dw=1, GNB=2, BCp=4)
+    geo = _geometry(2, 4, 1, 1, 1, 0, 1)
     with pytest.raises(ValueError):
-        _cpu._test_indirect(Q, np.zeros((4, 2), np.int32), geo, 0, 4)
+        _cpu_testing._test_indirect(Q, np.zeros((4, 2), np.int32), geo, 1, 2, 2, 0, 4)
     with pytest.raises(ValueError):
-        _cpu._test_indirect(np.zeros((4, 8), np.uint8), np.zeros((4, 2), np.int32), geo, 3, 4)
+        _cpu_testing._test_indirect(np.zeros((4, 8), np.uint8), np.zeros((4, 2), np.int32), geo, 1, 2, 2, 3, 4)
+    with pytest.raises(ValueError, match="block_icl"):   # the typed record checks its own consistency
+        _cpu.ConvGeometry(**{**{n: getattr(geo, n) for n in _FIELDS}, "block_icl": 6})
+    with pytest.raises(TypeError):
+        _cpu.ConvGeometry(**{**{n: getattr(geo, n) for n in _FIELDS}, "bits": "8"})
+
+
+_FIELDS = ("in_channels", "out_channels", "groups", "n_blocks", "block_channels", "block_icl", "kernel_h", "kernel_w",
+           "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "oc_tiles", "bits", "tile_cols",
+           "w_tile_stride", "w_block_stride", "w_group_stride", "lo", "hi", "block_mode", "act_block")
 
 
 # --- GEMM micro-kernels -------------------------------------------------------------------------------------
@@ -205,7 +223,7 @@ def test_gemm_kernel(kernel, ncols, nblocks, taps, bq, bits, asym, act, seed):
     rng = np.random.default_rng(seed)
     A, w, bstride, S, wsx, scale, off, dx, bias, zpu, ref = _gemm_case(rng, ncols, nblocks, taps * bq, bits, asym)
     lo, hi = {None: (-np.inf, np.inf), "relu": (0, np.inf), "relu6": (0, 6)}[act]
-    out = _cpu._test_gemm(A, w, bstride, S, wsx, scale, off, dx, bias, nblocks, taps, bq, bits, zpu, lo, hi, kernel)
+    out = _cpu_testing._test_gemm(A, w, bstride, S, wsx, scale, off, dx, bias, nblocks, taps, bq, bits, zpu, lo, hi, kernel)
     # float rounding scales with the magnitude before the clamp (relu6 can clamp values in the thousands)
     tol = 1e-5 * max(1.0, float(np.abs(ref).max()))
     ref = np.clip(ref, lo, hi)
@@ -215,7 +233,7 @@ def test_gemm_kernel(kernel, ncols, nblocks, taps, bq, bits, asym, act, seed):
         lb = taps * bq * 4
         part = np.zeros_like(out)
         for k in range(nblocks):
-            _cpu._test_gemm(np.ascontiguousarray(A[:, k * lb:(k + 1) * lb]), w[k * bstride:], bstride,
+            _cpu_testing._test_gemm(np.ascontiguousarray(A[:, k * lb:(k + 1) * lb]), w[k * bstride:], bstride,
                             np.ascontiguousarray(S[:, k:k + 1]), wsx[k:k + 1], scale[k:k + 1],
                             None if off is None else off[k:k + 1], dx, bias, 1, taps, bq, bits, zpu, lo, hi, kernel,
                             first=int(k == 0), last=int(k == nblocks - 1), out=part)
@@ -233,12 +251,12 @@ def test_gemm_kernel_many_tiles(kernel, ncols, ntiles, nblocks, taps, bq, bits, 
     refs = []
     for t, c in enumerate(cases):       # same A and zero point for every tile: recompute the reference
         _, w, bstride, _, wsx, scale, off, dx, bias, _, _ = c
-        refs.append(_cpu._test_gemm(A, w, bstride, cases[0][3], wsx, scale, off, cases[0][7], bias, nblocks, taps, bq,
+        refs.append(_cpu_testing._test_gemm(A, w, bstride, cases[0][3], wsx, scale, off, cases[0][7], bias, nblocks, taps, bq,
                                     bits, zpu, -np.inf, np.inf, "scalar"))
     w_all = np.concatenate([c[1] for c in cases])
     cat = lambda i: np.ascontiguousarray(np.concatenate([c[i] for c in cases], axis=-1))  # noqa: E731
     off = None if not asym else cat(6)
-    out = _cpu._test_gemm(A, w_all, cases[0][2], cases[0][3], cat(4), cat(5), off, cases[0][7], cat(8), nblocks, taps,
+    out = _cpu_testing._test_gemm(A, w_all, cases[0][2], cases[0][3], cat(4), cat(5), off, cases[0][7], cat(8), nblocks, taps,
                           bq, bits, zpu, -np.inf, np.inf, kernel, ntiles=ntiles, w_tstride=cases[0][1].size)
     ref = np.concatenate(refs, axis=1)
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
@@ -257,7 +275,7 @@ def test_gemm_kernel_extremes():
         zpu = 0
         S = np.full((ncols, 1), 255 * blq * 4, np.int32)
         wsx = np.full((1, 32), -128 * blq * 4, np.int32)
-        out = _cpu._test_gemm(A, w, 0, S, wsx, np.ones((1, 32), np.float32), None, np.ones(ncols, np.float32),
+        out = _cpu_testing._test_gemm(A, w, 0, S, wsx, np.ones((1, 32), np.float32), None, np.ones(ncols, np.float32),
                               np.zeros(32, np.float32), 1, 1, blq, 8, zpu, -np.inf, np.inf, kernel)
         assert (out == np.float32(-255 * 128 * blq * 4)).all(), kernel
 
@@ -265,11 +283,11 @@ def test_gemm_kernel_extremes():
 def test_gemm_bad_args():
     A = np.zeros((2, 8), np.uint8)
     with pytest.raises(ValueError):
-        _cpu._test_gemm(A, np.zeros(256, np.uint8), 0, np.zeros((3, 1), np.int32), np.zeros((1, 32), np.int32),
+        _cpu_testing._test_gemm(A, np.zeros(256, np.uint8), 0, np.zeros((3, 1), np.int32), np.zeros((1, 32), np.int32),
                         np.ones((1, 32), np.float32), None, np.ones(2, np.float32), np.zeros(32, np.float32),
                         1, 1, 2, 8, 0, 0, 1, "scalar")
     with pytest.raises(KeyError):
-        _cpu._test_gemm(A, np.zeros(256, np.uint8), 0, np.zeros((2, 1), np.int32), np.zeros((1, 32), np.int32),
+        _cpu_testing._test_gemm(A, np.zeros(256, np.uint8), 0, np.zeros((2, 1), np.int32), np.zeros((1, 32), np.int32),
                         np.ones((1, 32), np.float32), None, np.ones(2, np.float32), np.zeros(32, np.float32),
                         1, 1, 2, 8, 0, 0, 1, "sse9")
 
@@ -289,7 +307,7 @@ def test_store(kernel, n, og, oh, ow, nc4hw4, int8, seed):
     og_ = o // g
     oidx = ((np.arange(o) // og_) * ocp + np.arange(o) % og_).astype(np.int32)
     oscale, ozp = (np.float32(0.07), 3) if int8 else (None, 0)
-    y = _cpu._test_store(OUT, oidx, p0, n, o, oh, ow, int(nc4hw4), g, ocp, None if oscale is None else float(oscale),
+    y = _cpu_testing._test_store(OUT, oidx, p0, n, o, oh, ow, int(nc4hw4), g, ocp, None if oscale is None else float(oscale),
                          ozp, kernel)
     want = np.zeros((n * oh * ow, o), np.float64 if not int8 else np.int64)
     vals = OUT[:, oidx]
@@ -317,22 +335,22 @@ def test_gemm_kernel_half_tables(kernel, ncols, ntiles, nblocks, taps, bq, bits,
     args = (A, w_all, bstride * ntiles, S, rep(wsx), scale, off, dx, rep(bias), nblocks, taps, bq, bits, zpu,
             -np.inf, np.inf, kernel)
     kw = dict(ntiles=ntiles, w_tstride=bstride)
-    full = _cpu._test_gemm(*args, **kw)
-    half = _cpu._test_gemm(*args, half=True, **kw)
+    full = _cpu_testing._test_gemm(*args, **kw)
+    half = _cpu_testing._test_gemm(*args, half=True, **kw)
     assert np.array_equal(full, half)
     with pytest.raises(ValueError, match="float16"):
-        _cpu._test_gemm(*args[:5], args[5] + np.float32(1e-6), *args[6:], half=True, **kw)
+        _cpu_testing._test_gemm(*args[:5], args[5] + np.float32(1e-6), *args[6:], half=True, **kw)
 
 
 def test_ceiling_probes():
     """The benchmark's ceiling probes read every byte (checksum) and report a positive rate."""
     buf = np.random.default_rng(0).integers(0, 256, 1 << 16, dtype=np.uint8)
     for threads in (1, 2):
-        gbs, chk = _cpu.probe_read(buf, threads, reps=1)
+        gbs, chk = _cpu_probes.probe_read(buf, threads, reps=1)
         assert gbs > 0 and chk == int(np.bitwise_xor.reduce(buf.view(np.uint64)))
     with pytest.raises(ValueError, match="multiple of 256"):
-        _cpu.probe_read(buf[:100], 1)
-    assert _cpu.probe_vnni_gops(1, seconds=0.01) > 0
+        _cpu_probes.probe_read(buf[:100], 1)
+    assert _cpu_probes.probe_vnni_gops(1, seconds=0.01) > 0
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -346,7 +364,7 @@ def test_quantize_rounding_ties(kernel):
     c = vals.size
     x = vals.reshape(1, c, 1, 1)
     for qlo, abias in ((-128, 128), (-127, 0)):
-        Q, _, _ = _cpu._test_quantize(x, 1, c, np.ones(1, np.float32), np.zeros(1, np.int32), qlo, 127,
+        Q, _, _ = _cpu_testing._test_quantize(x, 1, c, np.ones(1, np.float32), np.zeros(1, np.int32), qlo, 127,
                                       np.arange(c, dtype=np.int32), c, 1, c, kernel, 1, abias)
         want = np.clip(round_half_away(vals), qlo, 127).astype(np.int64) + abias
         np.testing.assert_array_equal(Q[0].astype(np.int64), want & 255)

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("qconv._ext._cpu")
 
 from qconv import reference  # noqa: E402
-from qconv._ext import _cpu  # noqa: E402
+from qconv._ext import _cpu, _cpu_probes, _cpu_testing  # noqa: E402
 from qconv.cpu import KERNEL_NAMES, CpuEngine, serial_thresholds  # noqa: E402
 from qconv.cpu.engine import MAX_BLOCK_VALUES  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
@@ -81,13 +81,13 @@ def _refusals(call):
     """Refuse the k-th native allocation of ``call()`` for k = 0, 1, ... until one call allocates fewer times:
     every refusal must be a MemoryError. Returns (number of refusals, the result of the undisturbed call)."""
     for k in range(64):
-        _cpu._test_refuse_allocation(k)
+        _cpu_testing._test_refuse_allocation(k)
         try:
             out = call()
         except MemoryError:
-            assert _cpu._test_refuse_allocation(-1) == -1, "MemoryError without a refused allocation"
+            assert _cpu_testing._test_refuse_allocation(-1) == -1, "MemoryError without a refused allocation"
             continue
-        assert _cpu._test_refuse_allocation(-1) >= 0, "an allocation was refused, yet no MemoryError"
+        assert _cpu_testing._test_refuse_allocation(-1) >= 0, "an allocation was refused, yet no MemoryError"
         return k, out
     raise AssertionError("more than 64 native allocations in one call")
 
@@ -116,8 +116,8 @@ def test_refused_allocations_in_the_native_helpers():
     calls = [lambda: _cpu.minmax(x, 2), lambda: _cpu.absmax_rows(x.reshape(1, 2, 500), 2),
              lambda: _cpu.fill_tensor_params(x, 2, "scalar", qs, z, dx),
              lambda: _cpu.fill_row_params(x.reshape(1, 2, 500), 2, "scalar", qs, z, dx),
-             lambda: _cpu.probe_read(np.zeros(512, np.uint8), 2, 1),
-             lambda: _cpu._test_quantize(xq, 1, 4, qs, z, -128, 127, np.arange(4, dtype=np.int32), 4, 1, 4,
+             lambda: _cpu_probes.probe_read(np.zeros(512, np.uint8), 2, 1),
+             lambda: _cpu_testing._test_quantize(xq, 1, 4, qs, z, -128, 127, np.arange(4, dtype=np.int32), 4, 1, 4,
                                          "scalar", 2)]
     for call in calls:
         n, _ = _refusals(call)

@@ -1,4 +1,10 @@
-# Declarations of the qconv CPU engine's native parts (see _cpu.pyx and qconv_kernels.h).
+# Declarations shared by the qconv CPU engine's native modules (the model: scikit-learn's
+# _hist_gradient_boosting/common.pxd beside one .pyx per role):
+#   _cpu.pyx          the engine's native module: the public native API that qconv/cpu/ uses (ConvGeometry,
+#                     ConvPlan, kernel selection, the activation-range passes)
+#   _cpu_probes.pyx   machine-ceiling probes of benchmarks/bench_cpu.py (not used by the engine)
+#   _cpu_testing.pyx  test-only wrappers of the nogil helpers below (tests/test_cpu_*.py)
+# The helpers are cdef functions of _cpu, cimported by the other two (exported through _cpu's C-API capsule).
 from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t
 
 
@@ -107,3 +113,47 @@ cdef struct ConvJob:
     float *DXB             # (slots, tile_cols, GNB) activation scale per (column, fine block)
     # set by the run: threads its parallel loops were given, and 1 when it split output-channel tiles
     int used_threads, channel_split
+
+
+# What one quantization pass needs (built under the GIL, read by nogil workers).
+cdef struct QuantJob:
+    const void *x           # float32 or int8 input, NCHW or NC4HW4 (pack 4)
+    int int8_input, nc4hw4
+    int64_t N, C, H, W
+    const int32_t *chpos    # byte position of channel c inside a Q pixel row
+    const float *qs         # per sample
+    const int32_t *z        # per sample
+    int qlo, qhi
+    int64_t Ltot1, GNB, BCp
+    int abias               # stored bytes are xq + abias (128 or 0)
+    int contiguous          # chpos[c] == c for every channel
+    int variant
+    int64_t serial_values   # inputs of fewer values (N*C*H*W) are quantized by one thread
+    int used_threads        # set by _quantize: the threads its parallel loop was given
+    uint8_t *Q
+    int32_t *PS
+
+
+# The layer geometry handed from Python (qconv.cpu.CpuEngine) to the native plan: one typed field per quantity,
+# named as in qconv.layouts.gemm_tiles.TiledWeightLayout (block_icl is MNN's ICL, the kernels' BCp). Derived
+# quantities (taps, group_out_channels, gemm_blocks, oc_padded) are properties, not fields.
+cdef class ConvGeometry:
+    cdef readonly int in_channels, out_channels, groups, n_blocks, block_channels, block_icl
+    cdef readonly int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w
+    cdef readonly int oc_tiles, bits, tile_cols, block_mode, act_block
+    cdef readonly int64_t w_tile_stride, w_block_stride, w_group_stride
+    cdef readonly float lo, hi
+
+
+# --- nogil helpers of _cpu (see their docstrings there) ---
+cdef void _geometry_into(ConvGeometry geo, ConvJob *j)
+cdef void *_alloc(size_t n) noexcept nogil
+cdef int64_t _refuse_allocations(int64_t k) noexcept nogil
+cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil
+cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP, int32_t *S) noexcept nogil
+cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const uint8_t **AP, int32_t *S,
+                     float *DXB) noexcept nogil
+cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noexcept nogil
+cdef void _fill_quant(QuantJob *q, x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo,
+                      int qhi, const int32_t[::1] chpos, int64_t Ltot1, int64_t GNB, int64_t BCp, int variant,
+                      uint8_t *Q, int32_t *PS, int contiguous=*, int abias=*, int64_t serial_values=*) except *

@@ -15,10 +15,13 @@ Data layouts (bytes unless noted; "pixel" = one (n, h, w) of the input, "column"
 * ``S``  int32 ``(tile_cols, GNB)``: per column and block, ``sum(u)`` over the block's in-image taps.
 * ``OUT`` float32 ``(tile_cols, G*OCp)``: kernel output, scattered to the NCHW / NC4HW4 result by ``_store``.
 
-Every nogil helper below has a thin ``def`` wrapper prefixed ``_test_`` so it can be checked alone.
+This is the engine's native module: what :mod:`qconv.cpu` uses (:class:`ConvGeometry`, :class:`ConvPlan`, kernel
+selection, the activation-range passes). The nogil helpers are declared in ``_cpu.pxd``; ``_cpu_testing.pyx`` wraps
+them one by one for the tests (``_test_*``), ``_cpu_probes.pyx`` holds the benchmark's machine-ceiling probes.
 
 Native allocations go through ``qc_alloc``; a refused one becomes a ``MemoryError`` in Python (never a crash).
-``_test_refuse_allocation(k)`` makes the ``k``-th following allocation fail, so tests can reach every such path.
+``qconv._ext._cpu_testing._test_refuse_allocation(k)`` makes the ``k``-th following allocation fail, so tests
+can reach every such path.
 """
 import numpy as np
 
@@ -81,98 +84,18 @@ cdef extern from *:
     int64_t qc_refuse_countdown
 
 
-def _test_refuse_allocation(int64_t k):
+cdef void *_alloc(size_t n) noexcept nogil:
+    """``malloc`` through the refusal hook (for the other native modules)."""
+    return qc_alloc(n)
+
+
+cdef int64_t _refuse_allocations(int64_t k) noexcept nogil:
     """Make the ``k``-th native allocation from now (0 = the next) fail; ``-1`` turns the hook off. Returns the
     previous setting (``-1`` once an armed refusal has happened)."""
     global qc_refuse_countdown
     cdef int64_t old = qc_refuse_countdown
     qc_refuse_countdown = k if k >= 0 else -1
     return old if old >= 0 else -1
-
-
-cdef extern from "qconv_probe.h" nogil:
-    int32_t qc_probe_vnni(int64_t n)
-    int32_t qc_probe_amx(int64_t n)
-    uint64_t qc_probe_read(const uint8_t *p, int64_t nbytes)
-    int qc_probe_simd()
-
-
-# ----------------------------------------------------------------------------------------------------
-# machine ceilings (for the benchmark's "% of peak" columns; not used by the engine)
-# ----------------------------------------------------------------------------------------------------
-def probe_vnni_gops(int threads=1, double seconds=0.25):
-    """Peak int8 multiply-add rate in GOP/s (2 ops per multiply-add): ``threads`` threads each issue independent
-    512-bit ``vpdpbusd`` (12 accumulators) for about ``seconds``. Without AVX-512 VNNI a scalar loop runs
-    (:func:`probe_simd` says which)."""
-    import time
-    cdef int64_t n = 20000, i
-    cdef int32_t sink = 0
-    cdef double t = 0
-    while True:
-        t0 = time.perf_counter()
-        with nogil:
-            for i in prange(threads, num_threads=threads, schedule="static"):
-                sink += qc_probe_vnni(n)
-        t = time.perf_counter() - t0
-        if t >= seconds or n > (1 << 40):
-            break
-        n = <int64_t> (n * min(16.0, 1.2 * seconds / max(t, 1e-6)))
-    # 12 vpdpbusd x 64 multiply-adds per step (the scalar loop counts the same number of additions)
-    return threads * n * 12 * 64 * 2 / t / 1e9 + 0 * sink
-
-
-def probe_amx_gops(int threads=1, double seconds=0.25):
-    """Peak AMX-INT8 multiply-add rate in GOP/s (2 ops per multiply-add): ``threads`` threads each issue rounds of
-    4 independent ``tdpbusd`` (16 x 16 x 64 multiply-adds each) for about ``seconds``; None without AMX."""
-    import time
-    cdef int64_t n = 2000, i
-    cdef int32_t sink = 0
-    cdef double t = 0
-    if not qc_kernel_supported(QC_KERNEL_AMX):
-        return None
-    while True:
-        t0 = time.perf_counter()
-        with nogil:
-            for i in prange(threads, num_threads=threads, schedule="static"):
-                sink += qc_probe_amx(n)
-        t = time.perf_counter() - t0
-        if t >= seconds or n > (1 << 40):
-            break
-        n = <int64_t> (n * min(16.0, 1.2 * seconds / max(t, 1e-6)))
-    return threads * n * 4 * 16 * 16 * 64 * 2 / t / 1e9 + 0 * sink
-
-
-def probe_simd():
-    """True when the probes use AVX-512 VNNI (else scalar loops)."""
-    return bool(qc_probe_simd())
-
-
-def probe_read(const uint8_t[::1] buf, int threads=1, int reps=3):
-    """``(GB/s, checksum)``: best of ``reps`` passes of ``threads`` threads reading ``buf`` (its length a multiple
-    of ``256*threads``) with 512-bit loads; ``checksum`` is the XOR of all 64-bit words of ``buf``."""
-    import time
-    cdef int64_t nbytes = buf.shape[0], chunk, t
-    cdef uint64_t x = 0
-    cdef uint64_t *part
-    if threads < 1 or nbytes == 0 or nbytes % (256 * threads):
-        raise ValueError("buf length must be a positive multiple of 256 * threads")
-    chunk = nbytes // threads
-    part = <uint64_t *> qc_alloc(threads * sizeof(uint64_t))
-    if part == NULL:
-        raise MemoryError("probe_read: no memory for the per-thread checksums")
-    best = 0.0
-    for _ in range(max(reps, 1)):
-        t0 = time.perf_counter()
-        with nogil:
-            for t in prange(threads, num_threads=threads, schedule="static"):
-                part[t] = qc_probe_read(&buf[0] + t * chunk, chunk)
-        dt = time.perf_counter() - t0
-        best = max(best, nbytes / dt / 1e9)
-    x = 0
-    for t in range(threads):
-        x ^= part[t]
-    free(part)
-    return best, int(x)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -286,24 +209,6 @@ def absmax_rows(const float[:, :, ::1] x, int threads=1, str kernel="scalar"):
 # ----------------------------------------------------------------------------------------------------
 # quantization of the input into Q / PS
 # ----------------------------------------------------------------------------------------------------
-cdef struct QuantJob:
-    const void *x           # float32 or int8 input, NCHW or NC4HW4 (pack 4)
-    int int8_input, nc4hw4
-    int64_t N, C, H, W
-    const int32_t *chpos    # byte position of channel c inside a Q pixel row
-    const float *qs         # per sample
-    const int32_t *z        # per sample
-    int qlo, qhi
-    int64_t Ltot1, GNB, BCp
-    int abias               # stored bytes are xq + abias (128 or 0)
-    int contiguous          # chpos[c] == c for every channel
-    int variant
-    int64_t serial_values   # inputs of fewer values (N*C*H*W) are quantized by one thread
-    int used_threads        # set by _quantize: the threads its parallel loop was given
-    uint8_t *Q
-    int32_t *PS
-
-
 cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil:
     """Fill ``Q``/``PS`` from the input, a run of image rows of one sample per work item; returns the number of
     work items whose scratch could not be allocated (then ``Q``/``PS`` are incomplete: the caller must fail).
@@ -772,16 +677,120 @@ cdef void _fill_quant(QuantJob *q, x, int nchw_input, int C, const float[::1] qs
 
 
 # ----------------------------------------------------------------------------------------------------
-# the prepared layer
+# the layer geometry (typed record) and the prepared layer
 # ----------------------------------------------------------------------------------------------------
+cdef class ConvGeometry:
+    """The geometry of one conv layer as the native plan needs it, one typed field per quantity (names as in
+    :class:`qconv.layouts.gemm_tiles.TiledWeightLayout`; all keyword-only, ints unless noted):
+
+    ``in_channels``, ``out_channels``, ``groups``; ``n_blocks`` (GEMM blocks per group), ``block_channels``
+    (input channels per block), ``block_icl`` (the block's channels rounded up to 4: the tap stride of the L
+    order, MNN's ICL); ``kernel_h``/``kernel_w``, ``stride_h``/``stride_w``, ``pad_h``/``pad_w``,
+    ``dilation_h``/``dilation_w``; ``oc_tiles`` (32-channel tiles per group), ``bits`` (8 or 4), ``tile_cols``
+    (output columns per column tile); ``w_tile_stride``/``w_block_stride``/``w_group_stride`` (bytes between the
+    weight tiles' channel tiles, blocks and groups); ``lo``/``hi`` (float activation clamp); ``block_mode`` (1 for
+    ``act_quant="block"``) and ``act_block`` (input channels per activation block there, a multiple of
+    ``block_channels``; 0 = ``block_channels``).
+
+    Derived (properties): ``taps``, ``group_out_channels``, ``gemm_blocks`` (groups * n_blocks), ``oc_padded``.
+    """
+
+    def __init__(self, *, int in_channels, int out_channels, int groups, int n_blocks, int block_channels,
+                 int block_icl, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w,
+                 int dilation_h, int dilation_w, int oc_tiles, int bits, int tile_cols, int64_t w_tile_stride,
+                 int64_t w_block_stride, int64_t w_group_stride, float lo, float hi, int block_mode=0,
+                 int act_block=0):
+        for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups),
+                        ("n_blocks", n_blocks), ("block_channels", block_channels), ("kernel_h", kernel_h),
+                        ("kernel_w", kernel_w), ("stride_h", stride_h), ("stride_w", stride_w),
+                        ("dilation_h", dilation_h), ("dilation_w", dilation_w), ("oc_tiles", oc_tiles),
+                        ("tile_cols", tile_cols)):
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        if bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {bits}")
+        if pad_h < 0 or pad_w < 0 or act_block < 0 or w_tile_stride < 0 or w_block_stride < 0 or w_group_stride < 0:
+            raise ValueError("paddings, act_block and strides must be >= 0")
+        if in_channels % groups or out_channels % groups or (in_channels // groups) != n_blocks * block_channels:
+            raise ValueError("groups must divide the channels, n_blocks * block_channels = input channels per group")
+        if block_icl < block_channels or block_icl % 4:
+            raise ValueError("block_icl must be a multiple of 4 covering block_channels")
+        if oc_tiles * QC_UNIT < out_channels // groups:
+            raise ValueError("oc_tiles * 32 must cover the output channels per group")
+        act_block = act_block or block_channels
+        if block_mode and (act_block % block_channels or (in_channels // groups) % act_block):
+            raise ValueError("act_block must be a multiple of block_channels and divide the channels per group")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.n_blocks, self.block_channels, self.block_icl = n_blocks, block_channels, block_icl
+        self.kernel_h, self.kernel_w, self.stride_h, self.stride_w = kernel_h, kernel_w, stride_h, stride_w
+        self.pad_h, self.pad_w, self.dilation_h, self.dilation_w = pad_h, pad_w, dilation_h, dilation_w
+        self.oc_tiles, self.bits, self.tile_cols = oc_tiles, bits, tile_cols
+        self.w_tile_stride, self.w_block_stride, self.w_group_stride = w_tile_stride, w_block_stride, w_group_stride
+        self.lo, self.hi = lo, hi
+        self.block_mode, self.act_block = block_mode, act_block
+
+    @property
+    def taps(self):
+        return self.kernel_h * self.kernel_w
+
+    @property
+    def group_out_channels(self):
+        return self.out_channels // self.groups
+
+    @property
+    def gemm_blocks(self):
+        return self.groups * self.n_blocks
+
+    @property
+    def oc_padded(self):
+        return self.oc_tiles * QC_UNIT
+
+    def out_hw(self, int h, int w):
+        """Output size ``(OH, OW)`` of an ``h x w`` input."""
+        return ((h + 2 * self.pad_h - self.dilation_h * (self.kernel_h - 1) - 1) // self.stride_h + 1,
+                (w + 2 * self.pad_w - self.dilation_w * (self.kernel_w - 1) - 1) // self.stride_w + 1)
+
+    def __repr__(self):
+        names = ("in_channels", "out_channels", "groups", "n_blocks", "block_channels", "block_icl", "kernel_h",
+                 "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "oc_tiles", "bits",
+                 "tile_cols", "w_tile_stride", "w_block_stride", "w_group_stride", "lo", "hi", "block_mode",
+                 "act_block")
+        return "ConvGeometry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
+
+
+cdef void _geometry_into(ConvGeometry geo, ConvJob *j):
+    """The layer constants of ``geo`` into the job (its short C names: C, O, G, Og, NB, BC, BCp = block_icl, K, KH,
+    KW, sh, sw, ph, pw, dh, dw, GNB, OCU, OCp, ...) plus what follows from them (abias, Ltot1, ldo, a_bs, Lcol)."""
+    j.C, j.O, j.G = geo.in_channels, geo.out_channels, geo.groups
+    j.Og = geo.out_channels // geo.groups
+    j.NB, j.BC, j.BCp = geo.n_blocks, geo.block_channels, geo.block_icl
+    j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo.kernel_h, geo.kernel_w, geo.stride_h, geo.stride_w,
+                                                      geo.pad_h, geo.pad_w, geo.dilation_h, geo.dilation_w)
+    j.K = j.KH * j.KW
+    j.GNB = j.G * j.NB
+    j.OCU = geo.oc_tiles
+    j.OCp = geo.oc_tiles * QC_UNIT
+    j.bits = geo.bits
+    j.tile_cols = geo.tile_cols
+    j.abias = 128 if j.bits == 8 else 0
+    j.Ltot1 = <int64_t> j.GNB * j.BCp
+    j.ldo = <int64_t> j.G * j.OCp
+    j.w_tstride, j.w_bstride, j.w_gstride = geo.w_tile_stride, geo.w_block_stride, geo.w_group_stride
+    j.lo, j.hi = geo.lo, geo.hi
+    j.block_mode = geo.block_mode
+    j.AB = geo.act_block
+    j.a_bs = (<int64_t> j.K * j.BCp) if j.block_mode else j.BCp
+    j.Lcol = <int64_t> j.GNB * j.K * j.BCp
+
+
 cdef class ConvPlan:
     """Prepared weights + geometry of one conv; :meth:`forward` runs quantization and the tiled GEMM.
 
     Built by :class:`qconv.cpu.CpuEngine`; the arrays are kept alive here and read by the nogil workers.
     ``w``: packed tiles (uint8 view of a tile-major :class:`TiledWeightLayout`); ``wsx`` int32 and
     ``scale``/``offset`` float32 or float16 (both the same dtype), all ``(G, OCU, NB, UNIT)`` (tile-major like the
-    weights); ``bias`` float32 ``(G, OCp)``; ``oidx`` int32 ``(O,)``; ``chpos`` int32 ``(C,)``; ``geo``: dict of
-    ints (see ``ConvJob``).
+    weights); ``bias`` float32 ``(G, OCp)``; ``oidx`` int32 ``(O,)``; ``chpos`` int32 ``(C,)``; ``geo``: the
+    layer's :class:`ConvGeometry`.
     """
     cdef ConvJob job
     cdef object keep, keep_scratch
@@ -795,11 +804,12 @@ cdef class ConvPlan:
     cdef int contiguous, bound_slots
     cdef int64_t bound_pixels
     cdef public int variant
+    cdef readonly ConvGeometry geometry
     # (quantization threads, GEMM threads, 1 if the GEMM split output-channel tiles) of the last forward call;
     # quantization threads 0 in block mode (columns are quantized inside the GEMM loop)
     cdef readonly tuple last_threads
 
-    def __init__(self, w, wsx, scale, offset, bias, oidx, chpos, dict geo, int variant):
+    def __init__(self, w, wsx, scale, offset, bias, oidx, chpos, ConvGeometry geo not None, int variant):
         cdef ConvJob *j = &self.job
         self.keep = (w, wsx, scale, offset, bias, oidx, chpos)
         self.w = w
@@ -809,22 +819,8 @@ cdef class ConvPlan:
         self.chpos = chpos
         self.variant = variant
         memset(&self.job, 0, sizeof(ConvJob))
-        for name in ("C", "O", "G", "Og", "NB", "BC", "BCp", "K", "KH", "KW", "sh", "sw", "ph", "pw", "dh", "dw",
-                     "GNB", "OCU", "OCp", "bits", "tile_cols"):
-            if name not in geo:
-                raise KeyError(name)
-        j.C, j.O, j.G, j.Og = geo["C"], geo["O"], geo["G"], geo["Og"]
-        j.NB, j.BC, j.BCp, j.K = geo["NB"], geo["BC"], geo["BCp"], geo["K"]
-        j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo["KH"], geo["KW"], geo["sh"], geo["sw"],
-                                                          geo["ph"], geo["pw"], geo["dh"], geo["dw"])
-        j.GNB, j.OCU, j.OCp, j.bits = geo["GNB"], geo["OCU"], geo["OCp"], geo["bits"]
-        j.tile_cols = geo["tile_cols"]
-        j.abias = 128 if j.bits == 8 else 0
-        j.Ltot1 = <int64_t> j.GNB * j.BCp
-        j.ldo = <int64_t> j.G * j.OCp
-        j.w_tstride = geo["w_tstride"]
-        j.w_bstride = geo["w_bstride"]
-        j.w_gstride = geo["w_gstride"]
+        _geometry_into(geo, j)
+        self.geometry = geo
         j.w = &self.w[0]
         j.wsx = &self.wsx[0]
         j.scale = j.offset = NULL
@@ -845,15 +841,7 @@ cdef class ConvPlan:
                 j.offset = &self.offset[0]
         j.bias = &self.bias[0]
         j.oidx = &self.oidx[0]
-        j.lo = geo["lo"]
-        j.hi = geo["hi"]
         j.variant = variant
-        j.block_mode = int(geo.get("block_mode", 0))
-        j.AB = geo.get("AB", j.BC) or j.BC
-        if j.block_mode and (j.AB % j.BC or (j.C // j.G) % j.AB):
-            raise ValueError("AB must be a multiple of BC and divide the channels per group")
-        j.a_bs = (<int64_t> j.K * j.BCp) if j.block_mode else j.BCp
-        j.Lcol = <int64_t> j.GNB * j.K * j.BCp
         self.contiguous = int(all(int(chpos[c]) == c for c in range(j.C)))
         self.bound_slots = 0
         self.bound_pixels = -1
@@ -1009,231 +997,6 @@ cdef class ConvPlan:
             raise MemoryError("the CPU engine's quantization pass could not allocate its row buffers")
         self.last_threads = (q.used_threads, j.used_threads, j.channel_split)
         return y
-
-
-# ----------------------------------------------------------------------------------------------------
-# test-only wrappers of the nogil helpers
-# ----------------------------------------------------------------------------------------------------
-def _test_quantize(x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo, int qhi,
-                   const int32_t[::1] chpos, int64_t Ltot1, int64_t GNB, int64_t BCp, str kernel="scalar",
-                   int threads=1, int abias=128):
-    """``(Q, PS, used_threads)`` of ``x`` (float32 or int8; NCHW or NC4HW4) as the engine builds them (bytes
-    ``xq + abias``), quantized on ``threads`` threads whatever the input size."""
-    cdef QuantJob q
-    cdef int64_t bad
-    N = x.shape[0] if nchw_input else x.shape[1]
-    Qa = np.zeros((N * x.shape[2] * x.shape[3], Ltot1), np.uint8)
-    PSa = np.zeros((N * x.shape[2] * x.shape[3], GNB), np.int32)
-    cdef uint8_t[:, ::1] Qv = Qa
-    cdef int32_t[:, ::1] PSv = PSa
-    if not qc_kernel_supported(KERNELS[kernel]):
-        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
-    _fill_quant(&q, x, nchw_input, C, qs, z, qlo, qhi, chpos, Ltot1, GNB, BCp, KERNELS[kernel], &Qv[0, 0], &PSv[0, 0],
-                -1, abias)
-    with nogil:
-        bad = _quantize(&q, threads)
-    if bad:
-        raise MemoryError("quantization: no memory for the row buffers")
-    return Qa, PSa, q.used_threads
-
-
-cdef void _geometry_from_dict(ConvJob *j, dict geo) except *:
-    """Input/output sizes, kernel, stride, padding and dilation of the test wrappers' ``geo`` dict into ``j``."""
-    j.N, j.H, j.W, j.OH, j.OW = geo["N"], geo["H"], geo["W"], geo["OH"], geo["OW"]
-    j.OHW = j.OH * j.OW
-    j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (geo["KH"], geo["KW"], geo["sh"], geo["sw"],
-                                                      geo["ph"], geo["pw"], geo["dh"], geo["dw"])
-    j.K = j.KH * j.KW
-
-
-def _test_indirect(const uint8_t[:, ::1] Q, const int32_t[:, ::1] PS, dict geo, int64_t p0, int ncols):
-    """``(rows (ncols, K) int64, S (ncols, GNB))`` for columns ``p0 ..`` of the geometry ``geo`` (N, H, W, OH, OW,
-    KH, KW, sh, sw, ph, pw, dh, dw, GNB, BCp): ``rows`` is the ``Q`` pixel row each tap reads, -1 for padding."""
-    cdef ConvJob j
-    cdef uint8_t zrow[4]
-    memset(&j, 0, sizeof(ConvJob))
-    _geometry_from_dict(&j, geo)
-    j.GNB, j.BCp = geo["GNB"], geo["BCp"]
-    j.Ltot1 = <int64_t> j.GNB * j.BCp
-    if Q.shape[1] != j.Ltot1 or Q.shape[0] != j.N * j.H * j.W or PS.shape[1] != j.GNB or PS.shape[0] != Q.shape[0]:
-        raise ValueError("Q / PS do not match the geometry")
-    if p0 < 0 or ncols < 1 or p0 + ncols > j.N * j.OHW:
-        raise ValueError("columns out of range")
-    j.Q = &Q[0, 0]
-    j.PS = &PS[0, 0]
-    j.zrow = zrow
-    ptrs = np.zeros((ncols, j.K), np.uintp)
-    Sa = np.empty((ncols, j.GNB), np.int32)
-    cdef uint8_t[::1] pv = ptrs.reshape(-1).view(np.uint8)
-    cdef int32_t[:, ::1] Sv = Sa
-    with nogil:
-        _indirect(&j, p0, ncols, <const uint8_t **> &pv[0], &Sv[0, 0])
-    base = <size_t> &Q[0, 0]
-    rows = (ptrs.astype(np.int64) - <int64_t> base) // j.Ltot1
-    rows[ptrs == <size_t> zrow] = -1
-    return rows, Sa
-
-
-def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride, const int32_t[:, ::1] S,
-               const int32_t[:, ::1] wsx, const float[:, ::1] scale, offset, const float[::1] dx,
-               const float[::1] bias, int nblocks, int taps, int bq, int bits, int zpu, float lo, float hi, str kernel,
-               int first=1, int last=1, out=None, int ntiles=1, int64_t w_tstride=0, bint half=False,
-               wa=None, int64_t wa_bstride=0, int64_t wa_tstride=0, int kp=0, int amx_min=1):
-    """One micro-kernel call on a materialised A: ``A`` uint8 ``(ncols, nblocks*taps*bq*4)`` (block-major, each
-    block ``taps`` runs of ``4*bq`` bytes, read through an indirection table like the engine's), ``w`` the
-    tiles of ``ntiles`` 32-channel tiles (tile ``t``, block ``k`` at ``t*w_tstride + k*w_bstride``), ``S`` int32
-    ``(ncols, nblocks)``, ``wsx``/``scale``/``offset`` ``(nblocks, 32*ntiles)``, ``dx`` ``(ncols,)``, ``bias``
-    ``(32*ntiles,)``. ``half``: pass ``scale``/``offset`` to the kernel as float16 tables (they must be float16
-    values). ``wa``: the same weights as AMX tiles (uint8, :class:`~qconv.layouts.amx.AmxWeightLayout`, block ``k``
-    of tile ``t`` at ``t*wa_tstride + k*wa_bstride``, ``kp`` bytes per padded block), read by the ``amx`` kernel
-    when ``ncols >= amx_min``. Returns (or accumulates into ``out``) float32 ``(ncols, 32*ntiles)``."""
-    cdef qc_gemm_args a
-    cdef int ncols = A.shape[0]
-    cdef const float[:, ::1] off
-    cdef int variant = KERNELS[kernel]
-    cdef int64_t blq = <int64_t> taps * bq
-    cdef int64_t width = <int64_t> QC_UNIT * ntiles
-    if not qc_kernel_supported(variant):
-        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
-    if taps < 1 or bq < 1 or nblocks < 1 or ntiles < 1 or bits not in (4, 8):
-        raise ValueError("taps, bq, nblocks, ntiles must be >= 1 and bits 4 or 8")
-    if A.shape[1] < <int64_t> nblocks * blq * 4 or S.shape[0] != ncols or S.shape[1] != nblocks:
-        raise ValueError("A / S shapes do not match")
-    if wsx.shape[0] != nblocks or wsx.shape[1] != width or scale.shape[0] != nblocks or scale.shape[1] != width:
-        raise ValueError("tables must be (nblocks, 32*ntiles)")
-    if dx.shape[0] != ncols or bias.shape[0] != width:
-        raise ValueError("dx must be (ncols,), bias (32*ntiles,)")
-    tile = QC_UNIT * QC_SRC_UNIT if bits == 8 else QC_UNIT * QC_SRC_UNIT // 2
-    if w_bstride < 0 or w_tstride < 0 or w.shape[0] < (ntiles - 1) * w_tstride + (nblocks - 1) * w_bstride + blq * tile:
-        raise ValueError("w too short")
-    if out is None:
-        out = np.zeros((ncols, width), np.float32)
-    if out.shape != (ncols, width) or out.dtype != np.float32:
-        raise ValueError("out must be float32 (ncols, 32*ntiles)")
-    ptrs = np.zeros((ncols, taps), np.uintp)
-    base = <size_t> &A[0, 0]
-    ptrs[:] = base + np.arange(ncols, dtype=np.uintp)[:, None] * A.shape[1] + np.arange(taps, dtype=np.uintp) * (4 * bq)
-    cdef uint8_t[::1] pv = ptrs.reshape(-1).view(np.uint8)
-    cdef float[:, ::1] o = out
-    a.aptr = <const uint8_t *const *> &pv[0]
-    a.ldp = taps
-    a.a_off = 0
-    a.a_bstride = blq * 4
-    a.w = &w[0]
-    a.w_bstride = w_bstride
-    a.w_tstride = w_tstride
-    a.ntiles = ntiles
-    a.first, a.last = first, last
-    a.colsum = &S[0, 0]
-    a.lds = nblocks
-    a.wsx = &wsx[0, 0]
-    cdef const uint16_t[:, ::1] hs, ho
-    a.scale = &scale[0, 0]
-    a.offset = NULL
-    a.hscale = a.hoffset = NULL
-    if offset is not None:
-        off = offset
-        if off.shape[0] != nblocks or off.shape[1] != width:
-            raise ValueError("offset must be (nblocks, 32*ntiles)")
-        a.offset = &off[0, 0]
-    if half:
-        tabs = [np.asarray(scale)] + ([] if offset is None else [np.asarray(offset)])
-        if any(not np.array_equal(t.astype(np.float16).astype(np.float32), t) for t in tabs):
-            raise ValueError("half=True needs scale / offset values that are float16 numbers")
-        hs = np.ascontiguousarray(tabs[0].astype(np.float16)).view(np.uint16)
-        a.hscale = &hs[0, 0]
-        if offset is not None:
-            ho = np.ascontiguousarray(tabs[1].astype(np.float16)).view(np.uint16)
-            a.hoffset = &ho[0, 0]
-        a.scale = a.offset = NULL
-    a.ldt = width
-    a.ldtt = QC_UNIT
-    a.dx = &dx[0]
-    a.dxb = NULL
-    a.bias = &bias[0]
-    a.out = &o[0, 0]
-    a.ldo = width
-    a.nblocks, a.taps, a.bq, a.ncols, a.bits, a.zpu = nblocks, taps, bq, ncols, bits, zpu
-    a.lo, a.hi = lo, hi
-    cdef const uint8_t[::1] wav
-    a.wa = NULL
-    a.wa_bstride, a.wa_tstride, a.kp, a.amx_min = wa_bstride, wa_tstride, kp, amx_min
-    if wa is not None:
-        wav = wa
-        if kp % 64 or kp < 4 * blq or wav.shape[0] < (ntiles - 1) * wa_tstride + (nblocks - 1) * wa_bstride + 32 * kp:
-            raise ValueError("wa / kp do not match")
-        a.wa = &wav[0]
-    with nogil:
-        qc_gemm(&a, variant)
-    return out
-
-
-def _test_store(const float[:, ::1] OUT, const int32_t[::1] oidx, int64_t p0, int N, int O, int OH, int OW,
-                int nc4hw4, int G, int OCp, oscale=None, int ozp=0, str kernel="scalar"):
-    """Scatter ``OUT (ncols, G*OCp)`` (columns ``p0 ..``) into a zeroed NCHW / NC4HW4 output and return it."""
-    cdef ConvJob j
-    memset(&j, 0, sizeof(ConvJob))
-    j.O, j.OH, j.OW, j.G, j.OCp = O, OH, OW, G, OCp
-    j.Og = O // G
-    j.OHW = OH * OW
-    j.P = N * j.OHW
-    j.ldo = OUT.shape[1]
-    j.oidx = &oidx[0]
-    j.out_nc4hw4 = nc4hw4
-    j.out_int8 = oscale is not None
-    j.oscale = oscale if oscale is not None else 1.0
-    j.ozp = ozp
-    j.variant = KERNELS[kernel]
-    if not qc_kernel_supported(j.variant):
-        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
-    if oidx.shape[0] != O or p0 < 0 or p0 + OUT.shape[0] > j.P or O % G or OUT.shape[1] != G * OCp or OCp % 32:
-        raise ValueError("bad store arguments")
-    if nc4hw4:
-        shape = ((O + 3) // 4, N, OH, OW, 4)
-    else:
-        shape = (N, O, OH, OW)
-    y = np.zeros(shape, np.int8 if oscale is not None else np.float32)
-    cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
-    j.y = <void *> &yb[0]
-    with nogil:
-        _store(&j, &OUT[0, 0], p0, OUT.shape[0])
-    return y
-
-
-def _test_block_cols(const float[:, ::1] xp, dict geo, int64_t p0, int ncols, str kernel="scalar"):
-    """``(A (ncols, Lcol) uint8, S (ncols, GNB) int32, DXB (ncols, GNB) float32)`` of ``act_quant="block"`` for
-    columns ``p0 ..`` of the geometry ``geo`` (N, H, W, OH, OW, C, G, NB, BC, BCp, AB, KH, KW, sh, sw, ph, pw, dh,
-    dw, bits) from the pixel-major float input ``xp (N*H*W, C)``."""
-    cdef ConvJob j
-    memset(&j, 0, sizeof(ConvJob))
-    _geometry_from_dict(&j, geo)
-    j.C, j.G, j.NB, j.BC, j.BCp, j.AB = geo["C"], geo["G"], geo["NB"], geo["BC"], geo["BCp"], geo["AB"]
-    j.GNB = j.G * j.NB
-    j.abias = 128 if geo["bits"] == 8 else 0
-    j.Lcol = <int64_t> j.GNB * j.K * j.BCp
-    j.variant = KERNELS[kernel]
-    if not qc_kernel_supported(j.variant):
-        raise ValueError(f"kernel {kernel!r} is not supported by this CPU")
-    if (j.C % j.G or (j.C // j.G) % j.AB or j.AB % j.BC or j.NB * j.BC != j.C // j.G or j.BCp < j.BC
-            or xp.shape[0] != j.N * j.H * j.W or xp.shape[1] != j.C):
-        raise ValueError("bad geometry")
-    if p0 < 0 or ncols < 1 or p0 + ncols > j.N * j.OHW:
-        raise ValueError("columns out of range")
-    j.xp = &xp[0, 0]
-    Aa = np.zeros((ncols, j.Lcol), np.uint8)
-    Sa = np.zeros((ncols, j.GNB), np.int32)
-    Da = np.zeros((ncols, j.GNB), np.float32)
-    ptrs = np.zeros(ncols * j.K, np.uintp)
-    cdef uint8_t[:, ::1] Av = Aa
-    cdef int32_t[:, ::1] Sv = Sa
-    cdef float[:, ::1] Dv = Da
-    cdef uint8_t[::1] pv = ptrs.view(np.uint8)
-    cdef int bad
-    with nogil:
-        bad = _block_cols(&j, p0, ncols, &Av[0, 0], <const uint8_t **> &pv[0], &Sv[0, 0], &Dv[0, 0])
-    if bad:
-        raise ValueError("x contains NaN or infinite values")
-    return Aa, Sa, Da
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -323,12 +323,14 @@ class CpuEngine:
         self._pointwise = bool(spec.is_pointwise)
         act = spec.activation
         lo, hi = (0.0, 6.0) if act == "relu6" else (0.0, np.inf) if act == "relu" else (-np.inf, np.inf)
-        geo = dict(C=w.in_channels, O=w.out_channels, G=g, Og=og, NB=nb, BC=lay.block_channels,
-                   BCp=lay.block_icl, K=lay.taps, KH=kh, KW=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw,
-                   GNB=g * nb, OCU=lay.oc_tiles, OCp=ocp, bits=w.bits, tile_cols=self.tile_cols,
-                   w_tstride=lay.oc_tile_stride, w_bstride=lay.block_stride, w_gstride=lay.group_stride,
-                   lo=lo, hi=hi, block_mode=int(self._block_mode),
-                   AB=spec.act_block if self._block_mode else 0)
+        geo = _cpu.ConvGeometry(
+            in_channels=w.in_channels, out_channels=w.out_channels, groups=g, n_blocks=nb,
+            block_channels=lay.block_channels, block_icl=lay.block_icl, kernel_h=kh, kernel_w=kw, stride_h=sh,
+            stride_w=sw, pad_h=ph, pad_w=pw, dilation_h=dh, dilation_w=dw, oc_tiles=lay.oc_tiles, bits=w.bits,
+            tile_cols=self.tile_cols, w_tile_stride=lay.oc_tile_stride, w_block_stride=lay.block_stride,
+            w_group_stride=lay.group_stride, lo=lo, hi=hi, block_mode=int(self._block_mode),
+            act_block=spec.act_block if self._block_mode else 0)
+        self.geometry = geo
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
                                    self._chpos, geo, _cpu.KERNELS[self.kernel])
         self._dw = self._depthwise_plan()

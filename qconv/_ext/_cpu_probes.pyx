@@ -1,0 +1,94 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Machine-ceiling probes of ``benchmarks/bench_cpu.py`` (the "% of peak" columns): peak int8 multiply-add
+rates (AVX-512 VNNI ``vpdpbusd``, AMX ``tdpbusd``) and read bandwidth. Not used by the engine; the C code is
+``qconv_probe.h``. Allocations go through the engine's refusal hook (``_cpu._alloc``)."""
+from cython.parallel cimport prange
+from libc.stdint cimport uint8_t, int32_t, int64_t, uint64_t
+from libc.stdlib cimport free
+
+from qconv._ext._cpu cimport _alloc, qc_kernel_supported, QC_KERNEL_AMX
+
+
+cdef extern from "qconv_probe.h" nogil:
+    int32_t qc_probe_vnni(int64_t n)
+    int32_t qc_probe_amx(int64_t n)
+    uint64_t qc_probe_read(const uint8_t *p, int64_t nbytes)
+    int qc_probe_simd()
+
+
+# ----------------------------------------------------------------------------------------------------
+# machine ceilings (for the benchmark's "% of peak" columns; not used by the engine)
+# ----------------------------------------------------------------------------------------------------
+def probe_vnni_gops(int threads=1, double seconds=0.25):
+    """Peak int8 multiply-add rate in GOP/s (2 ops per multiply-add): ``threads`` threads each issue independent
+    512-bit ``vpdpbusd`` (12 accumulators) for about ``seconds``. Without AVX-512 VNNI a scalar loop runs
+    (:func:`probe_simd` says which)."""
+    import time
+    cdef int64_t n = 20000, i
+    cdef int32_t sink = 0
+    cdef double t = 0
+    while True:
+        t0 = time.perf_counter()
+        with nogil:
+            for i in prange(threads, num_threads=threads, schedule="static"):
+                sink += qc_probe_vnni(n)
+        t = time.perf_counter() - t0
+        if t >= seconds or n > (1 << 40):
+            break
+        n = <int64_t> (n * min(16.0, 1.2 * seconds / max(t, 1e-6)))
+    # 12 vpdpbusd x 64 multiply-adds per step (the scalar loop counts the same number of additions)
+    return threads * n * 12 * 64 * 2 / t / 1e9 + 0 * sink
+
+
+def probe_amx_gops(int threads=1, double seconds=0.25):
+    """Peak AMX-INT8 multiply-add rate in GOP/s (2 ops per multiply-add): ``threads`` threads each issue rounds of
+    4 independent ``tdpbusd`` (16 x 16 x 64 multiply-adds each) for about ``seconds``; None without AMX."""
+    import time
+    cdef int64_t n = 2000, i
+    cdef int32_t sink = 0
+    cdef double t = 0
+    if not qc_kernel_supported(QC_KERNEL_AMX):
+        return None
+    while True:
+        t0 = time.perf_counter()
+        with nogil:
+            for i in prange(threads, num_threads=threads, schedule="static"):
+                sink += qc_probe_amx(n)
+        t = time.perf_counter() - t0
+        if t >= seconds or n > (1 << 40):
+            break
+        n = <int64_t> (n * min(16.0, 1.2 * seconds / max(t, 1e-6)))
+    return threads * n * 4 * 16 * 16 * 64 * 2 / t / 1e9 + 0 * sink
+
+
+def probe_simd():
+    """True when the probes use AVX-512 VNNI (else scalar loops)."""
+    return bool(qc_probe_simd())
+
+
+def probe_read(const uint8_t[::1] buf, int threads=1, int reps=3):
+    """``(GB/s, checksum)``: best of ``reps`` passes of ``threads`` threads reading ``buf`` (its length a multiple
+    of ``256*threads``) with 512-bit loads; ``checksum`` is the XOR of all 64-bit words of ``buf``."""
+    import time
+    cdef int64_t nbytes = buf.shape[0], chunk, t
+    cdef uint64_t x = 0
+    cdef uint64_t *part
+    if threads < 1 or nbytes == 0 or nbytes % (256 * threads):
+        raise ValueError("buf length must be a positive multiple of 256 * threads")
+    chunk = nbytes // threads
+    part = <uint64_t *> _alloc(threads * sizeof(uint64_t))
+    if part == NULL:
+        raise MemoryError("probe_read: no memory for the per-thread checksums")
+    best = 0.0
+    for _ in range(max(reps, 1)):
+        t0 = time.perf_counter()
+        with nogil:
+            for t in prange(threads, num_threads=threads, schedule="static"):
+                part[t] = qc_probe_read(&buf[0] + t * chunk, chunk)
+        dt = time.perf_counter() - t0
+        best = max(best, nbytes / dt / 1e9)
+    x = 0
+    for t in range(threads):
+        x ^= part[t]
+    free(part)
+    return best, int(x)
