@@ -12,13 +12,24 @@ size can show: small, L2-resident weights are launch-bound). Schemes
 (``gemv_a8_c*``), the time spans both (quant_x_a8's start to gemv_a8's end, all launches queued before the
 first runs; ``us_host_paced`` in the JSON is the same span with each call running as Python submits it).
 
-    python benchmarks/bench_gpu.py [--device opencl:0:0] [--quick] [--baselines] [--check] [--json out.json]
+User-side columns (the public API, ``qconv.Linear``/``qconv.Conv2d(device=...)`` on an input already on the device
+as a ``pyopencl.array.Array``, ``--calls`` calls back to back): ``wall`` = per call over the calls and one
+``finish`` at the end (what a Python loop gets), ``host`` = median time for a call to return to Python (no
+finish), both also with ``out=`` (a reused output: no Array made). ``--pipeline`` adds pipelines
+(``qconv.Pipeline``): 10 linear layers (``--pipeline-width``) and a small conv block with a residual add: wall and
+host per forward, the same layers called one by one from Python, and the sum of their kernels' event times.
+``--tiny`` (PoCL / CI): a 64->64 Linear (int8, int8+a8) and 64-wide pipelines, small copy, then exits.
+
+    python benchmarks/bench_gpu.py [--device opencl:0:0] [--quick|--tiny] [--pipeline] [--baselines] [--check]
+                                   [--json out.json]
     python benchmarks/bench_gpu.py --merge a.json b.json ... --json all.json  # runs of parts of the suite -> one
     python benchmarks/bench_gpu.py --table docs/results/bench_gpu_h200.json     # the markdown table of a result
 
 ``--baselines`` adds torch on CUDA when importable: ``F.conv2d`` in float32 with TF32 off (cuDNN) and in fp16
 (tensor cores; the faster of NCHW and channels-last), a bf16
-``x @ w.T`` (cuBLAS) and ``torch.ops.aten._weight_int4pack_mm`` (int4, group 128).
+``x @ w.T`` (cuBLAS) and ``torch.ops.aten._weight_int4pack_mm`` (int4, group 128), with
+``torch.backends.cudnn.benchmark = True`` (what users set): CUDA-graph time per call (``torch_*_us``) and eager
+wall per call (``torch_*_wall_us``: ``--calls`` calls back to back, one synchronize).
 Scales are rounded to fp16 first (``--fp32-scales`` keeps them), so the engine stores them as fp16
 (``scale_dtype="auto"``), as issue 5 allows.
 """
@@ -48,8 +59,10 @@ SCHEMES = {  # name -> (bits, block_size, symmetric); "<name>+a8": the same weig
 }
 
 
-def suite(quick: bool):
+def suite(quick: bool, tiny: bool = False):
     """(name, kind, N, C, O, H, W, k, stride, pad, schemes)."""
+    if tiny:
+        return [("linear 64->64", "gemv", 1, 64, 64, 1, 1, 1, 1, 0, ["int8", "int8+a8"])]
     conv_s = ["int8", "int4"] if not quick else ["int8"]
     gemv_s = ["int8", "int4", "int4-b32-asym"] if not quick else ["int4-b32-asym"]
     gemv1_s = gemv_s + [f"{v}+a8" for v in gemv_s]  # float and int8 activations
@@ -195,6 +208,31 @@ def _git_commit() -> str:
     return head + ("-dirty" if head and dirty else "")
 
 
+def call_costs(call, queue, calls):
+    """(host us, wall us) of ``calls`` back-to-back ``call()``: host = median time for a call to return (no
+    finish), wall = (time of all calls + one ``queue.finish()``) / calls. Two warm-up calls first."""
+    call()
+    call()
+    queue.finish()
+    ts = []
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        t = time.perf_counter()
+        call()
+        ts.append(time.perf_counter() - t)
+    queue.finish()
+    wall = (time.perf_counter() - t0) / calls
+    return statistics.median(ts) * 1e6, wall * 1e6
+
+
+def user_costs(layer, xd, queue, calls):
+    """The public API's costs on device input ``xd``: host/wall per call, and with ``out=`` a reused output."""
+    y = layer(xd)
+    host, wall = call_costs(lambda: layer(xd), queue, calls)
+    host_out, wall_out = call_costs(lambda: layer(xd, out=y), queue, calls)
+    return {"host_us": host, "wall_us": wall, "host_out_us": host_out, "wall_out_us": wall_out}
+
+
 def bench_ours(case, scheme, device, args, rng, variant=None):
     import pyopencl.array as cla
 
@@ -227,6 +265,14 @@ def bench_ours(case, scheme, device, args, rng, variant=None):
     row["GBps"] = moved / ns
     flops = 2.0 * n * o * c * k * k * yd.shape[2] * yd.shape[3]
     row["GFLOPs"] = flops / ns
+    # the public API on a device array (a second engine of the same layer: the tuning cache gives it the same
+    # kernel without timing anything)
+    opts = dict(device=device, act_quant=act_quant, tune=args.tune if variant is None else "none", variant=variant)
+    if kind == "gemv" and h == w == 1:
+        layer, xu = qconv.Linear(qw, spec.bias, **opts), cla.to_device(q, x.reshape(n, c))
+    else:
+        layer, xu = qconv.Conv2d(qw, spec.bias, s, p, **opts), xd
+    row.update(user_costs(layer, xu, layer.engine.queue, args.calls))
     if args.check:
         ref = qconv.reference.conv2d(x, qw, spec.bias, s, p, 1, None, act_quant=act_quant)
         err = float(np.abs(yd.get() - ref).max() / max(np.abs(ref).max(), 1e-30))
@@ -247,7 +293,19 @@ def torch_baselines(case, scheme, data, args):
     name, kind, n, c, o, h, w, k, s, p, _ = case
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True  # what users set: cuDNN times its algorithms per shape
     dev = torch.device("cuda")
+
+    def eager_wall_us(fn):
+        """Wall per call of ``args.calls`` eager calls back to back from Python, one synchronize at the end."""
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / args.calls * 1e6
 
     def cuda_median_us(fn, calls=10):
         """Device time per call: medians over replays of a CUDA graph of ``calls`` back-to-back calls, so the
@@ -278,15 +336,19 @@ def torch_baselines(case, scheme, data, args):
     if kind == "conv":
         bias = torch.from_numpy(spec.bias.copy()).to(dev)
         out["torch_conv_fp32_us"] = cuda_median_us(lambda: F.conv2d(xt, wf, bias, s, p))
+        out["torch_conv_fp32_wall_us"] = eager_wall_us(lambda: F.conv2d(xt, wf, bias, s, p))
         # fp16 (tensor cores): the faster of NCHW and channels-last operands
         xh, wh, bh = xt.half(), wf.half(), bias.half()
         xl, wl = xh.to(memory_format=torch.channels_last), wh.to(memory_format=torch.channels_last)
         out["torch_conv_fp16_us"] = min(cuda_median_us(lambda: F.conv2d(xh, wh, bh, s, p)),
                                         cuda_median_us(lambda: F.conv2d(xl, wl, bh, s, p)))
+        out["torch_conv_fp16_wall_us"] = min(eager_wall_us(lambda: F.conv2d(xh, wh, bh, s, p)),
+                                             eager_wall_us(lambda: F.conv2d(xl, wl, bh, s, p)))
     else:
         x2 = xt.reshape(n, c).to(torch.bfloat16)
         w2 = wf.reshape(o, c).to(torch.bfloat16)
         out["torch_bf16_mm_us"] = cuda_median_us(lambda: x2 @ w2.T)
+        out["torch_bf16_mm_wall_us"] = eager_wall_us(lambda: x2 @ w2.T)
         try:
             group = 128
             wq = torch.randint(0, 16, (o, c), dtype=torch.int32, device=dev)
@@ -294,6 +356,8 @@ def torch_baselines(case, scheme, data, args):
             packed = torch.ops.aten._convert_weight_to_int4pack(packed_u8, 8)
             sz = torch.ones((c // group, o, 2), dtype=torch.bfloat16, device=dev)
             out["torch_int4pack_mm_us"] = cuda_median_us(
+                lambda: torch.ops.aten._weight_int4pack_mm(x2, packed, group, sz))
+            out["torch_int4pack_mm_wall_us"] = eager_wall_us(
                 lambda: torch.ops.aten._weight_int4pack_mm(x2, packed, group, sz))
         except Exception as exc:  # API differs between torch versions
             out["torch_int4pack_mm_error"] = f"{type(exc).__name__}: {exc}"[:200]
@@ -304,6 +368,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="opencl", help="opencl, opencl:P:D (default: $QCONV_OPENCL_DEVICE or first GPU)")
     ap.add_argument("--quick", action="store_true", help="a small subset with few repeats")
+    ap.add_argument("--tiny", action="store_true", help="a 64->64 Linear and 64-wide pipelines (PoCL, CI)")
+    ap.add_argument("--calls", type=int, default=None, help="back-to-back calls of the user-side columns")
+    ap.add_argument("--pipeline", action="store_true", help="add the pipeline cases")
+    ap.add_argument("--pipeline-width", type=int, default=None, help="width of the 10-linear pipeline (4096)")
     ap.add_argument("--repeat", type=int, default=None, help="profiled launches per case (median)")
     ap.add_argument("--tune", default=None, help="none|fast|full (default $QCONV_TUNE or fast)")
     ap.add_argument("--baselines", action="store_true", help="add torch/CUDA baselines when importable")
@@ -324,11 +392,15 @@ def main(argv=None):
             table(args.table)
         return []
     args.repeat = args.repeat or (3 if args.quick else 20)
+    args.calls = args.calls or (2000 if args.tiny else 200)
+    args.pipeline = args.pipeline or args.tiny
+    args.pipeline_width = args.pipeline_width or (64 if args.tiny else 4096)
     args.tune = gpu.tuning.tune_level(args.tune)
 
     ctx, dev = gpu.resolve(args.device)
     queue = gpu.context.profiling_queue(ctx, dev)
     copy_bytes = min(1 << 30, int(dev.max_mem_alloc_size) // 4) if not args.quick else 256 << 20
+    copy_bytes = 16 << 20 if args.tiny else copy_bytes
     bw = copy_bandwidth(ctx, dev, queue, copy_bytes, args.repeat)
     info = {"device": gpu.describe_device(args.device), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "host": platform.node(), "tune": args.tune, "copy_GBps": bw / 1e9, "command": " ".join(sys.argv),
@@ -337,14 +409,15 @@ def main(argv=None):
     print(f"# {info['device']}  tune={args.tune}  float4 copy: {bw / 1e9:.1f} GB/s (read+write)  "
           f"empty kernel: {info['null_kernel_us']:.2f} us")
     print(f"{'case':26s} {'scheme':18s} {'us':>8s} {'b2b us':>8s} {'%copy':>6s} {'b2b':>6s} {'GFLOP/s':>8s} "
-          f"{'setup s':>7s}  variant")
+          f"{'setup s':>7s} {'wall':>7s} {'host':>6s} {'wall o':>7s} {'host o':>6s}  variant  (wall/host: user "
+          f"per call, back to back / to return; o: with out=)")
     variants = [None]
     if args.variants:
         variants = [v for name in args.variants.split(",")
                     for v in (gpu.GEMM_VARIANTS if name.strip() == "gemm" else [name.strip()])]
     rows = []
     rng = np.random.default_rng(0)
-    for case in suite(args.quick):
+    for case in suite(args.quick, args.tiny):
         if args.only and args.only not in case[0]:
             continue
         for scheme in case[-1]:
@@ -360,8 +433,65 @@ def main(argv=None):
                 if case[1] == "gemv" and case[2] == 1:
                     row["read_floor_us"] = read_floor_ns(ctx, dev, queue, row["bytes"], args.repeat) / 1e3
                 rows.append(report(case, row, base or {}, bw))
+    if args.pipeline:
+        rows += bench_pipelines(args, rng)
     if args.json:
         write_json(args.json, {"info": info, "results": rows})
+    return rows
+
+
+def bench_pipelines(args, rng):
+    """10 x W->W int4 linear layers (two residual adds) and a conv block with a residual add, as one
+    ``qconv.Pipeline`` call and as the same layers called one by one from Python: wall / host per forward
+    (``--calls`` forwards back to back, one finish) against the sum of the kernels' event times."""
+    import pyopencl.array as cla
+
+    wd = args.pipeline_width
+    opts = dict(device=args.device, tune=args.tune)
+    lin = [qconv.Linear(make_weight(rng, wd, wd, 1, "int4", not args.fp32_scales),
+                        rng.standard_normal(wd).astype(np.float32) * np.float32(0.1), **opts) for _ in range(10)]
+    lin_steps = [lin[0], qconv.Residual(lin[1:3]), *lin[3:6], qconv.Residual(lin[6:9]), lin[9]]
+    ch, hw = (16, 14) if args.tiny else (64, 56)
+    convs = [qconv.Conv2d(make_weight(rng, ch, ch, 3, "int8", not args.fp32_scales), None, 1, 1, activation="relu",
+                          **opts) for _ in range(3)]
+    conv_steps = [convs[0], qconv.Residual(convs[1:3], activation="relu")]
+    cases = [(f"pipeline 10x linear {wd}->{wd} int4", lin_steps, lin, (1, wd), 2),
+             (f"pipeline conv3x3 block {ch}@{hw} int8", conv_steps, convs, (1, ch, hw, hw), 1)]
+    rows = []
+    for name, steps, layers, shape, adds in cases:
+        pipe = qconv.Pipeline(steps)
+        q = layers[0].engine.queue
+        xd = cla.to_device(q, rng.standard_normal(shape).astype(np.float32))
+        t0 = time.perf_counter()
+        y = pipe(xd)
+        q.finish()
+        setup_s = time.perf_counter() - t0
+        kernels = pipe.kernel_times_ns(xd, repeats=args.repeat)
+        ksum = sum(ns for _, ns in kernels) / 1e3
+        host, wall = call_costs(lambda: pipe(xd), q, args.calls)
+        host_o, wall_o = call_costs(lambda: pipe(xd, out=y), q, args.calls)
+
+        def by_hand():  # the same layers from Python, one call each (the adds as pyopencl expressions)
+            if adds == 2:
+                a = lin[0](xd)
+                a = lin[2](lin[1](a)) + a
+                for layer in lin[3:6]:
+                    a = layer(a)
+                a = lin[8](lin[7](lin[6](a))) + a
+                return lin[9](a)
+            a = convs[0](xd)
+            b = convs[2](convs[1](a)) + a
+            return b  # (relu of the add left out: one pyopencl kernel fewer than the pipeline)
+
+        host_h, wall_h = call_costs(by_hand, q, max(20, args.calls // 4))
+        row = {"case": name, "scheme": "pipeline", "launch_sequences": len(kernels), "kernel_sum_us": ksum,
+               "wall_us": wall, "host_us": host, "wall_out_us": wall_o, "host_out_us": host_o,
+               "layers_one_by_one_wall_us": wall_h, "layers_one_by_one_host_us": host_h, "setup_s": setup_s,
+               "target_us": 1.1 * ksum + 50}
+        print(f"{name:40s} kernels {ksum:8.1f} us ({len(kernels)} launch sequences)  wall {wall:8.1f}  host {host:7.1f}"
+              f"  out= wall {wall_o:8.1f} host {host_o:7.1f}  layers one by one: wall {wall_h:8.1f} host {host_h:7.1f}"
+              f"  (target wall <= 1.1 x kernels + 50 = {row['target_us']:.1f})", flush=True)
+        rows.append(row)
     return rows
 
 
@@ -392,17 +522,31 @@ def table(path):
     the same bytes), torch in the same run, the tuner's kernel and the error against the oracle."""
     with open(path) as fh:
         d = json.load(fh)
-    out = ["| case | scheme | us | %copy | read floor %copy | torch us (same run) | kernel, local size | max rel err |",
-           "|---|---|---:|---:|---:|---|---|---:|"]
+    out = ["| case | scheme | us | wall us | host us | wall / host us, out= | %copy | read floor %copy "
+           "| torch us (same run) | kernel, local size | max rel err |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     names = {"torch_conv_fp32_us": "cuDNN fp32", "torch_conv_fp16_us": "fp16", "torch_bf16_mm_us": "bf16",
              "torch_int4pack_mm_us": "int4pack"}
+    num = lambda r, k: f"{r[k]:.1f}" if r.get(k) is not None else ""  # noqa: E731
+    pipes = [r for r in d["results"] if r.get("scheme") == "pipeline"]
     for r in d["results"]:
-        torch = " / ".join(f"{n} {r[k]:.1f}" for k, n in names.items() if k in r)
+        if r.get("scheme") == "pipeline":
+            continue
+        torch = " / ".join(f"{n} {r[k]:.1f}" + (f" (eager wall {r[k[:-3] + '_wall_us']:.1f})"
+                                                if k[:-3] + "_wall_us" in r else "")
+                           for k, n in names.items() if k in r)
         pct = lambda k: f"{r[k]:.0f}" if r.get(k) is not None else ""  # noqa: E731
         lws = "driver" if r["lws"] is None else "x".join(map(str, r["lws"]))
         err = f"{r['max_rel_err']:.1e}" if "max_rel_err" in r else ""
-        out.append(f"| {r['case']} | {r['scheme']} | {r['us']:.1f} | {pct('pct_copy')} | {pct('pct_copy_read_floor')} "
-                   f"| {torch} | {r['variant']} {lws} | {err} |")
+        out.append(f"| {r['case']} | {r['scheme']} | {r['us']:.1f} | {num(r, 'wall_us')} | {num(r, 'host_us')} "
+                   f"| {num(r, 'wall_out_us')} / {num(r, 'host_out_us')} | {pct('pct_copy')} "
+                   f"| {pct('pct_copy_read_floor')} | {torch} | {r['variant']} {lws} | {err} |")
+    if pipes:
+        out += ["", "| pipeline | kernels us (sum) | wall us | host us | wall / host us, out= | layers one by one: wall / "
+                "host us | target: 1.1 x kernels + 50 |", "|---|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['case']} | {r['kernel_sum_us']:.1f} | {r['wall_us']:.1f} | {r['host_us']:.1f} "
+                f"| {r['wall_out_us']:.1f} / {r['host_out_us']:.1f} | {r['layers_one_by_one_wall_us']:.1f} / "
+                f"{r['layers_one_by_one_host_us']:.1f} | {r['target_us']:.1f} |" for r in pipes]
     print("\n".join(out))
 
 
@@ -422,8 +566,10 @@ def report(case, row, baselines, bw):
     chk = f" err={row['max_rel_err']:.1e}" if "max_rel_err" in row else ""
     if "us_gemv_only" in row:
         chk += f" (gemv_a8 alone {row['us_gemv_only']:.1f}us, host-paced {row['us_host_paced']:.1f}us)"
+    user = "".join(f" {row[k]:{w}.1f}" if k in row else f" {'':{w}s}"
+                   for k, w in (("wall_us", 7), ("host_us", 6), ("wall_out_us", 7), ("host_out_us", 6)))
     print(f"{case[0]:26s} {row['scheme']:18s} {row['us']:8.1f} {row['us_b2b']:8.1f} {pct} {row['GFLOPs']:8.1f} "
-          f"{row['setup_s']:7.2f}  {row['variant']} lws={lws} scales={row['scales']}{chk}  {extra}", flush=True)
+          f"{row['setup_s']:7.2f}{user}  {row['variant']} lws={lws} scales={row['scales']}{chk}  {extra}", flush=True)
     row["lws"] = None if row["lws"] is None else list(row["lws"])
     return row
 

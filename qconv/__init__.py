@@ -13,9 +13,11 @@ from . import layouts, reference
 from .devices import available_devices
 from .geometry import ConvSpec
 from .layer import Conv2d, Linear, conv2d
+from .pipeline import Pipeline, Residual
 from .weights import QuantizedWeight, quantize_weight
 
 __version__ = "0.2.0"
 
-__all__ = ["QuantizedWeight", "quantize_weight", "Conv2d", "Linear", "conv2d", "ConvSpec", "reference",
+__all__ = ["QuantizedWeight", "quantize_weight", "Conv2d", "Linear", "conv2d", "Pipeline", "Residual", "ConvSpec",
+           "reference",
            "layouts", "available_devices", "__version__"]

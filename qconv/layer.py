@@ -91,6 +91,14 @@ class Conv2d:
     ``layer(x, layout="nc4hw4")`` takes ``(ceil(C/4), N, H, W, 4)`` arrays (the input's padding lanes are ignored)
     and returns them (padding lanes zero). An empty batch (``N = 0``) returns an empty output of that shape on
     every engine (a device array for a device array).
+
+    ``layer(x, out=y)`` writes the result into ``y`` and returns it. On OpenCL with a ``pyopencl.array.Array``
+    ``x``, ``y`` must be a float32 C-contiguous Array of exactly the output's shape in the layer's context, at
+    offset 0, not sharing ``x``'s buffer (``TypeError``/``ValueError`` otherwise); the kernels write it directly
+    (no Array is made). Elsewhere ``y`` is a numpy array of the output's shape and dtype, not sharing memory
+    with ``x``, and the result is copied into it. On OpenCL a device-array call of a shape seen before takes the
+    prepared path (:mod:`qconv.gpu.launch`): kernels with their constant arguments bound once, one Array made per
+    call (none with ``out``).
     """
 
     _default_act_quant_key = "default_act_quant"
@@ -197,15 +205,21 @@ class Conv2d:
             return cla.empty(x.queue if x.queue is not None else self.engine.queue, shape, dtype)
         return np.empty(shape, dtype)
 
-    def __call__(self, x, layout: str = "nchw"):
+    def __call__(self, x, layout: str = "nchw", out=None):
+        """``out``: where to write the result (see the class docstring); returns it."""
+        forward_array = getattr(self.engine, "forward_array", None)
+        if forward_array is not None and x.__class__.__module__.startswith("pyopencl") and x.size:
+            if layout not in LAYOUTS:
+                V.check_choice(layout, "layout", LAYOUTS)
+            return forward_array(x, layout, out)  # the prepared path (the engine checks x and out)
         x = self._check_input(x, layout)
         if x.size == 0:  # an empty batch: _check_input lets no other empty input through
-            return self._empty_output(x, layout)
+            return _into(out, self._empty_output(x, layout), x)
         native = getattr(self.engine, "native_layouts", LAYOUTS)
         if _is_cl_array(x) or layout in native:
-            return self.engine.forward(x, layout)
+            return _into(out, self.engine.forward(x, layout), x)
         y = self.engine.forward(PUBLIC_NC4HW4.unpack_array(x, self.spec.in_channels), "nchw")
-        return PUBLIC_NC4HW4.pack_array(y)
+        return _into(out, PUBLIC_NC4HW4.pack_array(y), x)
 
 
 class Linear(Conv2d):
@@ -226,15 +240,43 @@ class Linear(Conv2d):
         super().__init__(weight, bias, 1, 0, 1, activation, device, act_quant, threads, act_block,
                          **engine_options)
 
-    def __call__(self, x):
+    def __call__(self, x, out=None):
+        """``x``: ``(N, K)`` float32 (numpy or device array) -> ``(N, O)``; ``out``: see :class:`Conv2d`."""
+        forward_array = getattr(self.engine, "forward_array", None)
+        if forward_array is not None and x.__class__.__module__.startswith("pyopencl") and x.size:
+            return forward_array(x, "nchw", out, True)  # the prepared path: no reshapes
         if _is_cl_array(x):
             if x.ndim != 2:
                 raise ValueError(f"x must have shape (N, K), got {x.shape}")
             y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
-            return y.reshape(y.shape[0], y.shape[1])
+            return _into(out, y.reshape(y.shape[0], y.shape[1]), x)
         x = V.float_array(x, "x", ndim=2, finite=False, empty_ok=True)   # Conv2d.__call__ checks values and shape
         y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
-        return y.reshape(y.shape[0], y.shape[1])
+        return _into(out, y.reshape(y.shape[0], y.shape[1]), x)
+
+
+def _into(out, y, x):
+    """``y`` itself when ``out`` is None, else ``y`` copied into ``out`` and ``out`` returned (numpy: same
+    shape and dtype, not sharing memory with ``x``; a device array: only for an empty result, the OpenCL engine
+    writes other device outputs directly)."""
+    if out is None:
+        return y
+    if _is_cl_array(y):
+        if not _is_cl_array(out):
+            raise TypeError(f"out must be a pyopencl.array.Array for a device-array input, got {type(out).__name__}")
+        if out.shape != y.shape or out.dtype != y.dtype:
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}, the result is {y.shape} {y.dtype}")
+        if y.size:
+            out.set(y.get())
+        return out
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array for a numpy input, got {type(out).__name__}")
+    if out.shape != y.shape or out.dtype != y.dtype:
+        raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}, the result is {y.shape} {y.dtype}")
+    if isinstance(x, np.ndarray) and np.may_share_memory(out, x):
+        raise ValueError("out shares memory with x; pass a separate output array")
+    np.copyto(out, y)
+    return out
 
 
 def conv2d(x, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1, activation=None,

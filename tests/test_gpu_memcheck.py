@@ -87,13 +87,17 @@ print("done")
 MEMCHECK = """
 import numpy as np, qconv, qconv.gpu as g
 import qconv.gpu.engine as E
+import qconv.gpu.launch as L
 from qconv.geometry import ConvSpec
 launched = set()
-_get_kernel = E.get_kernel
+_get_kernel, _make_kernel = E.get_kernel, L.make_kernel
 def get_kernel(ctx, program, options, name):
     launched.add(name)
     return _get_kernel(ctx, program, options, name)
-E.get_kernel = get_kernel
+def make_kernel(ctx, program, options, name):
+    launched.add(name)
+    return _make_kernel(ctx, program, options, name)
+E.get_kernel, L.make_kernel = get_kernel, make_kernel
 print(g.resolve("opencl")[1].name)
 rng = np.random.default_rng(1)
 P4 = qconv.layouts.NC4HW4(4)
@@ -151,6 +155,17 @@ qw = qconv.quantize_weight(rng.standard_normal((5, 6, 3, 3)).astype(np.float32),
 eng = g.OpenCLEngine(ConvSpec(qw, None, 1, 1, 1, None, None), tune="none", check_finite=True)
 xd = cla.to_device(eng.queue, P4.pack_array(rng.standard_normal((2, 6, 5, 3)).astype(np.float32)))
 eng.forward(xd, "nc4hw4").get()
+# a pipeline with residual adds (eltwise.cl's add_act; NCHW with a tail of 1..3 elements, and NC4HW4)
+c1 = qconv.Conv2d(qconv.quantize_weight(rng.standard_normal((6, 6, 3, 3)).astype(np.float32)), padding=1,
+                  activation="relu", device="opencl", tune="none")
+c2 = qconv.Conv2d(qconv.quantize_weight(rng.standard_normal((6, 6, 1, 1)).astype(np.float32)), device="opencl",
+                  tune="none")
+pipe = qconv.Pipeline([c1, qconv.Residual([c2, c1], activation="relu6")])
+x = rng.standard_normal((1, 6, 3, 5)).astype(np.float32)
+a = c1(x)
+want = np.clip(c1(c2(a)) + a, 0, 6)
+assert np.array_equal(pipe(x), want)
+assert np.array_equal(P4.unpack_array(pipe(P4.pack_array(x), layout="nc4hw4"), 6), want)
 print("programs:", " ".join(sorted(programs)))
 print("kernels:", " ".join(sorted(launched)))
 print("done")
@@ -159,7 +174,7 @@ print("done")
 FAMILIES = {f"{p}:{m}" for p in ("conv_general", "conv_1x1", "conv_gemm") for m in ("float", "row")} | {
     "gemv_a8:row", "conv_mma:row", "gemv_mma:float"}
 KERNELS = {"conv_general", "conv_1x1", "gemv_1x1", "conv_gemm", "gemv_a8", "quant_x_a8", "conv_mma", "gemv_mma",
-           "row_amax", "quant_rows", "quant_rows_i8", "count_nonfinite"}
+           "row_amax", "quant_rows", "quant_rows_i8", "count_nonfinite", "add_act"}
 
 
 def test_oclgrind_reports_a_read_past_a_buffer_and_a_race(oclgrind):

@@ -37,7 +37,11 @@ kernels on the dequantized activations (``row_amax`` + ``quant_rows`` first, in 
 (copied in and out) or ``pyopencl.array.Array`` (kept on the device: the result is an Array on the
 input's queue). The kernels read and write both layouts directly: no conversion launches.
 
-The (variant, local size) of each input shape is auto-tuned at its first call (:mod:`.tuning`).
+The (variant, local size) of each input shape is auto-tuned at its first call (:mod:`.tuning`). Every
+family describes its launches as :class:`~.launch.Step` lists (``steps(lws)``, wrapped by
+:func:`~.launch.planned_candidate`); the chosen candidate's :class:`~.launch.LaunchPlan` is kept per input shape
+(:meth:`OpenCLEngine.prepare`), so a later device-array call (:meth:`OpenCLEngine.forward_array`) binds only the
+changed buffers and enqueues (``qconv/gpu/README.md``, "Calling layers from Python").
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ from ..layouts.opencl import (OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenC
 from . import tuning
 from .context import describe_device, import_pyopencl, memory_pool, profiling_queue, resolve
 from .errors import OpenCLUnavailableError, wrap_cl_error
+from .launch import X, Y, Scratch, Step, planned_candidate, remap
 from .programs import get_kernel
 
 GENERAL_VARIANTS = {  # name -> (CB blocks of 4 output channels, HB rows, WB columns)
@@ -121,11 +126,66 @@ def onex1_variants(image: bool) -> dict:
     return {f"{store}_c{nc}_r{nb}": (nc, nb) for nc in ncs for nb in (1, 2, 4)}
 
 
+_F32 = np.dtype(np.float32)
+
+
+def _c_strides(shape) -> tuple:
+    """C-contiguous float32 strides of ``shape`` (as pyopencl computes them: dimensions of 0 count as 1)."""
+    strides, acc = [], 4
+    for dim in reversed(shape):
+        strides.append(acc)
+        acc *= max(1, dim)
+    return tuple(reversed(strides))
+
+
+def _same_buffer(a, b) -> bool:
+    """Whether two pyopencl memory objects are the same buffer (sub-buffers made by hand are not detected)."""
+    return a is b or a.int_ptr == b.int_ptr
+
+
+_fast_array = [None]  # pyopencl's fast Array constructor works here (None: not tried yet)
+
+
+def _new_array(queue, ctx, allocator, p):
+    """A new float32 Array of ``p.out_shape`` on ``queue`` from ``allocator``: pyopencl's fast constructor
+    (``Array(..., _fast=True)``: no numpy work on the shape, ~3 us instead of ~40 us on PoCL), or
+    ``pyopencl.array.empty`` where that private signature is missing."""
+    import pyopencl.array as cla
+
+    if _fast_array[0] is not False:
+        try:
+            y = cla.Array(None, p.out_shape, _F32, allocator=allocator, strides=p.out_strides, _fast=True,
+                          _size=p.out_size, _context=ctx, _queue=queue)
+            _fast_array[0] = True
+            return y
+        except TypeError:
+            _fast_array[0] = False
+    return cla.empty(queue, p.out_shape, np.float32, allocator=allocator)
+
+
+class _Prepared:
+    """The prepared launch of one input shape as the caller passes it: ``plan`` (:class:`_Plan`), ``launch``
+    (its :class:`~.launch.LaunchPlan`), the input's shape/strides/bytes and the output's shape/strides/size/
+    bytes (float32, C-contiguous)."""
+
+    __slots__ = ("plan", "launch", "in_shape", "in_strides", "in_nbytes", "out_shape", "out_strides", "out_size",
+                 "out_nbytes")
+
+    def __init__(self, plan, in_shape, out_shape):
+        self.plan, self.launch = plan, plan.launch
+        self.in_shape, self.in_strides = in_shape, _c_strides(in_shape)
+        self.in_nbytes = 4 * int(np.prod(in_shape))
+        self.out_shape, self.out_strides = tuple(int(v) for v in out_shape), _c_strides(out_shape)
+        self.out_size = int(np.prod(out_shape))
+        self.out_nbytes = 4 * self.out_size
+
+
 class _Plan:
-    """The kernel chosen for one input shape: variant, options, local size and how to launch it."""
+    """The kernel chosen for one input shape (layout, N, H, W): variant, options, local size and its
+    :class:`~.launch.LaunchPlan` (``launch``)."""
 
     def __init__(self, cand, lws, ns, out_shape, in_elems, out_elems):
-        self.cand, self.lws, self.ns = cand, lws, ns
+        self.cand, self.lws, self.ns, self.launch = cand, lws, ns, None
         self.out_shape, self.in_elems, self.out_elems = out_shape, in_elems, out_elems
 
     @property
@@ -205,6 +265,7 @@ class OpenCLEngine:
         w = spec.weight
         self.path = "1x1" if (spec.is_pointwise and w.groups == 1) else "general"
         self._plans: dict = {}
+        self._prepared: dict = {}  # (input shape, layout, linear) -> _Prepared
         self._last_plan = None
         self._lock = threading.Lock()
 
@@ -575,24 +636,17 @@ class OpenCLEngine:
         scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
         engine = self
 
-        def launch(queue, lws, bufs=None, wait_for=None):
+        def steps(lws):
             cl = import_pyopencl()
-            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
             lws = (1, 1) if lws is None else lws  # sx lives after l0 * SPLIT floats: the size must be known
             split = lws[1]
-            kernel = get_kernel(engine.ctx, "conv_1x1", opts + (f"-DSPLIT={split}",), "gemv_1x1")
             gws, local, nloc = (_roundup(ocp, lws[0]), split), tuple(lws), lws[0] * split
-            args = [np.int32(ocp), xbuf, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
-                    cl.LocalMemory(4 * (nloc + ngr)), *scal]
-            with _launch_lock:
-                kernel.set_args(*args)
-                return cl.enqueue_nd_range_kernel(queue, kernel, gws, local, wait_for=wait_for)
+            args = (np.int32(ocp), X, engine._wq, engine._ws, engine._wo, engine._bias, Y,
+                    cl.LocalMemory(4 * (nloc + ngr)), *scal)
+            return [Step("conv_1x1", opts + (f"-DSPLIT={split}",), "gemv_1x1", args, gws, local)]
 
-        state = {"bufs": None}
-        c = tuning.Candidate(name, "conv_1x1", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
-                             self._gemv_local_sizes(ocp, kch, ngr), launch)
-        c.info["state"] = state
-        return c
+        return planned_candidate(self.ctx, name, "conv_1x1", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
+                                 self._gemv_local_sizes(ocp, kch, ngr), steps)
 
     def _a8_scale_group(self):
         """gemv_a8's input channels per scale group inside a chunk (0: per-channel scales), or None when
@@ -716,45 +770,28 @@ class OpenCLEngine:
         xq_bytes = 16 * kch * (2 if wt.bits == 4 else 1)
         gs_bytes = 4 * (1 + (1 if not self._a8_group else kch * kc // self._a8_group))  # dx, sums of xq
         engine, cus = self, int(self.device.max_compute_units)
+        # unfused: x's int8 words and sums in scratch buffers of the plan's, one per queue (launches on one
+        # queue run in order, so they never share them at the same time)
+        xq, gs = Scratch(xq_bytes, "xq"), Scratch(gs_bytes, "group sums")
 
-        def launch(queue, lws, bufs=None, wait_for=None):
-            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
+        def steps(lws):
             l0, split, g = lws
-            gemv = get_kernel(engine.ctx, "gemv_a8", opts + (f"-DL0={l0}", f"-DSPLIT={split}"), "gemv_a8")
+            gopts = opts + (f"-DL0={l0}", f"-DSPLIT={split}")
             ntiles = _cdiv(ocp, l0 * nc)
             waves = _cdiv(ntiles, g * cus)  # tiles per group, at most
             gws = (_cdiv(ntiles, waves) * l0, split)
             red = cl.LocalMemory(4 * nc * l0 * split)
             if fused:
-                with _launch_lock:
-                    gemv.set_args(np.int32(ocp), xbuf, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
-                                  red, *scal)
-                    ev = cl.enqueue_nd_range_kernel(queue, gemv, gws, (l0, split), wait_for=wait_for)
-                state["events"] = (ev, ev)
-                return ev
-            # scratch per queue, allocated once (a fresh buffer per call costs its allocation on the device);
-            # launches on one queue run in order, so they never share it at the same time
-            key = queue.int_ptr
-            if key not in state["scratch"]:
-                rw = cl.mem_flags.READ_WRITE
-                state["scratch"][key] = (cl.Buffer(engine.ctx, rw, xq_bytes), cl.Buffer(engine.ctx, rw, gs_bytes))
-            xq, gs = state["scratch"][key]
-            in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
-            quant = get_kernel(engine.ctx, "gemv_a8", opts, "quant_x_a8")
-            with _launch_lock:
-                quant.set_args(xbuf, xq, gs, cl.LocalMemory(4 * ql), scal[0])
-                ev_q = cl.enqueue_nd_range_kernel(queue, quant, (ql,), (ql,), wait_for=wait_for)
-                gemv.set_args(np.int32(ocp), xq, gs, engine._wq, engine._ws, engine._wo, engine._bias, ybuf,
-                              red, *scal)
-                ev = cl.enqueue_nd_range_kernel(queue, gemv, gws, (l0, split), wait_for=None if in_order else [ev_q])
-            state["events"] = (ev_q, ev)
-            return ev
+                return [Step("gemv_a8", gopts, "gemv_a8",
+                             (np.int32(ocp), X, engine._wq, engine._ws, engine._wo, engine._bias, Y, red, *scal),
+                             gws, (l0, split))]
+            return [Step("gemv_a8", opts, "quant_x_a8", (X, xq, gs, cl.LocalMemory(4 * ql), scal[0]), (ql,), (ql,)),
+                    Step("gemv_a8", gopts, "gemv_a8",
+                         (np.int32(ocp), xq, gs, engine._wq, engine._ws, engine._wo, engine._bias, Y, red, *scal),
+                         gws, (l0, split))]
 
-        state = {"bufs": None, "events": None, "scratch": {}}
-        c = tuning.Candidate(name, "gemv_a8", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
-                             self._a8_local_sizes(nc, fused), launch)
-        c.info["state"] = state
-        return c
+        return planned_candidate(self.ctx, name, "gemv_a8", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
+                                 self._a8_local_sizes(nc, fused), steps, scratch=() if fused else (xq, gs))
 
     def _gemv_mma_unsupported(self) -> str:
         """Why gemv_mma cannot run this layer ("" when it can)."""
@@ -816,21 +853,15 @@ class OpenCLEngine:
         scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
         engine, cus, tiles = self, int(self.device.max_compute_units), _cdiv(wt.out_channels, 16)
 
-        def launch(queue, lws, bufs=None, wait_for=None):
-            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
+        def steps(lws):
             _, split, g = lws
-            kernel = get_kernel(engine.ctx, "gemv_mma", opts + (f"-DSPLIT={split}",), "gemv_mma")
             groups = min(tiles, g * cus)
-            with _launch_lock:
-                kernel.set_args(xbuf, wq, engine._ws, engine._wo, engine._bias, ybuf, *scal)
-                return cl.enqueue_nd_range_kernel(queue, kernel, (32 * groups, split), (32, split),
-                                                  wait_for=wait_for)
+            return [Step("gemv_mma", opts + (f"-DSPLIT={split}",), "gemv_mma",
+                         (X, wq, engine._ws, engine._wo, engine._bias, Y, *scal), (32 * groups, split), (32, split))]
 
-        state = {"bufs": None}
-        c = tuning.Candidate(name, "gemv_mma", opts, (_cdiv(wt.out_channels, 4) * 4, 1, wt.q.shape[1],
-                                                      wt.out_channels), self._gemv_mma_local_sizes(), launch)
-        c.info["state"] = state
-        return c
+        return planned_candidate(self.ctx, name, "gemv_mma", opts,
+                                 (_cdiv(wt.out_channels, 4) * 4, 1, wt.q.shape[1], wt.out_channels),
+                                 self._gemv_mma_local_sizes(), steps)
 
     def _onex1_order(self, m, variants):
         nb = 1 if m == 1 else 2 if m < 8 else 4
@@ -939,26 +970,20 @@ class OpenCLEngine:
         return self._candidate("conv_gemm", name, tuple(opts), gsize, [n, h, w, oh, ow], [lws])
 
     def _candidate(self, program, name, opts, gsize, scalars, local_sizes, per_item=0):
-        """A tuning candidate; ``launch(queue, lws, bufs=None, wait_for=None)`` enqueues the kernel."""
+        """A tuning candidate of one launch (:func:`.launch.planned_candidate`)."""
         engine = self
-        state = {"bufs": None}
         scal = [np.int32(v) for v in scalars]
 
-        def launch(queue, lws, bufs=None, wait_for=None):
+        def steps(lws):
             cl = import_pyopencl()
-            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
             if program == "conv_gemm":
-                kernel = get_kernel(engine.ctx, program, opts, program)
-                args = [xbuf, engine._wq, engine._ws, engine._wo, engine._bias, ybuf, *scal]
-                with _launch_lock:
-                    kernel.set_args(*args)
-                    return cl.enqueue_nd_range_kernel(queue, kernel, gsize, lws, wait_for=wait_for)
+                args = (X, engine._wq, engine._ws, engine._wo, engine._bias, Y, *scal)
+                return [Step(program, opts, program, args, tuple(gsize), lws)]
             if program == "conv_general":
                 split = 1 if lws is None or len(lws) < 3 else lws[2]
                 kopts = opts + (f"-DSPLIT={split}",) if split > 1 else opts
             else:
                 kopts = opts + (f"-DSPLIT={1 if lws is None else lws[1]}",)
-            kernel = get_kernel(engine.ctx, program, kopts, program)
             if program == "conv_general":
                 g0, g1 = gsize
                 if lws is None:
@@ -967,8 +992,8 @@ class OpenCLEngine:
                     gws = (_roundup(g0, lws[0]), _roundup(g1, lws[1]), split)
                     local = (lws[0], lws[1], split)
                 nloc = 1 if lws is None else lws[0] * lws[1] * split * per_item if split > 1 else 1
-                args = [np.int32(g0), np.int32(g1), xbuf, engine._wq, engine._ws, engine._wo, engine._bias,
-                        ybuf, cl.LocalMemory(4 * max(1, nloc)), *scal]
+                args = (np.int32(g0), np.int32(g1), X, engine._wq, engine._ws, engine._wo, engine._bias,
+                        Y, cl.LocalMemory(4 * max(1, nloc)), *scal)
             else:
                 g0, g2 = gsize
                 if lws is None:
@@ -976,15 +1001,11 @@ class OpenCLEngine:
                 else:
                     gws, local = (_roundup(g0, lws[0]), lws[1], g2), (lws[0], lws[1], 1)
                     nloc = lws[0] * lws[1] * per_item
-                args = [np.int32(g0), np.int32(g2), xbuf, engine._wq, engine._ws, engine._wo, engine._bias,
-                        ybuf, cl.LocalMemory(4 * max(1, nloc)), *scal]
-            with _launch_lock:
-                kernel.set_args(*args)
-                return cl.enqueue_nd_range_kernel(queue, kernel, gws, local, wait_for=wait_for)
+                args = (np.int32(g0), np.int32(g2), X, engine._wq, engine._ws, engine._wo, engine._bias,
+                        Y, cl.LocalMemory(4 * max(1, nloc)), *scal)
+            return [Step(program, kopts, program, args, gws, local)]
 
-        c = tuning.Candidate(name, program, opts, tuple(gsize) + tuple(scalars), local_sizes, launch)
-        c.info["state"] = state
-        return c
+        return planned_candidate(self.ctx, name, program, opts, tuple(gsize) + tuple(scalars), local_sizes, steps)
 
     # }}}
 
@@ -1081,7 +1102,7 @@ class OpenCLEngine:
                                               ("SH", sh), ("SW", sw), ("PH", ph), ("PW", pw), ("DH", dh), ("DW", dw))]
         opts += [f"-DWM={wm}", f"-DWN={wn}", f"-DMT={mt}", f"-DNT={nt}"]
         opts = tuple(opts)
-        qopts, qargs, g_amax, ql, enqueue_amax = self._row_amax_launch(layout, n, h, w)
+        qopts, qargs, g_amax, ql, amax_step = self._row_amax_launch(layout, n, h, w)
         c = self.spec.in_channels
         xq_bytes = _cdiv(c, 32) * 32 * n * h * w
         g_quant = max(1, min(4096, _cdiv(xq_bytes // (4 * n), 4 * ql)))  # quantizing groups per sample
@@ -1092,32 +1113,19 @@ class OpenCLEngine:
         if self.tune != "full":
             ksubs = ksubs[:2]
 
-        def launch(queue, lws, bufs=None, wait_for=None):
-            xbuf, ybuf = bufs if bufs is not None else state["bufs"]
-            key = queue.int_ptr  # scratch per queue (launches on one queue run in order)
-            if key not in state["scratch"]:
-                rw = cl.mem_flags.READ_WRITE
-                state["scratch"][key] = (cl.Buffer(engine.ctx, rw, xq_bytes), cl.Buffer(engine.ctx, rw, 4 * n),
-                                         cl.Buffer(engine.ctx, rw, 4 * n * g_amax))
-            xq, dx, part = state["scratch"][key]
-            in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
-            quant = get_kernel(engine.ctx, "act_quant", qopts, "quant_rows_i8")
-            ksub = (lws or ksubs[0])[1]
-            mma = get_kernel(engine.ctx, "conv_mma", opts + (f"-DKSUB={ksub}",), "conv_mma")
-            ev_a = enqueue_amax(queue, xbuf, part, wait_for)
-            with _launch_lock:
-                quant.set_args(xbuf, part, np.int32(g_amax), xq, dx, *qargs)
-                ev_q = cl.enqueue_nd_range_kernel(queue, quant, (g_quant * ql, n), (ql, 1),
-                                                  wait_for=None if in_order else [ev_a])
-                mma.set_args(xq, dx, wbuf, engine._ws, engine._wo, engine._bias, ybuf, *scal)
-                ev = cl.enqueue_nd_range_kernel(queue, mma, gsize, (nth, 1), wait_for=None if in_order else [ev_q])
-            state["events"] = (ev_a, ev)
-            return ev
+        # scratch per queue (launches on one queue run in order), in this order in info["state"]["scratch"]
+        xq, dx, part = Scratch(xq_bytes, "xq words"), Scratch(4 * n, "dx"), Scratch(4 * n * g_amax, "partial amax")
 
-        state = {"bufs": None, "events": None, "scratch": {}}
-        cand = tuning.Candidate(name, "conv_mma", opts, tuple(gsize) + (n, h, w, oh, ow), ksubs, launch)
-        cand.info["state"] = state
-        return cand
+        def steps(lws):
+            ksub = (lws or ksubs[0])[1]
+            return [amax_step(part),
+                    Step("act_quant", qopts, "quant_rows_i8", (X, part, np.int32(g_amax), xq, dx, *qargs),
+                         (g_quant * ql, n), (ql, 1)),
+                    Step("conv_mma", opts + (f"-DKSUB={ksub}",), "conv_mma",
+                         (xq, dx, wbuf, engine._ws, engine._wo, engine._bias, Y, *scal), gsize, (nth, 1))]
+
+        return planned_candidate(self.ctx, name, "conv_mma", opts, tuple(gsize) + (n, h, w, oh, ow), ksubs, steps,
+                                 scratch=(xq, dx, part))
 
     # }}}
 
@@ -1171,14 +1179,16 @@ class OpenCLEngine:
         if ybuf_bytes < 4 * plan.out_elems:
             raise ValueError(f"output buffer holds {ybuf_bytes} bytes, the kernel writes {4 * plan.out_elems}")
 
-    def _run(self, plan, is_new, xbuf, ybuf, queue, wait_for):
+    def _tune(self, plan, xbuf, ybuf, queue, wait_for):
+        """Chooses ``plan``'s candidate and local size (timed on ``xbuf``/``ybuf`` unless ``tune="none"``) and
+        keeps that candidate's :class:`~.launch.LaunchPlan` as ``plan.launch`` (the others are dropped)."""
         cl = import_pyopencl()
-        if is_new:
-            cands = plan.cand
-            for c in cands:
-                c.info["state"]["bufs"] = (xbuf, ybuf)
+        cands = plan.cand
+        for c in cands:
+            c.info["state"]["bufs"] = (xbuf, ybuf)
+        try:
             if self.tune != "none" and not (self.forced_lws is not None and len(cands) == 1):
-                if queue is not self.queue:
+                if queue is not None and queue is not self.queue:
                     queue.finish()
                 elif wait_for:
                     cl.wait_for_events(wait_for)
@@ -1188,76 +1198,62 @@ class OpenCLEngine:
                     self.queue.finish()
             else:
                 cand, lws, ns = cands[0], cands[0].local_sizes[0], None
+        finally:
             for c in cands:
                 c.info["state"]["bufs"] = None
-            plan.cand, plan.lws, plan.ns = cand, lws, ns
-            self._plans[plan.key] = plan
-        self._last_plan = plan
-        try:
-            return plan.cand.launch(queue, plan.lws, (xbuf, ybuf), wait_for)
-        except cl.Error as exc:
-            raise wrap_cl_error(exc, f"running {plan.describe()} on {self.device.name}") from exc
+        for c in cands:
+            if c is not cand:
+                c.info["release"]()
+        launch = cand.info["plan"](lws)
+        cand.info["keep"](lws)
+        plan.cand, plan.lws, plan.ns, plan.launch = cand, lws, ns, launch
+        self._plans[plan.key] = plan
 
-    def _row_amax_launch(self, layout, n, h, w):
-        """act_quant="row"'s first launch, shared by the float kernels' quant_rows and conv_mma's quant_rows_i8:
-        ``(opts, args, G, L, enqueue)`` where ``enqueue(queue, xbuf, part, wait_for)`` runs row_amax (G partial
-        maxima per sample into ``part``, 4*N*G bytes; local size L) and returns its event; ``args``: (E, N, C, HW)."""
-        cl = import_pyopencl()
+    def _parse_shape(self, shape, layout, linear):
+        """``(N, H, W)`` of an input of ``shape``; ``linear``: ``shape`` is ``(N, K)`` (a 1x1 layer on 1x1)."""
+        if not linear:
+            return self._shape_of(shape, layout)
         c = self.spec.in_channels
-        per_sample = (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
-        ql = min(256, _pow2floor(int(self.device.max_work_group_size)))
-        g_amax = max(1, min(64, _cdiv(per_sample, 8 * ql)))
-        opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
-        args = (np.int32(per_sample), np.int32(n), np.int32(c), np.int32(h * w))
-        ctx = self.ctx
+        if layout != "nchw" or len(shape) != 2 or shape[1] != c or shape[0] < 1:
+            raise ValueError(f"x must have shape (N, {c}) with N >= 1, got {tuple(shape)}")
+        if self.spec.out_hw(1, 1) != (1, 1):
+            raise ValueError("(N, K) inputs need a layer whose output is 1x1 on a 1x1 input")
+        return int(shape[0]), 1, 1
 
-        def enqueue(queue, xbuf, part, wait_for):
-            amax = get_kernel(ctx, "act_quant", opts, "row_amax")
-            with _launch_lock:
-                amax.set_args(xbuf, part, cl.LocalMemory(4 * ql), *args)
-                return cl.enqueue_nd_range_kernel(queue, amax, (g_amax * ql, n), (ql, 1), wait_for=wait_for)
-
-        return opts, args, g_amax, ql, enqueue
-
-    def _with_row_quant(self, cands, layout, n, h, w):
-        """act_quant="row" for the float kernels: each candidate's launch first runs ``quant_rows`` (x
-        quantized and dequantized per sample) into a buffer of the candidate's, one per queue (launches on one
-        queue run in order, so they never share it at the same time). The tuner times both launches."""
-        if not self.act_row:
-            return cands
+    def prepare(self, shape, layout: str = "nchw", *, linear: bool = False, x=None, queue=None) -> "_Prepared":
+        """The prepared launch for float32 inputs of ``shape`` (NCHW ``(N, C, H, W)``, NC4HW4 ``(ceil(C/4), N,
+        H, W, 4)``, or with ``linear=True`` ``(N, C)`` -> ``(N, O)``), memoised per (shape, layout, linear).
+        The first time a shape's (layout, N, H, W) is seen its kernel is chosen (:meth:`_tune`), timed on
+        device array ``x``'s buffer when given (``x`` is only read), else on zero-filled temporaries."""
+        key = (tuple(shape), layout, bool(linear))
+        p = self._prepared.get(key)
+        if p is not None:
+            return p
         cl = import_pyopencl()
-        opts, qargs, g_amax, ql, enqueue_amax = self._row_amax_launch(layout, n, h, w)
-        in_elems = n * int(qargs[0])
-        g_quant = max(1, min(4096, _cdiv(int(qargs[0]), 4 * ql)))
-        engine = self
-
-        def wrap(cand):
-            inner, state = cand.launch, cand.info["state"]
-            scratch = {}
-
-            def launch(queue, lws, bufs=None, wait_for=None):
-                xbuf, ybuf = bufs if bufs is not None else state["bufs"]
-                if queue.int_ptr not in scratch:
-                    rw = cl.mem_flags.READ_WRITE
-                    scratch[queue.int_ptr] = (cl.Buffer(engine.ctx, rw, 4 * in_elems),
-                                              cl.Buffer(engine.ctx, rw, 4 * n * g_amax))
-                xd, part = scratch[queue.int_ptr]
-                in_order = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
-                ev_a = enqueue_amax(queue, xbuf, part, wait_for)
-                kernel = get_kernel(engine.ctx, "act_quant", opts, "quant_rows")
-                with _launch_lock:
-                    kernel.set_args(xbuf, part, np.int32(g_amax), xd, *qargs)
-                    ev_q = cl.enqueue_nd_range_kernel(queue, kernel, (g_quant * ql, n), (ql, 1),
-                                                      wait_for=None if in_order else [ev_a])
-                ev = inner(queue, lws, (xd, ybuf), None if in_order else [ev_q])
-                state["events"] = (ev_a, ev)
-                return ev
-
-            cand.launch = launch
-            cand.options = cand.options + ("act_quant=row: row_amax + quant_rows first",)  # its own cache key
-            return cand
-
-        return [cand if cand.program in ("gemv_a8", "conv_mma") else wrap(cand) for cand in cands]
+        with self._lock:
+            p = self._prepared.get(key)
+            if p is not None:
+                return p
+            n, h, w = self._parse_shape(shape, layout, linear)
+            plan, is_new = self._plan_for(layout, n, h, w)
+            if is_new:
+                rw = cl.mem_flags.READ_WRITE
+                try:
+                    if x is None:
+                        xbuf = cl.Buffer(self.ctx, rw, 4 * plan.in_elems)
+                        cl.enqueue_fill_buffer(self.queue, xbuf, np.float32(0), 0, 4 * plan.in_elems)
+                        wait_for = None
+                    else:
+                        xbuf, wait_for = x.base_data, (list(x.events) or None)
+                        self._check_buffers(plan, xbuf.size, 4 * plan.out_elems)
+                    ybuf = cl.Buffer(self.ctx, rw, 4 * plan.out_elems)
+                    self._tune(plan, xbuf, ybuf, queue, wait_for)
+                except cl.Error as exc:
+                    raise wrap_cl_error(exc, f"preparing {self.describe()} for input {tuple(shape)}") from exc
+            out_shape = (n, self.spec.out_channels) if linear else plan.out_shape
+            p = _Prepared(plan, tuple(int(v) for v in shape), out_shape)
+            self._prepared[key] = p
+            return p
 
     def forward(self, x, layout: str = "nchw"):
         """float32 NCHW ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)`` -> the output in the same
@@ -1266,7 +1262,7 @@ class OpenCLEngine:
         import pyopencl.array as cla
 
         if isinstance(x, cla.Array):
-            return self._forward_array(x, layout)
+            return self.forward_array(x, layout)
         x = np.asarray(x)
         if x.dtype != np.float32:
             raise TypeError(f"x must be float32, got dtype {x.dtype}")
@@ -1276,51 +1272,165 @@ class OpenCLEngine:
             tail = self.spec.in_channels % 4
             parts = (x,) if layout == "nchw" or not tail else (x[:-1], x[-1, ..., :tail])
             self._refuse_nonfinite(sum(p.size - int(np.count_nonzero(np.isfinite(p))) for p in parts))
-        with self._lock:
-            plan, is_new = self._plan_for(layout, n, h, w)
-            q = self.queue
-            try:
-                xd = cla.to_device(q, x, allocator=self._pool)
-                yd = cla.empty(q, plan.out_shape, np.float32, allocator=self._pool)
-            except cl.Error as exc:
-                raise wrap_cl_error(exc, f"allocating {x.nbytes} + {4 * plan.out_elems} bytes on "
-                                         f"{self.device.name}") from exc
-            self._check_buffers(plan, xd.nbytes, yd.nbytes)
-            evt = self._run(plan, is_new, xd.data, yd.data, q, None)
-            out = np.empty(plan.out_shape, np.float32)
-            if out.nbytes != yd.nbytes:
-                raise AssertionError("host/device size mismatch")
-            try:
-                cl.enqueue_copy(q, out, yd.data, wait_for=[evt], is_blocking=True)
-            except cl.Error as exc:
-                raise wrap_cl_error(exc, "reading the output back") from exc
+        q = self.queue
+        try:
+            xd = cla.to_device(q, x, allocator=self._pool)
+        except cl.Error as exc:
+            raise wrap_cl_error(exc, f"allocating {x.nbytes} bytes on {self.device.name}") from exc
+        p = self.prepare(x.shape, layout, x=xd, queue=q)
+        try:
+            yd = cla.empty(q, p.out_shape, np.float32, allocator=self._pool)
+        except cl.Error as exc:
+            raise wrap_cl_error(exc, f"allocating {p.out_nbytes} bytes on {self.device.name}") from exc
+        self._check_buffers(p.plan, xd.nbytes, yd.nbytes)
+        try:
+            _, evt = p.launch.enqueue(q, xd.data, yd.data, list(xd.events) or None)
+        except cl.Error as exc:
+            raise wrap_cl_error(exc, f"running {p.plan.describe()} on {self.device.name}") from exc
+        self._last_plan = p.plan
+        out = np.empty(p.out_shape, np.float32)
+        if out.nbytes != yd.nbytes:
+            raise AssertionError("host/device size mismatch")
+        try:
+            cl.enqueue_copy(q, out, yd.data, wait_for=[evt], is_blocking=True)
+        except cl.Error as exc:
+            raise wrap_cl_error(exc, "reading the output back") from exc
         return out
 
-    def _forward_array(self, x, layout):
+    def forward_array(self, x, layout: str = "nchw", out=None, linear: bool = False):
+        """Device-array call: float32 ``pyopencl.array.Array`` ``x`` (NCHW, NC4HW4, or ``(N, C)`` with
+        ``linear=True``) -> the output Array on ``x.queue`` (``(N, O, OH, OW)``, ``(ceil(O/4), N, OH, OW, 4)`` or
+        ``(N, O)``), or written into ``out`` (a float32 C-contiguous Array of exactly that shape in this
+        context, offset 0, not sharing ``x``'s buffer) and returned. Asynchronous: the launch waits for
+        ``x.events`` (and ``out.events``); the result's ``events`` hold the last launch only (which ran after
+        those), ``x.events`` are left as they are (pyopencl's own kernels do the same).
+
+        A shape seen before takes the prepared path: one dict lookup, a few attribute checks, one Array made
+        (none with ``out``), the changed buffer arguments bound and the plan's launches enqueued."""
+        p = self._prepared.get((x.shape, layout, linear))
+        if (p is None or self.check_finite or x.dtype != _F32 or x.offset or x.strides != p.in_strides
+                or x.base_data is None or (x.context is not self.ctx and x.context != self.ctx)
+                or x.base_data.size < p.in_nbytes):
+            return self._forward_array_checked(x, layout, out, linear)
+        return self._launch_prepared(p, x, out)
+
+    def _forward_array_checked(self, x, layout, out, linear):
         import pyopencl.array as cla
 
+        if not isinstance(x, cla.Array):
+            raise TypeError(f"x must be a pyopencl.array.Array, got {type(x).__name__}")
         if x.dtype != np.float32:
             raise TypeError(f"x must be a float32 pyopencl Array, got dtype {x.dtype}")
         if x.context != self.ctx:
             raise ValueError("x lives in another OpenCL context than this layer's device")
         if not x.flags.c_contiguous:
             raise ValueError(f"x must be C-contiguous, got strides {x.strides}")
-        n, h, w = self._shape_of(x.shape, layout)
+        self._parse_shape(x.shape, layout, linear)
         queue = x.queue if x.queue is not None else self.queue
         if x.offset or x.base_data is None:
+            if out is not None and x.base_data is not None and out.base_data is not None \
+                    and _same_buffer(out.base_data, x.base_data):
+                raise ValueError("out shares its buffer with x; pass a separate output array")
             x = x.copy(queue=queue)  # kernels take whole buffers; a device copy, no host round trip
         if x.base_data.size < x.nbytes:
             raise ValueError(f"x's buffer holds {x.base_data.size} bytes, its shape needs {x.nbytes}")
         if self.check_finite:
             self._refuse_nonfinite(self._count_nonfinite(x, layout, queue))
-        with self._lock:
-            plan, is_new = self._plan_for(layout, n, h, w)
-            y = cla.empty(queue, plan.out_shape, np.float32, allocator=x.allocator)
-            self._check_buffers(plan, x.base_data.size, y.base_data.size)
-            evt = self._run(plan, is_new, x.base_data, y.base_data, queue, list(x.events) or None)
-        y.add_event(evt)
-        x.add_event(evt)
+        p = self.prepare(x.shape, layout, linear=linear, x=x, queue=queue)
+        return self._launch_prepared(p, x, out)
+
+    def _check_out(self, p, x, out):
+        """``out`` can take the result of ``p`` for input ``x`` (else TypeError / ValueError saying why)."""
+        import pyopencl.array as cla
+
+        if not isinstance(out, cla.Array):
+            raise TypeError(f"out must be a pyopencl.array.Array for a device-array input, got {type(out).__name__}")
+        if out.dtype != np.float32:
+            raise TypeError(f"out must be float32, got dtype {out.dtype}")
+        if tuple(out.shape) != p.out_shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}, this call writes {p.out_shape}")
+        if out.context != self.ctx:
+            raise ValueError("out lives in another OpenCL context than this layer's device")
+        if out.offset or out.base_data is None or out.strides != p.out_strides:
+            raise ValueError("out must be C-contiguous and start at its buffer's beginning (offset 0)")
+        if out.base_data.size < p.out_nbytes:
+            raise ValueError(f"out's buffer holds {out.base_data.size} bytes, the kernel writes {p.out_nbytes}")
+        if _same_buffer(out.base_data, x.base_data):
+            raise ValueError("out shares its buffer with x (the kernels read x while writing out); pass a "
+                             "separate output array")
+
+    def _launch_prepared(self, p, x, out):
+        cl = import_pyopencl()
+        queue = x.queue if x.queue is not None else self.queue
+        if out is None:
+            try:
+                y = _new_array(queue, self.ctx, x.allocator or self._pool, p)
+            except cl.Error as exc:
+                raise wrap_cl_error(exc, f"allocating {p.out_nbytes} bytes on {self.device.name}") from exc
+            wait = x.events or None
+        else:
+            if (out.__class__ is not x.__class__ or out.shape != p.out_shape or out.dtype != _F32 or out.offset
+                    or out.strides != p.out_strides or out.base_data is None
+                    or (out.context is not self.ctx and out.context != self.ctx)
+                    or out.base_data.size < p.out_nbytes or _same_buffer(out.base_data, x.base_data)):
+                self._check_out(p, x, out)
+            y = out
+            wait = (x.events + out.events) or None
+        launch = p.launch
+        try:
+            with launch.lock:
+                _, ev = launch.enqueue_locked(queue, x.base_data, y.base_data, wait)
+        except cl.Error as exc:
+            raise wrap_cl_error(exc, f"running {p.plan.describe()} on {self.device.name}") from exc
+        if out is not None:
+            del y.events[:]  # the launch waited for them: its end implies theirs
+        y.events.append(ev)
+        self._last_plan = p.plan
         return y
+
+    def _row_amax_launch(self, layout, n, h, w):
+        """act_quant="row"'s first launch, shared by the float kernels' quant_rows and conv_mma's quant_rows_i8:
+        ``(opts, args, G, L, step)`` where ``step(part)`` is the :class:`~.launch.Step` of row_amax (G partial
+        maxima per sample into Scratch ``part``, 4*N*G bytes; local size L); ``args``: (E, N, C, HW)."""
+        cl = import_pyopencl()
+        c = self.spec.in_channels
+        per_sample = (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
+        ql = min(256, _pow2floor(int(self.device.max_work_group_size)))
+        g_amax = max(1, min(64, _cdiv(per_sample, 8 * ql)))
+        opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
+        args = (np.int32(per_sample), np.int32(n), np.int32(c), np.int32(h * w))
+
+        def step(part):
+            return Step("act_quant", opts, "row_amax", (X, part, cl.LocalMemory(4 * ql), *args), (g_amax * ql, n),
+                        (ql, 1))
+
+        return opts, args, g_amax, ql, step
+
+    def _with_row_quant(self, cands, layout, n, h, w):
+        """act_quant="row" for the float kernels: each candidate's launch first runs ``row_amax`` and
+        ``quant_rows`` (x quantized and dequantized per sample) into a scratch buffer of its plan's, one per
+        queue (launches on one queue run in order, so they never share it at the same time), then the float
+        kernel on it. The tuner times all three launches."""
+        if not self.act_row:
+            return cands
+        opts, qargs, g_amax, ql, amax_step = self._row_amax_launch(layout, n, h, w)
+        in_elems = n * int(qargs[0])
+        g_quant = max(1, min(4096, _cdiv(int(qargs[0]), 4 * ql)))
+
+        def wrap(cand):
+            inner = cand.info["steps"]
+            xd, part = Scratch(4 * in_elems, "quantized x"), Scratch(4 * n * g_amax, "partial amax")
+
+            def steps(lws):
+                return [amax_step(part),
+                        Step("act_quant", opts, "quant_rows", (X, part, np.int32(g_amax), xd, *qargs),
+                             (g_quant * ql, n), (ql, 1))] + remap(inner(lws), {X: xd})
+
+            return planned_candidate(self.ctx, cand.variant, cand.program,
+                                     cand.options + ("act_quant=row: row_amax + quant_rows first",),  # own cache key
+                                     cand.signature, cand.local_sizes, steps, scratch=(xd, part))
+
+        return [cand if cand.program in ("gemv_a8", "conv_mma") else wrap(cand) for cand in cands]
 
     def _count_nonfinite(self, x, layout, queue) -> int:
         """NaN/inf values of device array ``x`` (NC4HW4 padding lanes left out): counted on the device, the
