@@ -175,8 +175,19 @@ QC_DW_TGT static inline __m256i qc_dw_mask(int64_t n)
                 _mm256_storeu_ps(acc + r * lda + i + 8, a1[r]);                                               \
             }                                                                                                 \
         }                                                                                                     \
-        for (; i < n; i += 8) {                                                                               \
-            const __m256i m = n - i >= 8 ? _mm256_set1_epi32(-1) : qc_dw_mask(n - i);                         \
+        for (; i + 8 <= n; i += 8) {                                                                          \
+            __m256 a0[NR];                                                                                    \
+            for (int r = 0; r < NR; ++r) a0[r] = _mm256_setzero_ps();                                         \
+            for (int64_t t = 0; t < K; ++t) {                                                                 \
+                const __m256 wv = _mm256_broadcast_ss(w + t);                                                 \
+                const float *s = src[t] + r0 + i;                                                             \
+                for (int r = 0; r < NR; ++r)                                                                  \
+                    a0[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + r * rst), a0[r]);                         \
+            }                                                                                                 \
+            for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc + r * lda + i, a0[r]);                          \
+        }                                                                                                     \
+        if (i < n) {                                                                                          \
+            const __m256i m = qc_dw_mask(n - i);                                                              \
             __m256 a0[NR];                                                                                    \
             for (int r = 0; r < NR; ++r) a0[r] = _mm256_setzero_ps();                                         \
             for (int64_t t = 0; t < K; ++t) {                                                                 \
