@@ -10,6 +10,7 @@ binds only the changed buffers of kernels prepared at the first call and enqueue
 
 Runs on every visible OpenCL device (PoCL in CI); skipped with a reason when none is visible.
 """
+import sys
 import threading
 
 import numpy as np
@@ -154,10 +155,15 @@ def test_eight_threads_share_one_layer(cl_device):
                 errors.append(exc)
 
         threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # switch threads every few bytecodes: unlocked bind + enqueue would interleave
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(interval)
         assert not errors, errors
         for i in range(8):
             for y in results[i]:

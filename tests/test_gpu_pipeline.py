@@ -3,6 +3,7 @@ device): a pipeline equals its layers called one by one with the residual adds d
 numpy and (OpenCL) device-array inputs, both layouts, shapes changing between calls, ``out=``, threads; and
 the OpenCL residual add kernel (``kernels/eltwise.cl``) equals numpy's float32 add + activation bitwise.
 """
+import sys
 import threading
 
 import numpy as np
@@ -166,10 +167,15 @@ def test_pipeline_threads(qconv_device):
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads every few bytecodes: unlocked bind + enqueue would interleave
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
     assert not errors, errors
     for i in range(8):
         for y in results[i]:
