@@ -484,11 +484,11 @@ def bench_pipelines(args, rng):
             return b  # (relu of the add left out: one pyopencl kernel fewer than the pipeline)
 
         host_h, wall_h = call_costs(by_hand, q, max(20, args.calls // 4))
-        row = {"case": name, "scheme": "pipeline", "launch_sequences": len(kernels), "kernel_sum_us": ksum,
+        row = {"case": name, "scheme": "pipeline", "launches": len(kernels), "kernel_sum_us": ksum,
                "wall_us": wall, "host_us": host, "wall_out_us": wall_o, "host_out_us": host_o,
                "layers_one_by_one_wall_us": wall_h, "layers_one_by_one_host_us": host_h, "setup_s": setup_s,
                "target_us": 1.1 * ksum + 50}
-        print(f"{name:40s} kernels {ksum:8.1f} us ({len(kernels)} launch sequences)  wall {wall:8.1f}  host {host:7.1f}"
+        print(f"{name:40s} kernels {ksum:8.1f} us ({len(kernels)} launches)  wall {wall:8.1f}  host {host:7.1f}"
               f"  out= wall {wall_o:8.1f} host {host_o:7.1f}  layers one by one: wall {wall_h:8.1f} host {host_h:7.1f}"
               f"  (target wall <= 1.1 x kernels + 50 = {row['target_us']:.1f})", flush=True)
         rows.append(row)
@@ -542,8 +542,8 @@ def table(path):
                    f"| {num(r, 'wall_out_us')} / {num(r, 'host_out_us')} | {pct('pct_copy')} "
                    f"| {pct('pct_copy_read_floor')} | {torch} | {r['variant']} {lws} | {err} |")
     if pipes:
-        out += ["", "| pipeline | kernels us (sum) | wall us | host us | wall / host us, out= | layers one by one: wall / "
-                "host us | target: 1.1 x kernels + 50 |", "|---|---:|---:|---:|---:|---:|---:|"]
+        out += ["", "| pipeline | kernels us (sum) | wall us | host us | wall / host us, out= "
+                "| layers one by one: wall / host us | target: 1.1 x kernels + 50 |", "|---|---:|---:|---:|---:|---:|---:|"]
         out += [f"| {r['case']} | {r['kernel_sum_us']:.1f} | {r['wall_us']:.1f} | {r['host_us']:.1f} "
                 f"| {r['wall_out_us']:.1f} / {r['host_out_us']:.1f} | {r['layers_one_by_one_wall_us']:.1f} / "
                 f"{r['layers_one_by_one_host_us']:.1f} | {r['target_us']:.1f} |" for r in pipes]

@@ -10,13 +10,14 @@ identity unless given)::
 
 The same script runs on the CPU engine (numpy arrays; each layer called in turn, the adds in numpy) and on
 OpenCL. On OpenCL the first call of an input shape (or :meth:`Pipeline.prepare`) plans every launch: each
-layer's prepared launch (:mod:`qconv.gpu.launch`; tuned like a layer's first call) and one ``add_act`` per
-residual add (``kernels/eltwise.cl``); later calls of that shape bind the changed buffers and enqueue the
-launches back to back: no Array made for intermediates (one for the result, none with ``out``), no host
-synchronisation. Intermediates are device buffers of the pipeline's, one set per command queue and input
-shape, kept for the pipeline's lifetime (calls on one in-order queue run in order, so they never share a
-buffer at the same time; on an out-of-order queue each launch waits for the previous one and a call for the
-previous call on that queue). Calls are thread-safe: a pipeline's launches are enqueued under its lock.
+layer's chosen kernels (tuned like a layer's first call; the layer's own launch steps) and one ``add_act`` per
+residual add (``kernels/eltwise.cl``) become one :class:`~qconv.gpu.launch.LaunchPlan` of the pipeline's (its own
+kernel objects, every constant and every intermediate buffer bound once); a later call of that shape binds the
+input and output buffers and enqueues the launches back to back: no Array made for intermediates (one for the
+result, none with ``out``), no host synchronisation. Intermediates are the plan's scratch buffers, one set per
+command queue and input shape, kept for the pipeline's lifetime (calls on one in-order queue run in order, so
+they never share a buffer at the same time; on an out-of-order queue each launch waits for the previous one and
+a call for the previous call on that queue). Calls are thread-safe: the plan enqueues under its lock.
 
 Results equal the layers called one by one (same kernels, same arguments) followed by numpy's float32 add and
 the activation (``relu``: ``max(v, 0)``, ``relu6``: ``min(max(v, 0), 6)``), bitwise for finite values.
@@ -116,19 +117,19 @@ class _Program:
 
 
 class _DevicePlan:
-    """The launches of one input shape on OpenCL: ``ops`` = ``(LaunchPlan, src register, dst register)``,
-    register shapes, and per queue the intermediate buffers."""
+    """The launches of one input shape on OpenCL: one :class:`~qconv.gpu.launch.LaunchPlan` (``launch``) of every
+    step's kernels in order, the input as ``X``, the result as ``Y``, intermediates as its ``Scratch`` buffers
+    (one set per queue); ``labels``: a description per launch; register shapes."""
 
-    def __init__(self, in_shape, ops, shapes, result):
+    def __init__(self, in_shape, launch, labels, shapes, result):
         from .gpu.engine import _Prepared, _c_strides
 
         self.in_shape, self.in_strides = in_shape, _c_strides(in_shape)
-        self.ops, self.shapes, self.result = ops, shapes, result
+        self.launch, self.labels, self.shapes, self.result = launch, labels, shapes, result
         self.out = _Prepared.__new__(_Prepared)  # output shape/strides/size for the engine's Array maker
         self.out.out_shape, self.out.out_strides = shapes[result], _c_strides(shapes[result])
         self.out.out_size = int(np.prod(shapes[result]))
         self.out.out_nbytes = 4 * self.out.out_size
-        self.queues: dict = {}  # queue.int_ptr -> [register buffers (None for 0 and the result), in_order, last ev]
 
 
 class Pipeline:
@@ -198,7 +199,8 @@ class Pipeline:
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        from .gpu.eltwise import add_plan
+        from .gpu.eltwise import add_steps
+        from .gpu.launch import X, Y, LaunchPlan, Scratch, remap
 
         with self._lock:
             plan = self._plans.get(key)
@@ -208,7 +210,7 @@ class Pipeline:
             if linear and layout != "nchw":
                 raise ValueError("(N, K) inputs take layout='nchw'")
             shapes = {0: shape}
-            ops = []
+            ops = []  # (steps, src register, dst register)
             for kind, layer, src, dst, act in self._program.ops:
                 if kind == "layer":
                     if linear and not isinstance(layer, Linear):
@@ -219,24 +221,19 @@ class Pipeline:
                         raise ValueError(f"step {layer!r} cannot take the previous step's output "
                                          f"{shapes[src]}: {exc}") from exc
                     shapes[dst] = p.out_shape
-                    ops.append((p.launch, src, dst))
+                    ops.append((p.plan.cand.info["steps"](p.plan.lws), src, dst))  # the layer's own launches
                 else:
                     if shapes[src] != shapes[dst]:
                         raise ValueError(f"Residual: the block gives {shapes[dst]}, the shortcut {shapes[src]}")
-                    ops.append((add_plan(self.ctx, int(np.prod(shapes[dst])), act), src, dst))
-            plan = self._plans[key] = _DevicePlan(shape, ops, shapes, self._program.result)
+                    ops.append((add_steps(int(np.prod(shapes[dst])), act), src, dst))
+            result = self._program.result
+            regs = {r: X if r == 0 else Y if r == result else Scratch(4 * int(np.prod(shp)), f"register {r}")
+                    for r, shp in shapes.items()}
+            steps = [st for op_steps, src, dst in ops for st in remap(op_steps, {X: regs[src], Y: regs[dst]})]
+            labels = [f"{st.program}:{st.kernel}" for st in steps]
+            launch = LaunchPlan(self.ctx, steps, f"pipeline {shape} {layout}")
+            plan = self._plans[key] = _DevicePlan(shape, launch, labels, shapes, result)
             return plan
-
-    def _queue_state(self, plan, queue):
-        import pyopencl as cl
-
-        bufs = [None] * self._program.nregs
-        for r, shp in plan.shapes.items():
-            if r not in (0, plan.result):
-                bufs[r] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, max(4, 4 * int(np.prod(shp))))
-        ooo = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
-        state = plan.queues[queue.int_ptr] = [bufs, not queue.properties & ooo, None]
-        return state
 
     def _run_device(self, x, layout, out):
         from .gpu.engine import _F32, _new_array
@@ -253,18 +250,7 @@ class Pipeline:
         else:
             self._check_out(plan, x, out)
             y, wait = out, (x.events + out.events) or None
-        ev = None
-        with self._lock:
-            state = plan.queues.get(queue.int_ptr) or self._queue_state(plan, queue)
-            regs, in_order, last = state
-            regs = list(regs)
-            regs[0], regs[plan.result] = x.base_data, y.base_data
-            if not in_order and last is not None:
-                wait = (wait or []) + [last]
-            for launch, src, dst in plan.ops:
-                _, ev = launch.enqueue(queue, regs[src], regs[dst], wait)
-                wait = None if in_order else [ev]
-            state[2] = None if in_order else ev
+        _, ev = plan.launch.enqueue(queue, x.base_data, y.base_data, wait)
         if out is not None:
             del y.events[:]
         y.events.append(ev)
@@ -300,9 +286,9 @@ class Pipeline:
             raise ValueError("out shares its buffer with x; pass a separate output array")
 
     def kernel_times_ns(self, x, layout: str = "nchw", repeats: int = 20) -> list:
-        """OpenCL only (for benchmarks): ``[(launch description, ns)]`` of every planned launch sequence for
-        device array ``x`` (on a profiling queue), each the median over ``repeats`` runs of its first kernel's
-        start to its last kernel's end, runs queued back to back. Their sum is the pipeline's device time."""
+        """OpenCL only (for benchmarks): ``[(kernel, ns)]`` of every planned launch for device array ``x`` (on a
+        profiling queue), each the median of its event time (start to end) over ``repeats`` forwards queued
+        back to back. Their sum is the pipeline's kernel time."""
         import statistics
 
         if not self.opencl or not _is_cl_array(x):
@@ -311,17 +297,15 @@ class Pipeline:
         queue = x.queue if x.queue is not None else self.queue
         queue.finish()
         plan = self._plans[(tuple(x.shape), layout)]
-        out = []
-        with self._lock:
-            regs = list(plan.queues[queue.int_ptr][0])
-            regs[0], regs[plan.result] = x.base_data, y.base_data
-            for launch, src, dst in plan.ops:
-                launch.enqueue(queue, regs[src], regs[dst])[1].wait()
-                spans = [launch.enqueue(queue, regs[src], regs[dst]) for _ in range(repeats)]
-                queue.finish()
-                out.append((launch.describe(), float(statistics.median(b.profile.end - a.profile.start
-                                                                       for a, b in spans))))
-        return out
+        runs = []
+        with plan.launch.lock:
+            for _ in range(repeats):
+                events = []
+                plan.launch.enqueue_locked(queue, x.base_data, y.base_data, None, events)
+                runs.append(events)
+        queue.finish()
+        return [(label, float(statistics.median(run[i].profile.end - run[i].profile.start for run in runs)))
+                for i, label in enumerate(plan.labels)]
 
     # --- calls ----------------------------------------------------------------------------------------
     def __call__(self, x, layout: str = "nchw", out=None):

@@ -229,3 +229,30 @@ def test_a_shared_kernel_object_is_never_clobbered(cl_device):
     for _ in range(3):
         np.testing.assert_array_equal(a(x).get(), ya)
         np.testing.assert_array_equal(b(x).get(), yb)
+
+
+def test_out_of_order_queue(cl_device):
+    """On an out-of-order queue every launch of a plan waits for the previous one, and a plan's scratch buffers
+    wait for the previous call: 2-3 launch plans and a pipeline give the in-order results. (PoCL 5 runs an
+    out-of-order queue's commands in order, so there this is a smoke test: dropping the waits is not caught.)"""
+    from qconv.gpu.context import resolve
+
+    ctx, dev = resolve(cl_device)
+    ooo = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+    if not dev.queue_properties & ooo:
+        pytest.skip(f"{dev.name} has no out-of-order queues")
+    q = cl.CommandQueue(ctx, dev, properties=ooo)
+    rng = np.random.default_rng(6)
+    for name, layer, shape, kw in _layers(cl_device):
+        xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+        want = [layer(cla.to_device(layer.engine.queue, x)).get() for x in xs]
+        got = [layer(cla.to_device(q, x)) for x in xs for _ in range(5)]
+        for i, y in enumerate(got):
+            np.testing.assert_array_equal(y.get(), want[i // 5], err_msg=name)
+    lin = [qconv.Linear(_w(rng, (32, 32)), device=cl_device, tune="none", act_quant="row") for _ in range(4)]
+    pipe = qconv.Pipeline([lin[0], qconv.Residual(lin[1:3], activation="relu"), lin[3]])
+    xs = [rng.standard_normal((2, 32)).astype(np.float32) for _ in range(4)]
+    want = [pipe(x) for x in xs]
+    got = [pipe(cla.to_device(q, x)) for x in xs for _ in range(5)]
+    for i, y in enumerate(got):
+        np.testing.assert_array_equal(y.get(), want[i // 5])

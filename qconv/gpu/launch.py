@@ -89,7 +89,7 @@ class LaunchPlan:
     ``enqueue(queue, x, y, wait_for=None)`` -> ``(first event, last event)``: ``x``/``y`` are whole
     ``pyopencl`` memory objects (``Array.base_data``); ``wait_for`` (a list of events or None) gates the
     first launch; later launches wait for the previous one when ``queue`` is out-of-order (in order
-    otherwise). ``lock``: held while binding and enqueueing; ``enqueue_locked`` is ``enqueue`` for callers
+    otherwise; there a call of a plan with scratch buffers also waits for the previous call's last launch). ``lock``: held while binding and enqueueing; ``enqueue_locked`` is ``enqueue`` for callers
     that hold it. ``scratch_registry``: an optional dict that receives ``queue.int_ptr -> (buffers, in the
     order of ``scratch``, then as their Scratch first appears)`` when a queue's scratch is allocated.
     """
@@ -125,7 +125,7 @@ class LaunchPlan:
     def _queue_state(self, queue):
         cl = import_pyopencl()
         bufs = tuple(cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, s.nbytes) for s in self._scratch_specs)
-        state = (bufs, not queue.properties & self._ooo)
+        state = [bufs, not queue.properties & self._ooo, None]  # + an out-of-order queue's last event
         self._queues[queue.int_ptr] = state
         if self._registry is not None and bufs:
             self._registry[queue.int_ptr] = bufs
@@ -135,11 +135,12 @@ class LaunchPlan:
         with self.lock:
             return self.enqueue_locked(queue, x, y, wait_for)
 
-    def enqueue_locked(self, queue, x, y, wait_for=None):
+    def enqueue_locked(self, queue, x, y, wait_for=None, events=None):
+        """``enqueue`` for a caller holding ``lock``; ``events``: a list that receives every launch's event."""
         state = self._queues.get(queue.int_ptr)
         if state is None:
             state = self._queue_state(queue)
-        scratch, in_order = state
+        scratch, in_order = state[0], state[1]
         bound = self._bound
         for j, (kernel, i, v) in enumerate(self._bindings):
             buf = x if v == 0 else y if v == 1 else scratch[v - 2]
@@ -148,10 +149,18 @@ class LaunchPlan:
                 bound[j] = buf
         enqueue = self._enqueue
         launches = self._launches
+        if not in_order and state[2] is not None:  # the previous call's scratch use comes first
+            wait_for = list(wait_for or ()) + [state[2]]
         kernel, g, l = launches[0]
         first = ev = enqueue(queue, kernel, g, l, wait_for=wait_for)
+        if events is not None:
+            events.append(ev)
         for kernel, g, l in launches[1:]:
             ev = enqueue(queue, kernel, g, l, wait_for=None if in_order else [ev])
+            if events is not None:
+                events.append(ev)
+        if not in_order and scratch:
+            state[2] = ev
         return first, ev
 
     def forget_buffers(self):
@@ -181,8 +190,8 @@ def planned_candidate(ctx, variant: str, program: str, options: tuple, signature
     ``info["state"]["bufs"]``). ``info``: ``state`` (``bufs``, ``events`` = (first, last) of the last
     launch, ``scratch`` = queue -> scratch buffers), ``steps`` (the function) and ``plan(lws)`` (the
     :class:`LaunchPlan`), ``keep(lws)`` (drop the other local sizes' plans, after tuning), ``release()`` (drop
-    every plan: a candidate the tuner did not pick). ``scratch``: Scratch objects in the order ``info["state"]["scratch"]``
-    lists their buffers."""
+    every plan: a candidate the tuner did not pick). ``scratch``: Scratch objects in the order
+    ``info["state"]["scratch"]`` lists their buffers."""
     from . import tuning
 
     state = {"bufs": None, "events": None, "scratch": {}}
