@@ -4,7 +4,8 @@ Layer shapes from PP-OCRv4 det (issue 21): 5x5 over 192 channels at 40x40 and 3x
 (stride 1, "same" padding, batch 1), int8 per-channel symmetric weights, act_quant="tensor". Every row is measured in
 the same run: qconv.Conv2d(..., depthwise=True / False) (the depthwise option of the CPU engine) at 1 and 2 threads,
 and onnxruntime (float32 Conv with group=C, intra-op threads 1 and 2, spinning off). Median of ``--repeat`` calls
-after a warm-up; the general path is slow, so it gets ``--general-repeat`` calls.
+after a warm-up; the general path is slow, so it gets ``--general-repeat`` calls. ``OPENBLAS_NUM_THREADS`` defaults
+to 1 here (see below).
 
     .venv/bin/python benchmarks/labs/depthwise.py [--repeat 50] [--general-repeat 3] [--small]
 
@@ -13,12 +14,17 @@ after a warm-up; the general path is slow, so it gets ``--general-repeat`` calls
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
-import numpy as np
+# numpy's OpenBLAS workers spin for a while after any BLAS call in the process and then hold the second core that
+# 2-thread runs need (measured here: the 2-thread depthwise call 26 ms instead of 0.5 ms); nothing below uses BLAS
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import qconv
+import numpy as np  # noqa: E402
+
+import qconv  # noqa: E402
 
 SHAPES = [  # (channels, kernel, size)
     (192, 5, 40),
