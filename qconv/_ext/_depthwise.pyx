@@ -134,6 +134,11 @@ def _minmax(const float[::1] x, int threads, int variant, int vec):
     ``threads`` threads: :func:`qconv._ext._cpu.minmax`'s result, with an AVX2 loop where the engine has a scalar one."""
     cdef int64_t n = x.shape[0], nchunk = (x.shape[0] + 65535) // 65536, c, a, b
     cdef int nt = <int> (nchunk if nchunk < threads else threads)
+    cdef float l1, h1
+    if nchunk == 1:   # small inputs: no partials, no thread
+        with nogil:
+            qc_dw_minmax(&x[0], n, &l1, &h1, variant, vec)
+        return float(l1), float(h1)
     part = np.empty(2 * nchunk, np.float32)
     cdef float[::1] pv = part
     cdef float lo, hi
@@ -193,7 +198,9 @@ cdef class DepthwisePlan:
     cdef readonly object spec, kernel, mode
     cdef readonly int M, variant, vec
     cdef object wq, scale, offset, bias, input_qparams, output_qparams
-    cdef object _ubuf, qs, z, dx
+    cdef object _ubuf, qs, z, dx, _shape_key, _shape_val
+    cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp
+    cdef float lo, hi, oscale
     # (quantization threads, conv threads) of the last forward call; quantization threads 0 when no separate
     # quantization pass ran (block mode, static int8 input)
     cdef readonly tuple last_threads
@@ -221,6 +228,17 @@ cdef class DepthwisePlan:
         self.bias = np.ascontiguousarray(spec.bias_or_zeros(), dtype=np.float32).reshape(o)
         self._ubuf = None
         self.last_threads = None
+        self.qs = self.z = self.dx = None
+        self._shape_key = None
+        self.C = w.in_channels
+        (self.KH, self.KW), (self.sh, self.sw) = spec.kernel_size, spec.stride
+        (self.ph, self.pw), (self.dh, self.dw) = spec.padding, spec.dilation
+        act = spec.activation
+        self.lo = 0.0 if act in ("relu", "relu6") else -np.inf
+        self.hi = 6.0 if act == "relu6" else np.inf
+        self.out_int8 = output_qparams is not None
+        self.oscale = output_qparams[0] if output_qparams is not None else 1.0
+        self.ozp = output_qparams[1] if output_qparams is not None else 0
 
     @property
     def nbytes(self):
@@ -230,9 +248,9 @@ cdef class DepthwisePlan:
 
     def _params(self, x, bint nchw, int n, int threads):
         """Per-sample ``qs`` / ``z`` / ``dx`` (float32 / int32 / float32 ``(N,)``) and the clamp ``(qlo, qhi)``."""
-        qs = np.ones(n, np.float32)
-        z = np.zeros(n, np.int32)
-        dx = np.ones(n, np.float32)
+        if self.qs is None or self.qs.shape[0] != n:   # reused between calls (calls are serialised by the engine)
+            self.qs, self.z, self.dx = np.ones(n, np.float32), np.zeros(n, np.int32), np.ones(n, np.float32)
+        qs, z, dx = self.qs, self.z, self.dx
         if self.mode == "static":
             scale, zp = self.input_qparams
             z[:] = zp
@@ -240,7 +258,7 @@ cdef class DepthwisePlan:
             return qs, z, dx, -128, 127
         if self.mode == "block":
             return qs, z, dx, -127, 127
-        c = self.spec.in_channels
+        c = self.C
         tail = 0 if nchw else c % 4
         last = x.shape[0] - 1
         full = x if not tail else x[:last]
@@ -258,9 +276,9 @@ cdef class DepthwisePlan:
             if not (np.isfinite(lo) and np.isfinite(hi)):
                 raise ValueError("x contains NaN or infinite values")
             q, d, zz = e.tensor_qparams(lo, hi)
-            qs[:] = q
-            dx[:] = d
-            z[:] = zz
+            qs.fill(q)
+            dx.fill(d)
+            z.fill(zz)
             return qs, z, dx, -128, 127
         # row: per sample
         if nchw:
@@ -307,19 +325,23 @@ cdef class DepthwisePlan:
         cdef const int32_t[::1] zv
         cdef int64_t N, C, H, W, bad = 0, fails = 0, qfails = 0
         cdef int qlo, qhi, qt = 0, nt
-        s = self.spec
-        C = s.in_channels
+        C = self.C
         if nchw_input:
             N, H, W = x.shape[0], x.shape[2], x.shape[3]
         else:
             N, H, W = x.shape[1], x.shape[2], x.shape[3]
-        oh, ow = s.out_hw(H, W)
-        qs, z, dx, qlo, qhi = self._params(x, bool(nchw_input), N, param_threads)
+        key = (N, H, W, threads)
+        if key != self._shape_key:
+            oh, ow = self.spec.out_hw(H, W)
+            self._shape_val = (oh, ow, self.band_rows(N, H, W, threads))
+            self._shape_key = key
+        oh, ow, band = self._shape_val
+        qs, z, dx, qlo, qhi = self._params(x, nchw_input != 0, N, param_threads)
         qsv, zv, dxv = qs, z, dx
         wqv, scv, biv = self.wq, self.scale, self.bias
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
         j.N, j.C, j.H, j.W, j.OH, j.OW = N, C, H, W, oh, ow
-        j.M, j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = self.M, kh, kw, sh, sw, ph, pw, dh, dw
+        j.M, j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (self.M, self.KH, self.KW, self.sh, self.sw, self.ph,
+                                                               self.pw, self.dh, self.dw)
         j.in_nc4hw4 = not nchw_input
         j.z = &zv[0]
         j.dx = &dxv[0]
@@ -330,15 +352,11 @@ cdef class DepthwisePlan:
         if self.offset is not None:
             ofv = self.offset
             j.offset = &ofv[0]
-        act = s.activation
-        j.lo = 0.0 if act in ("relu", "relu6") else -np.inf
-        j.hi = 6.0 if act == "relu6" else np.inf
+        j.lo, j.hi = self.lo, self.hi
         j.out_nc4hw4 = nc4hw4_output
-        j.out_int8 = self.output_qparams is not None
-        j.oscale = self.output_qparams[0] if self.output_qparams is not None else 1.0
-        j.ozp = self.output_qparams[1] if self.output_qparams is not None else 0
+        j.out_int8, j.oscale, j.ozp = self.out_int8, self.oscale, self.ozp
         j.y = <void *> &yb[0]
-        j.band = self.band_rows(N, H, W, threads)
+        j.band = band
         j.vec = self.vec
         if self.mode == "static":
             j.kind = 1
