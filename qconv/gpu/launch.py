@@ -12,8 +12,9 @@ kernel name, arguments, global and local size). Arguments are constants (``numpy
 :class:`LaunchPlan` builds its **own** kernel objects from the memoised programs (``cl.Kernel(program,
 name)``: two plans never share a kernel object, so the arguments bound in one are never clobbered by
 another layer), binds every constant once, and per call binds only the placeholders whose buffer changed
-(identity test) and enqueues the steps: no build-option hashing, no memo lookups, no ``set_args`` of the
-whole list. A plan is safe to share between threads: binding and enqueueing happen under the plan's lock
+(identity test: the plan keeps a reference to the last bound buffers, so one input and one output buffer stay
+allocated until the next call) and enqueues the steps: no build-option hashing, no memo lookups, no
+``set_args`` of the whole list. A plan is safe to share between threads: binding and enqueueing happen under the plan's lock
 (pyopencl kernels with set arguments are not thread-safe), so concurrent calls run the same kernels with
 the same arguments (bitwise deterministic).
 
