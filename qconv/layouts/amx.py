@@ -28,13 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-def _up(a: int, b: int) -> int:
-    return -(-a // b) * b
+from .gemm_tiles import BlockedWeightCodes, _up
 
 
 @dataclass(frozen=True)
-class AmxWeightLayout:
+class AmxWeightLayout(BlockedWeightCodes):
     """AMX-INT8 weight tiles of the CPU engine: ``[G][ceil(Og/32)][blocks][2][KP/4][16][4]`` -- per 32-channel tile and
     block, two halves of ``KP/4`` rows x 16 output channels x 4 reduction values (``tdpbusd``'s B form), int8
     ``q`` or uint8 ``q + 8`` (4-bit), blocks zero-padded to the 64-byte K step (details in the module docstring).
@@ -56,17 +54,7 @@ class AmxWeightLayout:
     k_step = 64     # reduction bytes per AMX tile step
 
     def __post_init__(self):
-        for name in ("out_channels", "in_channels", "taps", "n_blocks", "groups"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-            object.__setattr__(self, name, int(v))
-        if self.bits not in (4, 8):
-            raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
-        if self.out_channels % self.groups:
-            raise ValueError(f"groups={self.groups} must divide out_channels={self.out_channels}")
-        if self.in_channels % self.n_blocks:
-            raise ValueError(f"n_blocks={self.n_blocks} must divide the {self.in_channels} input channels per group")
+        self._validate()
 
     @classmethod
     def for_weight(cls, weight) -> "AmxWeightLayout":
@@ -75,15 +63,6 @@ class AmxWeightLayout:
                    weight.groups)
 
     # --- constants the kernel reads ---------------------------------------------------------------
-    @property
-    def group_out_channels(self) -> int:
-        return self.out_channels // self.groups
-
-    @property
-    def block_channels(self) -> int:
-        """``BC``: input channels of one block."""
-        return self.in_channels // self.n_blocks
-
     @property
     def block_icl(self) -> int:
         """``ICL = round_up(BC, 4)``: the tap stride in a block's reduction order (as the tiled layout's)."""
@@ -172,20 +151,6 @@ class AmxWeightLayout:
         return case()
 
     # --- packing ---------------------------------------------------------------------------------------
-    def _check_logical(self, q: np.ndarray) -> np.ndarray:
-        q = np.asarray(q)
-        if q.dtype != np.int8:
-            raise TypeError(f"q must be int8, got {q.dtype}")
-        if q.ndim == 2:
-            q = q[:, :, None, None]
-        if q.ndim != 4 or q.shape[0] != self.out_channels or q.shape[1] != self.in_channels \
-                or q.shape[2] * q.shape[3] != self.taps:
-            raise ValueError(f"q must have shape ({self.out_channels}, {self.in_channels}, kh, kw) with "
-                             f"kh*kw={self.taps}, got {q.shape}")
-        if self.bits == 4 and q.size and (q.min() < -8 or q.max() > 7):
-            raise ValueError("int4 values must lie in [-8, 7]")
-        return q
-
     def pack_array(self, q: np.ndarray) -> np.ndarray:
         """int8 ``q (O, I/groups, kh, kw)`` (or ``(O, I/groups)``) -> :attr:`packed_shape` array (int8 ``q``, or uint8
         ``q + 8`` for 4-bit weights; padding as in the module docstring)."""

@@ -38,8 +38,51 @@ def _up(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
+class BlockedWeightCodes:
+    """What every CPU weight-tile spec shares (a mixin of frozen dataclasses with the fields ``out_channels``,
+    ``in_channels`` (per group), ``taps``, ``n_blocks``, ``bits`` and ``groups``): their validation, the group
+    and block sizes, and the check of the logical int8 codes ``q (O, I/groups, kh, kw)``."""
+
+    def _validate(self, positive=("out_channels", "in_channels", "taps", "n_blocks", "groups")):
+        for name in positive:
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        if self.bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
+        if self.out_channels % self.groups:
+            raise ValueError(f"groups={self.groups} must divide out_channels={self.out_channels}")
+        if self.in_channels % self.n_blocks:
+            raise ValueError(f"n_blocks={self.n_blocks} must divide the {self.in_channels} input channels per group")
+
+    @property
+    def group_out_channels(self) -> int:
+        """``Og = O / groups``."""
+        return self.out_channels // self.groups
+
+    @property
+    def block_channels(self) -> int:
+        """``BC``: input channels of one block."""
+        return self.in_channels // self.n_blocks
+
+    def _check_logical(self, q: np.ndarray) -> np.ndarray:
+        q = np.asarray(q)
+        if q.dtype != np.int8:
+            raise TypeError(f"q must be int8, got {q.dtype}")
+        if q.ndim == 2:
+            q = q[:, :, None, None]
+        if q.ndim != 4 or q.shape[0] != self.out_channels or q.shape[1] != self.in_channels \
+                or q.shape[2] * q.shape[3] != self.taps:
+            raise ValueError(f"q must have shape ({self.out_channels}, {self.in_channels}, kh, kw) with "
+                             f"kh*kw={self.taps}, got {q.shape}")
+        if self.bits == 4 and q.size and (q.min() < -8 or q.max() > 7):
+            raise ValueError("int4 values must lie in [-8, 7]")
+        return q
+
+
 @dataclass(frozen=True)
-class TiledWeightLayout:
+class TiledWeightLayout(BlockedWeightCodes):
     """Weight tiles of the CPU int8 GEMM: ``[G][blocks][ceil(O/UNIT)][blockL][UNIT][SRC_UNIT]``
     (``order="block"``, MNN's) or ``[G][ceil(O/UNIT)][blocks][blockL][UNIT][SRC_UNIT]`` (``order="tile"``, the
     CPU engine's); reduction index ``l = tap * ICL + c`` per block; int4 tiles half-split into nibbles; padding
@@ -66,17 +109,7 @@ class TiledWeightLayout:
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
-        for name in ("out_channels", "in_channels", "taps", "n_blocks", "groups", "unit", "src_unit", "pack"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-            object.__setattr__(self, name, int(v))
-        if self.bits not in (4, 8):
-            raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
-        if self.out_channels % self.groups:
-            raise ValueError(f"groups={self.groups} must divide out_channels={self.out_channels}")
-        if self.in_channels % self.n_blocks:
-            raise ValueError(f"n_blocks={self.n_blocks} must divide the {self.in_channels} input channels per group")
+        self._validate(("out_channels", "in_channels", "taps", "n_blocks", "groups", "unit", "src_unit", "pack"))
         if self.bits == 4 and (self.unit * self.src_unit) % 2:
             raise ValueError("int4 tiles need an even UNIT*SRC_UNIT")
 
@@ -88,16 +121,6 @@ class TiledWeightLayout:
                    weight.groups, unit, src_unit, pack, order)
 
     # --- constants the kernels read ---------------------------------------------------------------
-    @property
-    def group_out_channels(self) -> int:
-        """``Og = O / groups``."""
-        return self.out_channels // self.groups
-
-    @property
-    def block_channels(self) -> int:
-        """``BC``: input channels of one block."""
-        return self.in_channels // self.n_blocks
-
     @property
     def block_icl(self) -> int:
         """``ICL``: channels of a block rounded up to the L alignment (the tap stride in L)."""
@@ -193,20 +216,6 @@ class TiledWeightLayout:
         return case()
 
     # --- packing ---------------------------------------------------------------------------------------
-    def _check_logical(self, q: np.ndarray) -> np.ndarray:
-        q = np.asarray(q)
-        if q.dtype != np.int8:
-            raise TypeError(f"q must be int8, got {q.dtype}")
-        if q.ndim == 2:
-            q = q[:, :, None, None]
-        if q.ndim != 4 or q.shape[0] != self.out_channels or q.shape[1] != self.in_channels \
-                or q.shape[2] * q.shape[3] != self.taps:
-            raise ValueError(f"q must have shape ({self.out_channels}, {self.in_channels}, kh, kw) with "
-                             f"kh*kw={self.taps}, got {q.shape}")
-        if self.bits == 4 and (q.min() < -8 or q.max() > 7):
-            raise ValueError("int4 values must lie in [-8, 7]")
-        return q
-
     def pack_array(self, q: np.ndarray) -> np.ndarray:
         """int8 ``q (O, I/groups, kh, kw)`` (or ``(O, I/groups)``) -> :attr:`packed_shape` array."""
         q = self._check_logical(q)
