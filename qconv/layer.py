@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _validate as V
 from . import reference
+from .engines import Engine
 from .geometry import ConvSpec
 from .layouts.nc4hw4 import NC4HW4
 from .weights import QuantizedWeight
@@ -24,13 +25,18 @@ PUBLIC_NC4HW4 = NC4HW4(4)
 
 
 class ReferenceEngine:
-    """The numpy oracle behind the engine protocol (slow; for checks and as a fallback you ask for)."""
+    """The numpy oracle behind the engine protocol (:class:`qconv.engines.Engine`; slow: for checks and as a
+    fallback you ask for)."""
 
     name = "reference"
     supported_act_quant = ("tensor", "row", "block", None)
     default_act_quant = "tensor"
     default_linear_act_quant = "row"
     native_layouts = ("nchw",)
+    rejects_nonfinite = False
+    supports_device_arrays = False
+    int8_input = False
+    output_qparams = None
 
     def __init__(self, spec: ConvSpec):
         self.spec = spec
@@ -51,7 +57,8 @@ def _is_opencl_device(device) -> bool:
     return mod.startswith("pyopencl")
 
 
-def _engine_class(device):
+def engine_class(device) -> type:
+    """The engine class (an :class:`qconv.engines.Engine`) that runs layers on ``device``."""
     if isinstance(device, str) and device == "cpu":
         try:
             from .cpu import CpuEngine
@@ -106,9 +113,9 @@ class Conv2d:
     def __init__(self, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1,
                  activation=None, device="cpu", act_quant="auto", threads=None, act_block=0,
                  **engine_options):
-        engine_cls = _engine_class(device)
+        engine_cls = engine_class(device)
         if act_quant == "auto":
-            act_quant = getattr(engine_cls, self._default_act_quant_key, engine_cls.default_act_quant)
+            act_quant = getattr(engine_cls, self._default_act_quant_key)
         V.check_choice(act_quant, "act_quant", engine_cls.supported_act_quant)
         self.spec = ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant, act_block)
         self.device = device
@@ -117,7 +124,9 @@ class Conv2d:
             engine_options["threads"] = threads
         if engine_cls is not ReferenceEngine and _is_opencl_device(device):
             engine_options["device"] = device
-        self.engine = engine_cls(self.spec, **engine_options)
+        self.engine: Engine = engine_cls(self.spec, **engine_options)
+        # device arrays go straight to the engine's prepared path (bound once: calls are hot)
+        self._forward_array = self.engine.forward_array if self.engine.supports_device_arrays else None
 
     # --- properties -----------------------------------------------------------------------------
     @property
@@ -169,7 +178,7 @@ class Conv2d:
                     raise TypeError(f"x must be a float32 pyopencl Array, got dtype {x.dtype}")
                 self.spec.out_hw(*self._nhw(x.shape, layout)[1:])
             return x  # other device arrays are checked by the OpenCL engine
-        int8_input = getattr(self.engine, "int8_input", False)
+        int8_input = self.engine.int8_input
         if int8_input:
             x = np.asarray(x)
             if x.dtype != np.int8:
@@ -178,7 +187,7 @@ class Conv2d:
         else:
             x = V.float_array(x, "x", finite=False, empty_ok=True)
         n, h, w = self._nhw(x.shape, layout)
-        if not int8_input and not getattr(self.engine, "rejects_nonfinite", False):
+        if not int8_input and not self.engine.rejects_nonfinite:
             self._check_finite(x, layout)
         oh, ow = self.spec.out_hw(h, w)
         V.check_alloc(4 * n * oh * ow * (-(-self.spec.out_channels // 4) * 4), "the output")
@@ -198,7 +207,7 @@ class Conv2d:
         oh, ow = self.spec.out_hw(x.shape[2], x.shape[3])
         o = self.spec.out_channels
         shape = (0, o, oh, ow) if layout == "nchw" else (-(-o // 4), 0, oh, ow, 4)
-        dtype = np.int8 if getattr(self.engine, "output_qparams", None) is not None else np.float32
+        dtype = np.int8 if self.engine.output_qparams is not None else np.float32
         if _is_cl_array(x):
             import pyopencl.array as cla
 
@@ -207,7 +216,7 @@ class Conv2d:
 
     def __call__(self, x, layout: str = "nchw", out=None):
         """``out``: where to write the result (see the class docstring); returns it."""
-        forward_array = getattr(self.engine, "forward_array", None)
+        forward_array = self._forward_array
         if forward_array is not None and x.__class__.__module__.startswith("pyopencl") and x.size:
             if layout not in LAYOUTS:
                 V.check_choice(layout, "layout", LAYOUTS)
@@ -215,8 +224,7 @@ class Conv2d:
         x = self._check_input(x, layout)
         if x.size == 0:  # an empty batch: _check_input lets no other empty input through
             return _into(out, self._empty_output(x, layout), x)
-        native = getattr(self.engine, "native_layouts", LAYOUTS)
-        if _is_cl_array(x) or layout in native:
+        if _is_cl_array(x) or layout in self.engine.native_layouts:
             return _into(out, self.engine.forward(x, layout), x)
         y = self.engine.forward(PUBLIC_NC4HW4.unpack_array(x, self.spec.in_channels), "nchw")
         return _into(out, PUBLIC_NC4HW4.pack_array(y), x)
@@ -242,7 +250,7 @@ class Linear(Conv2d):
 
     def __call__(self, x, out=None):
         """``x``: ``(N, K)`` float32 (numpy or device array) -> ``(N, O)``; ``out``: see :class:`Conv2d`."""
-        forward_array = getattr(self.engine, "forward_array", None)
+        forward_array = self._forward_array
         if forward_array is not None and x.__class__.__module__.startswith("pyopencl") and x.size:
             return forward_array(x, "nchw", out, True)  # the prepared path: no reshapes
         if _is_cl_array(x):

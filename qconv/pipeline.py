@@ -150,7 +150,7 @@ class Pipeline:
         if len(kinds) > 1:
             raise ValueError(f"all layers of a Pipeline must run on one engine, got {sorted(k.name for k in kinds)}")
         self.engine_class = kinds.pop()
-        self.opencl = hasattr(layers[0].engine, "forward_array")
+        self.opencl = layers[0].engine.supports_device_arrays
         if self.opencl:
             ctx = layers[0].engine.ctx
             if any(layer.engine.ctx != ctx for layer in layers):

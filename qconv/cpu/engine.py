@@ -200,6 +200,7 @@ class CpuEngine:
     # NaN / inf inputs are detected by the native quantization pass (a ValueError), so the layer skips its own
     # numpy pass over the input
     rejects_nonfinite = True
+    supports_device_arrays = False
 
     def __init__(self, spec: ConvSpec, threads=None, kernel=None, tile_cols=None,
                  input_qparams=None, output_qparams=None, depthwise=None):

@@ -231,7 +231,12 @@ class OpenCLEngine:
     name = "opencl"
     supported_act_quant = (None, "row")
     default_act_quant = None
+    default_linear_act_quant = None
     native_layouts = ("nchw", "nc4hw4")
+    rejects_nonfinite = False   # numpy inputs are checked by the layer; device arrays with check_finite=True
+    supports_device_arrays = True
+    int8_input = False
+    output_qparams = None
 
     def __init__(self, spec, device="opencl", *, tune=None, variant=None, local_size=None, image=None,
                  image_limits=None, scale_dtype="auto", specialize=None, ic_pack=4, threads=None,
