@@ -10,13 +10,12 @@ binds only the changed buffers of kernels prepared at the first call and enqueue
 
 Runs on every visible OpenCL device (PoCL in CI); skipped with a reason when none is visible.
 """
-import sys
-import threading
 
 import numpy as np
 import pytest
 
 import qconv
+from threading_support import run_interleaved
 from qconv import gpu
 from qconv.testing import assert_matches_reference
 
@@ -142,29 +141,14 @@ def test_eight_threads_share_one_layer(cl_device):
         q0 = layer.engine.queue
         xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
         want = [layer(cla.to_device(q0, x)).get() for x in xs]
-        results, errors = [None] * 8, []
-
         def work(i):
-            try:
-                q = q0 if i % 2 else cl.CommandQueue(q0.context, q0.device)  # one shared queue, and own ones
-                x = cla.to_device(q, xs[i])
-                out = cla.empty(q, want[i].shape, np.float32)
-                ys = [layer(x) if k % 2 else layer(x, out=out).copy() for k in range(40)]
-                results[i] = [y.get() for y in ys]
-            except Exception as exc:  # reported below
-                errors.append(exc)
+            q = q0 if i % 2 else cl.CommandQueue(q0.context, q0.device)  # one shared queue, and own ones
+            x = cla.to_device(q, xs[i])
+            out = cla.empty(q, want[i].shape, np.float32)
+            ys = [layer(x) if k % 2 else layer(x, out=out).copy() for k in range(40)]
+            return [y.get() for y in ys]
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(1e-6)  # switch threads every few bytecodes: unlocked bind + enqueue would interleave
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            sys.setswitchinterval(interval)
-        assert not errors, errors
+        results = run_interleaved(work, 8)
         for i in range(8):
             for y in results[i]:
                 np.testing.assert_array_equal(y, want[i], err_msg=f"{name} thread {i}")

@@ -3,13 +3,12 @@ device): a pipeline equals its layers called one by one with the residual adds d
 numpy and (OpenCL) device-array inputs, both layouts, shapes changing between calls, ``out=``, threads; and
 the OpenCL residual add kernel (``kernels/eltwise.cl``) equals numpy's float32 add + activation bitwise.
 """
-import sys
-import threading
 
 import numpy as np
 import pytest
 
 import qconv
+from threading_support import run_interleaved
 
 
 def _w(rng, shape, bits=8, block=0):
@@ -156,27 +155,12 @@ def test_pipeline_threads(qconv_device):
     q0 = layers[0].engine.queue
     xs = [rng.standard_normal((1 + i % 2, 64)).astype(np.float32) for i in range(8)]
     want = [by_hand(x, _host_call("nchw")) for x in xs]
-    errors, results = [], [None] * 8
-
     def work(i):
-        try:
-            q = q0 if i % 2 else cl.CommandQueue(q0.context, q0.device)
-            xd = cla.to_device(q, xs[i])
-            results[i] = [pipe(xd).get() for _ in range(15)]
-        except Exception as exc:  # reported below
-            errors.append(exc)
+        q = q0 if i % 2 else cl.CommandQueue(q0.context, q0.device)
+        xd = cla.to_device(q, xs[i])
+        return [pipe(xd).get() for _ in range(15)]
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads every few bytecodes: unlocked bind + enqueue would interleave
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
-    assert not errors, errors
+    results = run_interleaved(work, 8)
     for i in range(8):
         for y in results[i]:
             np.testing.assert_array_equal(y, want[i], err_msg=f"thread {i}")
