@@ -42,6 +42,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS
 import numpy as np  # noqa: E402
 
 import qconv  # noqa: E402
+from qconv._timing import peak_rss_mb  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -81,18 +82,6 @@ def _reset_peak_rss():
             fh.write("5")
     except OSError:
         pass
-
-
-def _peak_rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _time(fn, min_time, max_reps, warmup_s=0.3):
@@ -280,7 +269,7 @@ def run(args):
             rows.append(dict(case=case, scheme=scheme, engine=engine, error=f"{type(exc).__name__}: {exc}"[:120]))
             return
         rows.append(dict(case=case, scheme=scheme, engine=engine, ms=ms, gops=ops / ms / 1e6,
-                         rel_err=_rel_err(y, ref), peak_rss_mb=_peak_rss_mb()))
+                         rel_err=_rel_err(y, ref), peak_rss_mb=peak_rss_mb()))
         print(f"  {case:20s} {scheme:22s} {engine:28s} {ms:9.3f} ms", file=sys.stderr, flush=True)
 
     for kind, name, o, i, k, h, stride, pad in [(c[0], c[1], c[2], c[3], c[4] if c[0] == "conv" else 1,

@@ -37,6 +37,8 @@ import time
 
 import numpy as np
 
+from qconv._timing import peak_rss_mb  # VmHWM: ru_maxrss carries the parent's peak through exec
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = os.environ.get("QCONV_BENCH_IMAGE", os.path.join(ROOT, "..", "shared", "data", "text_640.png"))
 ROWS = ("ort-float", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-int8-ch", "qconv-plan25",
@@ -145,12 +147,6 @@ def make_artifact(row: str, path: str, x: np.ndarray, work: str):
 
 
 # --- one row, in its own process -------------------------------------------------------------------------
-def _peak_rss_mb() -> float:
-    from qconv.onnx.cli import peak_rss_mb  # VmHWM: ru_maxrss would carry over the parent's peak through exec
-
-    return peak_rss_mb()
-
-
 def _runner(row: str, path: str, x: np.ndarray, threads: int):
     """``(run() -> output array, extra info)`` for one row."""
     if row.startswith("mnn-"):
@@ -199,7 +195,7 @@ def worker(row, path, x_path, ref_path, threads, repeat) -> dict:
     ms = np.array(times) * 1e3
     return dict(row=row, median_ms=float(np.median(ms)), p90_ms=float(np.percentile(ms, 90)),
                 sqnr_db=float(sqnr_db(y.reshape(ref.shape), ref)) if y.size == ref.size else None,
-                peak_rss_mb=_peak_rss_mb(), load_s=load_s, **info)
+                peak_rss_mb=peak_rss_mb(), load_s=load_s, **info)
 
 
 def custom_op_overhead(threads: int, repeat: int, nodes: int = 16) -> dict:

@@ -1,4 +1,6 @@
-"""Wall-clock timing shared by the command-line tools."""
+"""Wall-clock timing and peak memory, shared by the command-line tools and the benchmarks."""
+import resource
+import sys
 import time
 
 import numpy as np
@@ -13,3 +15,17 @@ def median_ms(fn, repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times)) * 1e3
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (MiB): ``VmHWM`` of ``/proc/self/status`` where there is one
+    (``ru_maxrss`` survives ``exec``, so it can report the peak of the process that started this one)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 
 import numpy as np
+
+from .._timing import peak_rss_mb
 
 
 def _floats(text):
@@ -48,20 +49,6 @@ def _progress(iterable, total, desc, enabled):
     except ImportError:
         return iterable
     return tqdm(iterable, total=total, desc=desc, unit="run", disable=None if enabled else True, file=sys.stderr)
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (MiB): ``VmHWM`` of ``/proc/self/status`` where there is one
-    (``ru_maxrss`` survives ``exec``, so it can report the peak of the process that started this one)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024.0 if sys.platform != "darwin" else kb / 2**20
 
 
 def quantize_main(args) -> int:
