@@ -257,16 +257,9 @@ class Pipeline:
         return y
 
     def _checked_input(self, x):
-        import pyopencl.array as cla
+        from .gpu.engine import check_device_input
 
-        if not isinstance(x, cla.Array):
-            raise TypeError(f"x must be a numpy array or a pyopencl.array.Array, got {type(x).__name__}")
-        if x.dtype != np.float32:
-            raise TypeError(f"x must be float32, got dtype {x.dtype}")
-        if x.context != self.ctx:
-            raise ValueError("x lives in another OpenCL context than the pipeline's layers")
-        if not x.flags.c_contiguous:
-            raise ValueError(f"x must be C-contiguous, got strides {x.strides}")
+        check_device_input(x, self.ctx, "the pipeline's layers")
         if x.offset or x.base_data is None:
             x = x.copy(queue=x.queue if x.queue is not None else self.queue)
         return x

@@ -163,6 +163,21 @@ def _new_array(queue, ctx, allocator, p):
     return cla.empty(queue, p.out_shape, np.float32, allocator=allocator)
 
 
+def check_device_input(x, ctx, owner: str) -> None:
+    """``TypeError`` / ``ValueError`` unless ``x`` is a float32 C-contiguous ``pyopencl.array.Array`` in ``ctx``
+    (``owner`` names whose context it must be, for the message)."""
+    import pyopencl.array as cla
+
+    if not isinstance(x, cla.Array):
+        raise TypeError(f"x must be a pyopencl.array.Array, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"x must be a float32 pyopencl Array, got dtype {x.dtype}")
+    if x.context != ctx:
+        raise ValueError(f"x lives in another OpenCL context than {owner}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"x must be C-contiguous, got strides {x.strides}")
+
+
 class _Prepared:
     """The prepared launch of one input shape as the caller passes it: ``plan`` (:class:`_Plan`), ``launch``
     (its :class:`~.launch.LaunchPlan`), the input's shape/strides/bytes and the output's shape/strides/size/
@@ -1320,16 +1335,7 @@ class OpenCLEngine:
         return self._launch_prepared(p, x, out)
 
     def _forward_array_checked(self, x, layout, out, linear):
-        import pyopencl.array as cla
-
-        if not isinstance(x, cla.Array):
-            raise TypeError(f"x must be a pyopencl.array.Array, got {type(x).__name__}")
-        if x.dtype != np.float32:
-            raise TypeError(f"x must be a float32 pyopencl Array, got dtype {x.dtype}")
-        if x.context != self.ctx:
-            raise ValueError("x lives in another OpenCL context than this layer's device")
-        if not x.flags.c_contiguous:
-            raise ValueError(f"x must be C-contiguous, got strides {x.strides}")
+        check_device_input(x, self.ctx, "this layer's device")
         self._parse_shape(x.shape, layout, linear)
         queue = x.queue if x.queue is not None else self.queue
         if x.offset or x.base_data is None:
