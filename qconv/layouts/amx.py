@@ -155,35 +155,20 @@ class AmxWeightLayout(BlockedWeightCodes):
         """int8 ``q (O, I/groups, kh, kw)`` (or ``(O, I/groups)``) -> :attr:`packed_shape` array (int8 ``q``, or uint8
         ``q + 8`` for 4-bit weights; padding as in the module docstring)."""
         q = self._check_logical(q)
-        g, og, nb, bc, k = self.groups, self.group_out_channels, self.n_blocks, self.block_channels, self.taps
-        icl, ocp, kp, lb = self.block_icl, self.oc_padded, self.block_bytes, self.block_values
-        off = 8 if self.bits == 4 else 0
-        v = q.reshape(g, og, nb, bc, k).transpose(0, 2, 1, 4, 3).astype(np.int16)   # (G, NB, Og, K, BC)
-        full = np.zeros((g, nb, ocp, k, icl), np.int16)
-        full[:, :, :og, :, :bc] = v
-        flat = np.zeros((g, nb, ocp, kp), np.int16)
-        flat[..., :lb] = full.reshape(g, nb, ocp, lb) + off
+        g, nb, ocp, kp, lb = self.groups, self.n_blocks, self.oc_padded, self.block_bytes, self.block_values
+        flat = self._reduction_rows(q, kp, np.int16)
+        if self.bits == 4:
+            flat[..., :lb] += 8        # padding inside Lb is the code of 0; the K tail stays the byte 0
         t = flat.reshape(g, nb, ocp // self.unit, 2, self.tile_n, kp // 4, 4).transpose(0, 2, 1, 3, 5, 4, 6)
         return np.ascontiguousarray(t).astype(self.packed_dtype)
 
     def unpack_array(self, packed: np.ndarray, shape=None) -> np.ndarray:
         """Inverse of :meth:`pack_array`: int8 ``(O, I/groups, kh, kw)`` (``shape``, default ``(O, I/G, taps, 1)``)."""
-        packed = np.asarray(packed)
-        if packed.shape != self.packed_shape or packed.dtype != self.packed_dtype:
-            raise ValueError(f"packed weights must be {self.packed_dtype} {self.packed_shape}, "
-                             f"got {packed.dtype} {packed.shape}")
-        if shape is None:
-            shape = (self.out_channels, self.in_channels, self.taps, 1)
-        shape = tuple(int(s) for s in shape)
-        if len(shape) != 4 or shape[:2] != (self.out_channels, self.in_channels) or shape[2] * shape[3] != self.taps:
-            raise ValueError(f"shape {shape} does not match this layout")
-        g, og, nb, bc, k = self.groups, self.group_out_channels, self.n_blocks, self.block_channels, self.taps
-        icl, ocp, kp, lb = self.block_icl, self.oc_padded, self.block_bytes, self.block_values
+        packed, shape = self._check_packed(packed, shape)
+        g, nb, ocp, kp = self.groups, self.n_blocks, self.oc_padded, self.block_bytes
         off = 8 if self.bits == 4 else 0
         t = packed.astype(np.int16).transpose(0, 2, 1, 3, 5, 4, 6)     # (G, NB, OCU, 2, 16, KP/4, 4)
-        flat = t.reshape(g, nb, ocp, kp)[..., :lb] - off
-        full = flat.reshape(g, nb, ocp, k, icl)[:, :, :og, :, :bc]       # (G, NB, Og, K, BC)
-        return np.ascontiguousarray(full.transpose(0, 2, 1, 4, 3).reshape(shape).astype(np.int8))
+        return self._from_reduction_rows(t.reshape(g, nb, ocp, kp) - off, shape)
 
 
 __all__ = ["AmxWeightLayout"]

@@ -80,6 +80,37 @@ class BlockedWeightCodes:
             raise ValueError("int4 values must lie in [-8, 7]")
         return q
 
+    def _reduction_rows(self, q: np.ndarray, width: int, dtype) -> np.ndarray:
+        """Logical ``q`` (checked) -> ``(G, NB, OCp, width)`` rows in the blocks' reduction order
+        ``l = tap * ICL + c`` (``width >= taps * ICL``); padded channels, lanes and the tail hold 0."""
+        g, og, nb, bc, k = self.groups, self.group_out_channels, self.n_blocks, self.block_channels, self.taps
+        icl, ocp = self.block_icl, self.oc_padded
+        full = np.zeros((g, nb, ocp, k, icl), dtype)
+        full[:, :, :og, :, :bc] = q.reshape(g, og, nb, bc, k).transpose(0, 2, 1, 4, 3)   # (G, NB, Og, K, BC)
+        rows = np.zeros((g, nb, ocp, width), dtype)
+        rows[..., :k * icl] = full.reshape(g, nb, ocp, k * icl)
+        return rows
+
+    def _check_packed(self, packed: np.ndarray, shape) -> tuple:
+        """``(packed as an array, the logical shape)`` after checking both (``shape`` default ``(O, I/G, taps, 1)``)."""
+        packed = np.asarray(packed)
+        if packed.shape != self.packed_shape or packed.dtype != self.packed_dtype:
+            raise ValueError(f"packed weights must be {self.packed_dtype} {self.packed_shape}, "
+                             f"got {packed.dtype} {packed.shape}")
+        if shape is None:
+            shape = (self.out_channels, self.in_channels, self.taps, 1)
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 4 or shape[:2] != (self.out_channels, self.in_channels) or shape[2] * shape[3] != self.taps:
+            raise ValueError(f"shape {shape} does not match this layout")
+        return packed, shape
+
+    def _from_reduction_rows(self, rows: np.ndarray, shape) -> np.ndarray:
+        """Inverse of :meth:`_reduction_rows`: ``(G, NB, OCp, width)`` -> int8 ``q`` of ``shape``."""
+        g, og, nb, bc, k = self.groups, self.group_out_channels, self.n_blocks, self.block_channels, self.taps
+        icl, ocp = self.block_icl, self.oc_padded
+        full = rows[..., :k * icl].reshape(g, nb, ocp, k, icl)[:, :, :og, :, :bc]      # (G, NB, Og, K, BC)
+        return np.ascontiguousarray(full.transpose(0, 2, 1, 4, 3).reshape(shape).astype(np.int8))
+
 
 @dataclass(frozen=True)
 class TiledWeightLayout(BlockedWeightCodes):
@@ -219,13 +250,8 @@ class TiledWeightLayout(BlockedWeightCodes):
     def pack_array(self, q: np.ndarray) -> np.ndarray:
         """int8 ``q (O, I/groups, kh, kw)`` (or ``(O, I/groups)``) -> :attr:`packed_shape` array."""
         q = self._check_logical(q)
-        g, og, nb, bc, k = self.groups, self.group_out_channels, self.n_blocks, self.block_channels, self.taps
-        icl, ocp, bl, u, su = self.block_icl, self.oc_padded, self.block_l, self.unit, self.src_unit
-        v = q.reshape(g, og, nb, bc, k).transpose(0, 2, 1, 4, 3)          # (G, NB, Og, K, BC)
-        full = np.zeros((g, nb, ocp, k, icl), np.int8)
-        full[:, :, :og, :, :bc] = v
-        flat = np.zeros((g, nb, ocp, bl * su), np.int8)
-        flat[..., :k * icl] = full.reshape(g, nb, ocp, k * icl)
+        g, nb, ocp, bl, u, su = self.groups, self.n_blocks, self.oc_padded, self.block_l, self.unit, self.src_unit
+        flat = self._reduction_rows(q, bl * su, np.int8)
         tiles = flat.reshape(g, nb, ocp // u, u, bl, su).transpose(0, 1, 2, 4, 3, 5)
         if self.order == "tile":
             tiles = tiles.swapaxes(1, 2)
@@ -238,17 +264,8 @@ class TiledWeightLayout(BlockedWeightCodes):
 
     def unpack_array(self, packed: np.ndarray, shape=None) -> np.ndarray:
         """Inverse of :meth:`pack_array`: int8 ``(O, I/groups, kh, kw)`` (``shape``, default ``(O, I/G, taps, 1)``)."""
-        packed = np.asarray(packed)
-        if packed.shape != self.packed_shape or packed.dtype != self.packed_dtype:
-            raise ValueError(f"packed weights must be {self.packed_dtype} {self.packed_shape}, "
-                             f"got {packed.dtype} {packed.shape}")
-        if shape is None:
-            shape = (self.out_channels, self.in_channels, self.taps, 1)
-        shape = tuple(int(s) for s in shape)
-        if len(shape) != 4 or shape[:2] != (self.out_channels, self.in_channels) or shape[2] * shape[3] != self.taps:
-            raise ValueError(f"shape {shape} does not match this layout")
-        g, og, nb, bc, k = self.groups, self.group_out_channels, self.n_blocks, self.block_channels, self.taps
-        icl, ocp, bl, u, su = self.block_icl, self.oc_padded, self.block_l, self.unit, self.src_unit
+        packed, shape = self._check_packed(packed, shape)
+        g, nb, ocp, bl, u, su = self.groups, self.n_blocks, self.oc_padded, self.block_l, self.unit, self.src_unit
         if self.order == "tile":
             packed = packed.swapaxes(1, 2)            # back to [G][NB][tiles]
         if self.bits == 4:
@@ -257,10 +274,7 @@ class TiledWeightLayout(BlockedWeightCodes):
             tiles = np.concatenate([hi, lo], axis=-1).astype(np.int8).reshape(g, nb, ocp // u, bl, u, su)
         else:
             tiles = packed
-        flat = tiles.transpose(0, 1, 2, 4, 3, 5).reshape(g, nb, ocp, bl * su)
-        full = flat[..., :k * icl].reshape(g, nb, ocp, k, icl)[:, :, :og, :, :bc]   # (G, NB, Og, K, BC)
-        q = full.transpose(0, 2, 1, 4, 3).reshape(shape)
-        return np.ascontiguousarray(q)
+        return self._from_reduction_rows(tiles.transpose(0, 1, 2, 4, 3, 5).reshape(g, nb, ocp, bl * su), shape)
 
 
 __all__ = ["TiledWeightLayout"]
