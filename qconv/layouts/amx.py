@@ -79,14 +79,6 @@ class AmxWeightLayout(BlockedWeightCodes):
         return _up(self.block_values, self.k_step)
 
     @property
-    def oc_tiles(self) -> int:
-        return -(-self.group_out_channels // self.unit)
-
-    @property
-    def oc_padded(self) -> int:
-        return self.oc_tiles * self.unit
-
-    @property
     def half_stride(self) -> int:
         """Bytes between the two 16-channel halves of a (tile, block)."""
         return self.tile_n * self.block_bytes

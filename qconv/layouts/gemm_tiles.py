@@ -40,8 +40,10 @@ def _up(a: int, b: int) -> int:
 
 class BlockedWeightCodes:
     """What every CPU weight-tile spec shares (a mixin of frozen dataclasses with the fields ``out_channels``,
-    ``in_channels`` (per group), ``taps``, ``n_blocks``, ``bits`` and ``groups``): their validation, the group
-    and block sizes, and the check of the logical int8 codes ``q (O, I/groups, kh, kw)``."""
+    ``in_channels`` (per group), ``taps``, ``n_blocks``, ``bits``, ``groups`` and a ``unit`` of output channels per
+    tile): their validation, group, block and tile sizes, the check of the logical int8 codes
+    ``q (O, I/groups, kh, kw)`` and of packed arrays, and the blocks' zero-padded reduction rows ``l = tap*ICL + c``
+    that each spec then cuts into its own tiles."""
 
     def _validate(self, positive=("out_channels", "in_channels", "taps", "n_blocks", "groups")):
         for name in positive:
@@ -65,6 +67,16 @@ class BlockedWeightCodes:
     def block_channels(self) -> int:
         """``BC``: input channels of one block."""
         return self.in_channels // self.n_blocks
+
+    @property
+    def oc_tiles(self) -> int:
+        """``ceil(Og / UNIT)``: output-channel tiles per group."""
+        return -(-self.group_out_channels // self.unit)
+
+    @property
+    def oc_padded(self) -> int:
+        """Output channels per group rounded up to UNIT."""
+        return self.oc_tiles * self.unit
 
     def _check_logical(self, q: np.ndarray) -> np.ndarray:
         q = np.asarray(q)
@@ -167,16 +179,6 @@ class TiledWeightLayout(BlockedWeightCodes):
     def block_values(self) -> int:
         """Reduction positions per block including padding: ``blockL * SRC_UNIT``."""
         return self.block_l * self.src_unit
-
-    @property
-    def oc_tiles(self) -> int:
-        """``ceil(Og / UNIT)``: output-channel tiles per group."""
-        return -(-self.group_out_channels // self.unit)
-
-    @property
-    def oc_padded(self) -> int:
-        """Output channels per group rounded up to UNIT."""
-        return self.oc_tiles * self.unit
 
     @property
     def tile_bytes(self) -> int:
