@@ -306,10 +306,8 @@ def save_weights(path, model_path, rows, calib_feeds=None) -> None:
 def _weight_arrays(key: str, qw) -> dict:
     if qw is None:
         return {}
-    arrays = {key + "q": qw.q, key + "scales": qw.scales,
-              key + "meta": np.array([qw.bits, qw.block_size, qw.groups], np.int64)}
-    if qw.offsets is not None:
-        arrays[key + "offsets"] = qw.offsets
+    arrays = {key + "q": qw.q, key + "meta": np.array([qw.bits, qw.block_size, qw.groups], np.int64)}
+    arrays.update({key + k: v for k, v in qw.stored_params().items()})
     return arrays
 
 

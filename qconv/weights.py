@@ -6,7 +6,7 @@ Every engine, layout and converter of qconv starts from this one flat type. Its 
 field      dtype / shape                  meaning
 ========== ============================== =====================================================
 q          int8 ``(O, I/groups, kh, kw)``  quantized weights in the logical (OIHW) shape
-scales     float32 ``(O, n_blocks)``       per (output channel, block) scale ``s``
+scales     float32 ``(O, n_blocks)``       per (output channel, block) scale ``s`` (float16 values by default)
 offsets    float32 ``(O, n_blocks)``       float-domain offset ``a`` or ``None`` (symmetric)
 bits       4 or 8                          integer range: see :attr:`QuantizedWeight.qmin`
 block_size int >= 0                        input channels per block, 0 = one block per row
@@ -16,6 +16,13 @@ groups     int >= 1                        grouped convolution (``I = groups * q
 Dequantization is float-domain, as in MNN: ``w = q * s + a``. A block covers ``block_size`` input
 channels times all ``kh*kw`` taps, i.e. a contiguous run of ``block_len`` elements of the
 OIHW-flattened row of one output channel.
+
+Stored form. In memory ``scales``/``offsets`` are float32 arrays; when every value is a float16 value
+(:attr:`QuantizedWeight.half_exact`, the default of :func:`quantize_weight`) they are stored in 2 bytes
+each: in ``.npz`` files (:meth:`QuantizedWeight.save`), in qconv's ONNX nodes and in the engines' tables,
+and read back bit-identical. Otherwise they are stored as float32. Bytes per weight = code bytes (1 for
+int8, 0.5 for int4) + (2 or 4) x (1 symmetric or 2 asymmetric) / ``block_len``: int4 block-32 asymmetric
+with float16 parameters is ``0.5 + 4/32 = 0.625`` bytes (0.156x float32), with float32 ``0.75`` (0.1875x).
 """
 from __future__ import annotations
 
@@ -88,6 +95,10 @@ class QuantizedWeight:
         object.__setattr__(self, "bits", bits)
         object.__setattr__(self, "block_size", block_size)
         object.__setattr__(self, "groups", groups)
+        with np.errstate(over="ignore"):   # values beyond float16 become inf: not half-exact
+            half = all(a is None or np.array_equal(a.astype(np.float16).astype(np.float32), a)
+                       for a in (scales, offsets))
+        object.__setattr__(self, "_half_exact", half)
 
     # --- derived properties -------------------------------------------------------------------
     @property
@@ -141,9 +152,9 @@ class QuantizedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes as stored: packed integers + float32 scales (+ offsets)."""
+        """Bytes as stored: packed integers + scales (+ offsets) in :attr:`param_dtype`."""
         params = self.scales.size * (1 if self.symmetric else 2)
-        return self.nbytes_q + 4 * int(params)
+        return self.nbytes_q + self.param_dtype.itemsize * int(params)
 
     @property
     def nbytes_float(self) -> int:
@@ -156,10 +167,22 @@ class QuantizedWeight:
 
     @property
     def half_exact(self) -> bool:
-        """True when every scale and offset is a float16 value (``quantize_weight(scale_dtype="float16")``,
-        GGUF imports): engines may then store them in 2 bytes without changing a single result bit."""
-        return all(a is None or np.array_equal(a.astype(np.float16).astype(np.float32), a)
-                   for a in (self.scales, self.offsets))
+        """True when every scale and offset is a float16 value (``quantize_weight``'s default form, GGUF
+        imports): files and engines then store them in 2 bytes without changing a single result bit."""
+        return self._half_exact
+
+    @property
+    def param_dtype(self) -> np.dtype:
+        """dtype the scales and offsets are stored in: float16 when :attr:`half_exact`, else float32."""
+        return np.dtype(np.float16 if self._half_exact else np.float32)
+
+    def stored_params(self) -> dict[str, np.ndarray]:
+        """``{"scales": ..., "offsets": ...}`` (offsets only when asymmetric) in :attr:`param_dtype`: what
+        files and qconv's ONNX nodes store; converting back to float32 gives the same bits."""
+        out = {"scales": self.scales.astype(self.param_dtype)}
+        if self.offsets is not None:
+            out["offsets"] = self.offsets.astype(self.param_dtype)
+        return out
 
     def weight_sums(self) -> np.ndarray:
         """int32 ``(O, n_blocks)``: sum of ``q`` over each block."""
@@ -256,13 +279,11 @@ class QuantizedWeight:
 
     # --- files --------------------------------------------------------------------------------
     def save(self, path) -> None:
-        """Write an ``.npz`` (format version :data:`FORMAT_VERSION`; no pickled objects)."""
-        arrays = dict(format_version=np.int64(FORMAT_VERSION), q=self.q, scales=self.scales,
-                      bits=np.int64(self.bits), block_size=np.int64(self.block_size),
-                      groups=np.int64(self.groups))
-        if self.offsets is not None:
-            arrays["offsets"] = self.offsets
-        np.savez(path, **arrays)
+        """Write an ``.npz`` (format version :data:`FORMAT_VERSION`; no pickled objects). Scales and offsets
+        are stored as :meth:`stored_params` gives them (float16 when :attr:`half_exact`; any reader of
+        version 1 converts them to float32, exactly)."""
+        np.savez(path, format_version=np.int64(FORMAT_VERSION), q=self.q, bits=np.int64(self.bits),
+                 block_size=np.int64(self.block_size), groups=np.int64(self.groups), **self.stored_params())
 
     @classmethod
     def load(cls, path) -> "QuantizedWeight":
@@ -313,7 +334,7 @@ def _param_array(a, name: str, shape: tuple[int, int]) -> np.ndarray:
 
 
 METHODS = ("minmax", "mse")
-SCALE_DTYPES = ("float32", "float16")
+SCALE_DTYPES = ("auto", "float32", "float16")
 _F16_MAX = 65504.0
 
 # Clip-ratio search of method="mse": a coarse grid, then a finer one around the best coarse ratio.
@@ -323,7 +344,7 @@ _MSE_WINDOW_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = True,
-                    groups: int = 1, method: str = "minmax", scale_dtype="float32") -> QuantizedWeight:
+                    groups: int = 1, method: str = "minmax", scale_dtype="auto") -> QuantizedWeight:
     """Quantize float weights per (output channel, block), rounding half away from zero.
 
     ``w``: float ``(O, I/groups, kh, kw)`` (conv) or ``(O, K)`` (linear, seen as a 1x1 conv).
@@ -331,22 +352,30 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
 
     ``method="minmax"`` (MNN's converter, the default): symmetric ``s = absmax / qmax`` with ``q`` in
     [-127, 127] / [-7, 7]; asymmetric ``s = (max-min)/(2^bits-1)``, ``q`` in [-128, 127] / [-8, 7],
-    ``offset = min - qmin*s``. Zero or constant blocks give ``s = 0`` and dequantize exactly.
+    ``offset = min - qmin*s``. Zero blocks give ``s = 0`` and dequantize exactly; asymmetric constant
+    blocks give ``s = 0`` and ``offset`` = the value (rounded to float16 in the float16 form).
 
     ``method="mse"``: per block, search the clipping range that minimises the squared reconstruction
-    error ``sum (dequant(q) - w)^2``: clip ratios ``r`` of the min/max range on a 15-point grid in
+    error ``sum (dequant(q) - w)^2`` (``dequant`` with the scales and offsets in their stored form): clip ratios ``r`` of the min/max range on a 15-point grid in
     [0.3, 1] (asymmetric: the clipped window also slides over 5 positions inside [min, max]), then 9
     finer ratios around the best. The min/max range is candidate 0 and wins ties, so every block's
     error is never above ``minmax``'s. Deterministic; costs about 25 (symmetric) or 100 (asymmetric)
     quantize-dequantize passes over the weights, vectorised over all blocks.
 
-    ``scale_dtype="float16"``: scales and offsets are rounded to float16 values (still stored as float32)
-    before ``q`` is chosen, as GGUF's Q4_0/Q4_1/Q8_0 store them. The CPU engine then keeps its per-block
-    tables in half the bytes (exactly; see :attr:`QuantizedWeight.half_exact`), which matters for
-    blockwise weights streamed from memory (block 32: tables are 25-33% of the bytes of a GEMV).
+    ``scale_dtype``: the stored form of the scales and offsets.
+
+    * ``"float16"``: they are rounded to float16 values (held as float32 arrays) *before* ``q`` is chosen,
+      as GGUF's Q4_0/Q4_1/Q8_0 store them, so ``q`` fits the stored values. :attr:`QuantizedWeight.half_exact`
+      is True: files, qconv's ONNX nodes and the engines' tables keep them in 2 bytes, bit-exactly (int4
+      block-32 asymmetric: 0.625 bytes per weight instead of 0.75; the parameters are 20% of a GEMV's bytes
+      instead of 33%). ``ValueError`` when a value is outside the normal float16 range (|value| > 65504,
+      or a nonzero scale < 2**-14 = 6.1e-5).
+    * ``"float32"``: float32 scales and offsets (the default of qconv 0.2, bit for bit).
+    * ``"auto"`` (default): ``"float16"``, unless some value is outside that range; then the whole weight
+      gets ``"float32"`` (no error; ``half_exact`` is False).
     """
     V.check_choice(method, "method", METHODS)
-    half = _scale_dtype_is_half(scale_dtype)
+    form = scale_dtype_name(scale_dtype)
     w, bits, block_size, groups = check_quantize_args(w, bits, block_size, symmetric, groups)
     o, ipg = w.shape[0], w.shape[1]
     n_blocks = ipg // block_size if block_size else 1
@@ -362,9 +391,12 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
             raise ValueError(f"asymmetric quantization: the range max - min of output channel {o_bad}, block "
                              f"{b_bad} overflows float32 ({float(lo[o_bad, b_bad]):.3g} .. "
                              f"{float(hi[o_bad, b_bad]):.3g}); use symmetric=True or rescale the weights")
-    if method == "mse":
-        lo, hi = _mse_range(blocks, lo, hi, bits, bool(symmetric))
-    q, scales, offsets = _quantize_blocks(blocks, lo, hi, bits, bool(symmetric), half)
+    symmetric = bool(symmetric)
+
+    def quantize(half):
+        lo_, hi_ = _mse_range(blocks, lo, hi, bits, symmetric, half) if method == "mse" else (lo, hi)
+        return _quantize_blocks(blocks, lo_, hi_, bits, symmetric, half)
+    q, scales, offsets = in_param_form(form, quantize)
     return QuantizedWeight(q.astype(np.int8).reshape(w.shape), scales, offsets, bits, block_size, groups)
 
 
@@ -392,62 +424,94 @@ def _quantize_blocks(blocks, lo, hi, bits: int, symmetric: bool, half: bool = Fa
     """Quantize ``blocks (O, nb, L)`` to the range ``[lo, hi]`` per block (``lo`` None: symmetric, ``hi`` = absmax).
 
     Returns ``(q float64 (O, nb, L) integer-valued, scales float32 (O, nb), offsets float32 or None)``;
-    ``half``: scales and offsets are float16 values (``q`` is chosen for the rounded ones).
+    ``half``: scales and offsets are float16 values (``q`` is chosen for the rounded ones);
+    :class:`_HalfRangeError` when one is outside the normal float16 range.
     """
+    q, scales, offsets, fits = _quantize_blocks_fit(blocks, lo, hi, bits, symmetric, half)
+    if not fits.all():
+        raise _HalfRangeError("scale_dtype='float16': a weight scale or offset is outside the normal float16 range "
+                              "(|value| <= 65504, nonzero scales >= 2**-14 = 6.1e-5); rescale the weights or use "
+                              "scale_dtype='float32'")
+    return q, scales, offsets
+
+
+def _quantize_blocks_fit(blocks, lo, hi, bits: int, symmetric: bool, half: bool):
+    """:func:`_quantize_blocks` and a bool ``(O, nb)`` mask of the blocks whose scale and offset fit the normal
+    float16 range (all True unless ``half``; the others got values clipped to +-65504, never inf)."""
     qmin, qmax = _QRANGE[(bits, symmetric)]
     if symmetric:
-        scales = _to_half(hi / np.float32(qmax), half, "scale")
+        s32 = np.asarray(hi / np.float32(qmax), np.float32)
+        scales = _half_values(s32) if half else s32
         safe = np.where(scales > 0, scales, np.float32(1))
         q = round_half_away(blocks / safe[:, :, None])
-        offsets = None
+        a32 = offsets = None
     else:
-        scales = _to_half((hi - lo) / np.float32(2 ** bits - 1), half, "scale")
+        s32 = np.asarray((hi - lo) / np.float32(2 ** bits - 1), np.float32)
+        scales = _half_values(s32) if half else s32
         safe = np.where(scales > 0, scales, np.float32(1))
-        offsets = _to_half(np.where(scales > 0, lo - np.float32(qmin) * scales, lo), half, "offset")
+        a32 = np.asarray(np.where(scales > 0, lo - np.float32(qmin) * scales, lo), np.float32)
+        offsets = _half_values(a32) if half else a32
         # q for the stored offset: (w - offset) / s, i.e. (w - lo) / s + qmin for float32 offsets
         base = lo if not half else offsets + np.float32(qmin) * scales
         q = round_half_away((blocks - base[:, :, None]) / safe[:, :, None]) + qmin
     q = np.where((scales > 0)[:, :, None], q, 0)
-    return np.clip(q, qmin, qmax), scales, offsets
+    fits = np.ones(scales.shape, bool)
+    if half:
+        fits = (np.abs(s32) <= _F16_MAX) & ((s32 == 0) | (np.abs(scales) >= np.float32(2.0 ** -14)))
+        if a32 is not None:
+            fits &= np.abs(a32) <= _F16_MAX
+    return np.clip(q, qmin, qmax), scales, offsets, fits
 
 
-def _scale_dtype_is_half(scale_dtype) -> bool:
+def scale_dtype_name(scale_dtype) -> str:
+    """``"auto"``, ``"float32"`` or ``"float16"`` from a name or numpy dtype (``ValueError`` otherwise)."""
+    if isinstance(scale_dtype, str) and scale_dtype == "auto":
+        return "auto"
     try:
         name = np.dtype(scale_dtype).name
     except TypeError:
         name = repr(scale_dtype)
     V.check_choice(name, "scale_dtype", SCALE_DTYPES)
-    return name == "float16"
+    return name
 
 
-def _to_half(a, half: bool, what: str) -> np.ndarray:
-    """float32 ``a``, rounded to float16 values when ``half``; scales must stay normal float16 numbers (a
-    subnormal scale would keep only a few significant bits)."""
-    a = np.asarray(a, np.float32)
-    if not half:
-        return a
-    if np.abs(a).max(initial=0) > _F16_MAX:
-        raise ValueError(f"scale_dtype='float16': a weight {what} exceeds the float16 range (65504); "
-                         "use scale_dtype='float32'")
-    h = a.astype(np.float16).astype(np.float32)
-    if what == "scale" and ((a != 0) & (np.abs(h) < np.float32(2.0 ** -14))).any():
-        raise ValueError("scale_dtype='float16': a weight scale is below the normal float16 range (6.1e-5); "
-                         "rescale the weights or use scale_dtype='float32'")
-    return h
+def in_param_form(form: str, quantize):
+    """Run ``quantize(half: bool)`` (a quantizer whose scales/offsets are float16 values when ``half``) in the
+    stored form ``form`` of :func:`scale_dtype_name`: ``"auto"`` tries float16 and falls back to float32
+    when a value is outside the normal float16 range."""
+    if form == "float32":
+        return quantize(False)
+    try:
+        return quantize(True)
+    except _HalfRangeError:
+        if form == "float16":
+            raise
+    return quantize(False)
 
 
-def _block_sq_error(blocks, lo, hi, bits, symmetric) -> np.ndarray:
-    """Squared reconstruction error per block (float64 ``(O, nb)``) of quantizing to ``[lo, hi]``."""
-    q, s, off = _quantize_blocks(blocks, lo, hi, bits, symmetric)
+class _HalfRangeError(ValueError):
+    """A scale or offset is outside the normal float16 range (``scale_dtype="float16"`` refuses it)."""
+
+
+def _half_values(a: np.ndarray) -> np.ndarray:
+    """float32 ``a`` rounded to float16 values (clipped to +-65504 first, so never inf)."""
+    return np.clip(a, -_F16_MAX, _F16_MAX).astype(np.float16).astype(np.float32)
+
+
+def _block_sq_error(blocks, lo, hi, bits, symmetric, half=False) -> np.ndarray:
+    """Squared reconstruction error per block (float64 ``(O, nb)``) of quantizing to ``[lo, hi]``
+    (``half``: with float16 scales/offsets; inf for a block whose values leave the normal float16 range)."""
+    q, s, off, fits = _quantize_blocks_fit(blocks, lo, hi, bits, symmetric, half)
     deq = q.astype(np.float32) * s[:, :, None]
     if off is not None:
         deq = deq + off[:, :, None]
-    return ((deq.astype(np.float64) - blocks) ** 2).sum(axis=2)
+    return np.where(fits, ((deq.astype(np.float64) - blocks) ** 2).sum(axis=2), np.inf)
 
 
-def _mse_range(blocks, lo, hi, bits: int, symmetric: bool):
-    """Per-block ``(lo, hi)`` minimising the reconstruction error; ``minmax`` is candidate 0."""
-    best_err = _block_sq_error(blocks, lo, hi, bits, symmetric)
+def _mse_range(blocks, lo, hi, bits: int, symmetric: bool, half: bool = False):
+    """Per-block ``(lo, hi)`` minimising the reconstruction error in the stored form (``half``: float16
+    scales/offsets); ``minmax`` is candidate 0."""
+    best_err = _block_sq_error(blocks, lo, hi, bits, symmetric, half)
     best_lo, best_hi = (None if lo is None else lo.copy()), hi.copy()
     best_r = np.ones_like(hi, dtype=np.float64)
     best_t = np.zeros_like(hi, dtype=np.float64)
@@ -461,7 +525,7 @@ def _mse_range(blocks, lo, hi, bits: int, symmetric: bool):
             win = (width * np.float32(r)).astype(np.float32)
             c_lo = (lo + np.asarray(t, np.float32) * (width - win)).astype(np.float32)
             c_hi = (c_lo + win).astype(np.float32)
-        err = _block_sq_error(blocks, c_lo, c_hi, bits, symmetric)
+        err = _block_sq_error(blocks, c_lo, c_hi, bits, symmetric, half)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_hi = np.where(better, c_hi, best_hi)

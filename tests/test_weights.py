@@ -26,6 +26,9 @@ def test_dequantization_error_is_at_most_half_a_step(case):
     step = np.repeat(qw.scales, qw.block_len, axis=1).reshape(w.shape)
     err = np.abs(qw.dequantize().astype(np.float64) - w)
     eps = 4 * np.finfo(np.float32).eps * (np.abs(w) + step * (2 ** qw.bits))
+    if qw.half_exact:   # float16 scale/offset (relative rounding <= 2**-11) can move the clipped ends
+        offset = 0 if qw.offsets is None else np.repeat(np.abs(qw.offsets), qw.block_len, axis=1).reshape(w.shape)
+        eps = eps + 2.0 ** -10 * (step * (2 ** qw.bits) + offset)
     assert (err <= step / 2 + eps + 1e-30).all()
 
 
@@ -54,17 +57,23 @@ def test_mnn_int4_bytes_and_asymmetric_alpha():
 
 
 def test_zero_and_constant_blocks_are_exact():
+    """float32 form: zero and constant blocks dequantize exactly; float16 form: zero blocks, and asymmetric
+    constant blocks of float16 values (s = 0, offset = the value)."""
     w = np.zeros((3, 4, 1, 1), np.float32)
     w[1] = 2.5
     w[2, :2] = -1.25
     for sym in (True, False):
         for bs in (0, 2):
-            qw = quantize_weight(w, 4, bs, sym)
+            qw = quantize_weight(w, 4, bs, sym, scale_dtype="float32")
             assert np.isfinite(qw.scales).all()
             d = qw.dequantize()
             assert np.array_equal(d[0], w[0]) and np.array_equal(d[1], w[1])
             if bs:
                 assert np.array_equal(d[2], w[2])
+            d16 = quantize_weight(w, 4, bs, sym).dequantize()
+            assert np.array_equal(d16[0], w[0])
+            if not sym:
+                assert np.array_equal(d16[1], w[1]) and (not bs or np.array_equal(d16[2], w[2]))
 
 
 def test_symmetric_ranges_are_restricted():
@@ -84,10 +93,42 @@ def test_rounding_is_half_away_from_zero():
 def test_save_load_round_trip(tmp_path):
     rng = np.random.default_rng(0)
     for sym in (True, False):
-        qw = quantize_weight(rng.standard_normal((4, 6, 3, 3)).astype(np.float32), 4, 3, sym)
-        path = tmp_path / f"w{sym}.npz"
+        for scale_dtype in ("auto", "float32"):
+            qw = quantize_weight(rng.standard_normal((4, 6, 3, 3)).astype(np.float32), 4, 3, sym,
+                                 scale_dtype=scale_dtype)
+            path = tmp_path / f"w{sym}{scale_dtype}.npz"
+            qw.save(path)
+            assert QuantizedWeight.load(path) == qw
+
+
+def _bits(a):
+    return None if a is None else np.asarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("sym", [True, False])
+def test_saved_file_keeps_float16_tables_in_half_the_bytes(tmp_path, sym):
+    """half_exact weights store scales/offsets as float16 (half the bytes) and load back bit-identical as
+    float32; float32 weights stay float32."""
+    w = np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)
+    w[3] = 0.0            # zero scales (and offsets) survive the round trip too
+    w[5, :32] = -0.0
+    sizes = {}
+    for scale_dtype in ("auto", "float32"):
+        qw = quantize_weight(w, 4, 32, sym, scale_dtype=scale_dtype)
+        assert qw.half_exact == (scale_dtype == "auto")
+        path = tmp_path / f"{scale_dtype}.npz"
         qw.save(path)
-        assert QuantizedWeight.load(path) == qw
+        with np.load(path) as z:
+            stored = {k: z[k] for k in ("scales", "offsets") if k in z.files}
+        assert set(stored) == ({"scales"} if sym else {"scales", "offsets"})
+        assert all(a.dtype == qw.param_dtype for a in stored.values())
+        sizes[scale_dtype] = sum(a.nbytes for a in stored.values())
+        back = QuantizedWeight.load(path)
+        assert back.scales.dtype == np.float32 and back.half_exact == qw.half_exact
+        assert np.array_equal(_bits(back.scales), _bits(qw.scales))
+        assert (back.offsets is None) == sym and np.array_equal(_bits(back.offsets), _bits(qw.offsets))
+        assert np.array_equal(back.q, qw.q)
+    assert sizes["auto"] * 2 == sizes["float32"]
 
 
 def test_load_refuses_corrupt_truncated_and_unknown_versions(tmp_path):
@@ -137,10 +178,12 @@ def test_bad_arguments_name_the_problem():
 def test_sizes():
     qw = quantize_weight(np.ones((8, 33), np.float32), 4, 11, False)
     assert qw.nbytes_float == 8 * 33 * 4
-    assert qw.nbytes == (8 * 33 + 1) // 2 + 2 * 4 * 8 * 3
+    assert qw.half_exact and qw.param_dtype == np.float16
+    assert qw.nbytes == (8 * 33 + 1) // 2 + 2 * 2 * 8 * 3
     assert qw.n_blocks == 3 and qw.block_len == 11 and qw.in_channels == 33
     assert "int4 asym block 11" in repr(qw)
-    assert qconv.quantize_weight(np.ones((8, 33), np.float32)).nbytes == 8 * 33 + 4 * 8
+    assert qconv.quantize_weight(np.ones((8, 33), np.float32)).nbytes == 8 * 33 + 2 * 8
+    assert qconv.quantize_weight(np.ones((8, 33), np.float32), scale_dtype="float32").nbytes == 8 * 33 + 4 * 8
 
 
 @given(weights_and_scheme())
@@ -177,7 +220,7 @@ def test_float16_scales(w, scheme, symmetric):
     except ValueError as exc:
         assert "float16" in str(exc)
         return
-    q32 = quantize_weight(w, bits, block, symmetric)
+    q32 = quantize_weight(w, bits, block, symmetric, scale_dtype="float32")
     assert q16.half_exact and q16.scales.dtype == np.float32
     err16 = np.abs(q16.dequantize() - w).max()
     err32 = np.abs(q32.dequantize() - w).max()
@@ -194,7 +237,91 @@ def test_float16_scales_errors():
         quantize_weight(w * 1e8, scale_dtype="float16")
     with pytest.raises(ValueError, match="normal float16"):
         quantize_weight(w * 1e-6, scale_dtype="float16")
-    assert not quantize_weight(w * 0.1).half_exact
+    assert not quantize_weight(w * 0.1, scale_dtype="float32").half_exact
+
+
+def _old_float32_rule(w, bits, block, symmetric):
+    """qconv 0.2's quantize_weight(method="minmax") with float32 scales, copied here: the reference that
+    scale_dtype="float32" must still match bit for bit."""
+    qmin, qmax = {(8, True): (-127, 127), (8, False): (-128, 127), (4, True): (-7, 7), (4, False): (-8, 7)}[
+        (bits, symmetric)]
+    o, ipg = w.shape[0], w.shape[1]
+    blocks = w.reshape(o, ipg // block if block else 1, -1)
+
+    def rnd(x):
+        x = np.asarray(x, dtype=np.float64)
+        return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5))
+
+    if symmetric:
+        s = (np.abs(blocks).max(axis=2) / np.float32(qmax)).astype(np.float32)
+        q = rnd(blocks / np.where(s > 0, s, np.float32(1))[:, :, None])
+        a = None
+    else:
+        lo, hi = blocks.min(axis=2), blocks.max(axis=2)
+        s = ((hi - lo) / np.float32(2 ** bits - 1)).astype(np.float32)
+        a = np.where(s > 0, lo - np.float32(qmin) * s, lo).astype(np.float32)
+        q = rnd((blocks - lo[:, :, None]) / np.where(s > 0, s, np.float32(1))[:, :, None]) + qmin
+    q = np.clip(np.where((s > 0)[:, :, None], q, 0), qmin, qmax)
+    return q.astype(np.int8).reshape(w.shape), s, a
+
+
+@given(weights_and_scheme())
+def test_explicit_float32_gives_the_old_weights_bit_for_bit(case):
+    w, scheme, groups = case
+    qw = quantize_weight(w, groups=groups, scale_dtype="float32", **scheme)
+    q, s, a = _old_float32_rule(w, scheme["bits"], scheme["block_size"], scheme["symmetric"])
+    assert np.array_equal(qw.q, q) and np.array_equal(_bits(qw.scales), _bits(s))
+    assert np.array_equal(_bits(qw.offsets), _bits(a))
+
+
+@given(weights_and_scheme())
+def test_default_stores_float16_values_chosen_before_the_codes(case):
+    """The default form is scale_dtype="float16" whenever every value is in the normal float16 range, else
+    float32 for the whole weight (no error)."""
+    w, scheme, groups = case
+    qw = quantize_weight(w, groups=groups, **scheme)
+    try:
+        want = quantize_weight(w, groups=groups, scale_dtype="float16", **scheme)
+    except ValueError:
+        want = quantize_weight(w, groups=groups, scale_dtype="float32", **scheme)
+        assert not qw.half_exact
+    assert qw == want
+    assert qw.param_dtype == (np.float16 if qw.half_exact else np.float32)
+    params = qw.scales.size * (1 if qw.symmetric else 2)
+    assert qw.nbytes == qw.nbytes_q + params * qw.param_dtype.itemsize
+
+
+def test_default_is_float16_exact_for_ordinary_weights():
+    w = np.random.default_rng(2).standard_normal((32, 64, 3, 3)).astype(np.float32) * np.float32(0.05)
+    for bits, block, sym in ((8, 0, True), (8, 32, True), (4, 0, True), (4, 32, True), (4, 32, False),
+                             (4, 16, False)):
+        qw = quantize_weight(w, bits, block, sym)
+        assert qw.half_exact and qw.scales.dtype == np.float32
+        assert np.array_equal(qw.scales.astype(np.float16).astype(np.float32), qw.scales)
+        assert qw == quantize_weight(w, bits, block, sym, scale_dtype="float16")
+        assert qw != quantize_weight(w, bits, block, sym, scale_dtype="float32")
+
+
+@pytest.mark.parametrize("factor, sym", [(1e-6, True), (1e-6, False), (1e8, True), (1e8, False)])
+def test_default_falls_back_to_float32_outside_the_float16_range(factor, sym):
+    """A scale below 2**-14 or a scale/offset above 65504 anywhere: the whole weight keeps float32 scales,
+    exactly as scale_dtype="float32" gives them, with no error (explicit float16 still refuses)."""
+    w = np.random.default_rng(3).standard_normal((8, 32)).astype(np.float32)
+    w[5] *= np.float32(factor)   # one channel out of range
+    qw = quantize_weight(w, 4, 16, sym)
+    assert not qw.half_exact and qw.param_dtype == np.float32
+    assert qw == quantize_weight(w, 4, 16, sym, scale_dtype="float32")
+    with pytest.raises(ValueError, match="float16"):
+        quantize_weight(w, 4, 16, sym, scale_dtype="float16")
+
+
+def test_default_falls_back_for_an_offset_beyond_float16():
+    """Scales in range, an offset (about the block minimum) above 65504: float32 for the whole weight."""
+    w = np.random.default_rng(4).standard_normal((4, 32)).astype(np.float32)
+    w[2] += np.float32(70000.0)
+    qw = quantize_weight(w, 8, 0, False)
+    assert float(qw.scales.max()) < 1 and float(qw.offsets.max()) > 65504
+    assert not qw.half_exact and qw == quantize_weight(w, 8, 0, False, scale_dtype="float32")
 
 
 @pytest.mark.parametrize("method", ["minmax", "mse"])

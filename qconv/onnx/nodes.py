@@ -15,8 +15,10 @@ Domain ``ai.qconv`` (opset 1), two operators:
 Weight initializers, exactly the fields of :class:`~qconv.weights.QuantizedWeight` (no float weight anywhere):
 ``q`` the integer codes ``(O, I/groups, kh, kw)`` (``(N, K, 1, 1)`` for QMatMul) as ONNX ``INT8``, or ``INT4``
 for 4-bit weights (two codes a byte, first in the low nibble: :data:`~qconv.layouts.ONNX_INT4`); ``scales``
-float32 ``(O, n_blocks)``; ``offsets`` float32 ``(O, n_blocks)`` for asymmetric weights (``w = q * s + a``),
-absent (``""``) for symmetric ones; ``B`` float32 ``(O,)`` or absent.
+``(O, n_blocks)``; ``offsets`` ``(O, n_blocks)`` for asymmetric weights (``w = q * s + a``), absent (``""``)
+for symmetric ones; both ``FLOAT16`` when the weight is ``half_exact`` (``quantize_weight``'s default form),
+else ``FLOAT`` (:meth:`~qconv.weights.QuantizedWeight.stored_params`), read back as the same float32 values;
+``B`` float32 ``(O,)`` or absent.
 """
 from __future__ import annotations
 
@@ -79,11 +81,12 @@ def make_qnode(name: str, op: str, qw: QuantizedWeight, bias, activation, input_
     activation = activation or ""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    params = qw.stored_params()
     inits = [to_tensor_proto(f"{name}.q", qw.q, qw.bits),
-             onnx.numpy_helper.from_array(np.ascontiguousarray(qw.scales, np.float32), f"{name}.scales")]
+             onnx.numpy_helper.from_array(params["scales"], f"{name}.scales")]
     names = [input_name, inits[0].name, inits[1].name, "", ""]
-    if qw.offsets is not None:
-        inits.append(onnx.numpy_helper.from_array(np.ascontiguousarray(qw.offsets, np.float32), f"{name}.offsets"))
+    if "offsets" in params:
+        inits.append(onnx.numpy_helper.from_array(params["offsets"], f"{name}.offsets"))
         names[3] = inits[-1].name
     if bias is not None:
         inits.append(onnx.numpy_helper.from_array(np.ascontiguousarray(bias, np.float32), f"{name}.bias"))

@@ -138,19 +138,16 @@ def float_weights(draw, shape) -> np.ndarray:
 @st.composite
 def quantized_weights(draw, geometry: ConvGeometry | None = None, bits=(8, 4),
                       blocks: bool = True, block_filter=None) -> QuantizedWeight:
-    """A :class:`QuantizedWeight` for ``geometry`` (drawn when None) under a drawn scheme; one in four has
-    float16 scales and offsets (``scale_dtype="float16"``, the engines' compact tables) when they fit.
+    """A :class:`QuantizedWeight` for ``geometry`` (drawn when None) under a drawn scheme, in
+    ``quantize_weight``'s default stored form (float16 scales and offsets when they fit, the engines' compact
+    tables) or, one in four, with float32 ones (``scale_dtype="float32"``).
     ``block_filter``: see :func:`quant_schemes`."""
     if geometry is None:
         geometry = draw(conv_geometries())
     scheme = draw(quant_schemes(geometry.in_per_group, bits=bits, blocks=blocks, block_filter=block_filter))
     w = draw(float_weights((geometry.o, geometry.in_per_group) + tuple(geometry.kernel)))
-    if draw(st.integers(0, 3)) == 0:
-        try:
-            return quantize_weight(w, groups=geometry.groups, scale_dtype="float16", **scheme)
-        except ValueError:   # scales outside the normal float16 range
-            pass
-    return quantize_weight(w, groups=geometry.groups, **scheme)
+    scale_dtype = "float32" if draw(st.integers(0, 3)) == 0 else "auto"
+    return quantize_weight(w, groups=geometry.groups, scale_dtype=scale_dtype, **scheme)
 
 
 @st.composite
