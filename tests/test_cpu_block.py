@@ -69,7 +69,7 @@ def test_block_columns_integer_parts_exact(kernel, case):
     """The quantized columns, their per-fine-block sums and scales equal the oracle's bit for bit."""
     geo, weight, x, bias, act, ab = case
     spec = ConvSpec(weight, None, geo.stride, geo.padding, geo.dilation, None, "block", ab)
-    eng = CpuEngine(spec, threads=1, kernel=kernel)
+    eng = CpuEngine(spec, threads=1, kernel=kernel, depthwise=False)  # the GEMM path's block columns
     lay = eng.layout
     n, c, h, w = x.shape
     oh, ow = spec.out_hw(h, w)
