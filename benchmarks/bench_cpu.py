@@ -66,8 +66,11 @@ SCHEMES = [  # name, bits, block_size, symmetric, scale dtype
     ("int4 block-32 asym f16", 4, 32, False, "float16"),
     ("int4 per-channel sym", 4, 0, True, "float32"),
 ]
-# same weight scheme, dynamically quantized activations: the peers each qconv scheme must beat (engine prefixes)
+STATIC = "int8 static (per-channel)"
+# same weight scheme, dynamically quantized activations: the peers each qconv scheme must beat (engine prefixes);
+# the static scheme's peer is onnxruntime's QLinearConv (the Q/DQ float graph and the bare uint8 node)
 PEERS = {
+    STATIC: ("onnxruntime QLinearConv",),
     "int8 per-channel sym": ("torch.ao dynamic", "onnxruntime ConvInteger", "onnxruntime MatMulInteger"),
     "int4 block-32 asym": ("onnxruntime MatMulNBits b32",),
     "int4 block-32 asym f16": ("onnxruntime MatMulNBits b32",),
@@ -209,6 +212,53 @@ def _ort_static(model, x, ort):
         return _ort_session(onnx.load(dst), ort)
 
 
+class _StaticQuant:
+    """Static int8 quantization of one conv case, calibrated on its own input and float output (the most
+    favourable static scales, as for ORT's QLinearConv): per-channel symmetric int8 weights ``qw`` (scales as
+    stored by default); int8 activations ``xi8 = round(x / sx)`` (zero point 0) for qconv, uint8 ``xu8`` with a
+    zero point for onnxruntime (its QLinearConv's activation type); outputs likewise, decoded to float."""
+
+    def __init__(self, x, wf, bf, ref):
+        from qconv.weights import round_half_away
+        self.qw, self.bias = qconv.quantize_weight(wf, bits=8), bf
+        self.sx = float(np.abs(x).max()) / 127
+        self.sy = float(np.abs(ref).max()) / 127
+        self.xi8 = np.clip(round_half_away(x / np.float32(self.sx)), -127, 127).astype(np.int8)
+        lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+        self.sxu, self.zxu = (hi - lo) / 255, int(round(-lo / ((hi - lo) / 255)))
+        self.xu8 = np.clip(np.round(x / self.sxu) + self.zxu, 0, 255).astype(np.uint8)
+        lo, hi = min(float(ref.min()), 0.0), max(float(ref.max()), 0.0)
+        self.syu, self.zyu = (hi - lo) / 255, int(round(-lo / ((hi - lo) / 255)))
+
+    def decode_i8(self, y):
+        return y.astype(np.float64) * self.sy
+
+    def decode_u8(self, y):
+        return (y.astype(np.float64) - self.zyu) * self.syu
+
+
+def _ort_qlinearconv_node(sq, stride, pad, yshape):
+    """One QLinearConv node with uint8 input and output (no Quantize/DequantizeLinear around it), the same int8
+    per-channel weights as qconv's, bias as int32 in the accumulator's scale."""
+    from onnx import TensorProto, helper, numpy_helper
+    o, _, k, _ = sq.qw.q.shape
+    ws = sq.qw.scales.reshape(o).astype(np.float32)
+    bias = np.round(sq.bias / (np.float32(sq.sxu) * ws)).astype(np.int32)
+    f32 = lambda v, n: numpy_helper.from_array(np.asarray(v, np.float32), n)  # noqa: E731
+    inits = [f32(sq.sxu, "xs"), numpy_helper.from_array(np.asarray(sq.zxu, np.uint8), "xz"),
+             numpy_helper.from_array(sq.qw.q, "w"), f32(ws, "ws"), numpy_helper.from_array(np.zeros(o, np.int8), "wz"),
+             f32(sq.syu, "ys"), numpy_helper.from_array(np.asarray(sq.zyu, np.uint8), "yz"),
+             numpy_helper.from_array(bias, "b")]
+    node = helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["yq"],
+                            kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
+    graph = helper.make_graph([node], "qlinearconv", [helper.make_tensor_value_info("xq", TensorProto.UINT8,
+                                                                                  list(sq.xu8.shape))],
+                              [helper.make_tensor_value_info("yq", TensorProto.UINT8, list(yshape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def _ort_nbits(w, b, xshape, yshape, ort, block=32):
     """onnxruntime MatMulNBits (com.microsoft): int4, ``block`` values per scale (``block = K``: per channel),
     asymmetric RTN with 4-bit zero points, ``accuracy_level=4`` (int8 activations, its fastest CPU path)."""
@@ -255,7 +305,9 @@ def run(args):
     if torch is not None and args.torch_qengine:
         torch.backends.quantized.engine = args.torch_qengine
 
-    def record(case, scheme, engine, fn, ref, ops, build=None):
+    def record(case, scheme, engine, fn, ref, ops, build=None, decode=None):
+        """Time ``fn`` (or ``build()``'s function) and check its output against ``ref`` (``decode``: int8/uint8
+        outputs -> float, outside the timed calls)."""
         if any(sk in engine for sk in skip):
             return
         gc.collect()   # frees the previous engine (and joins its threads) before this one is timed
@@ -269,7 +321,7 @@ def run(args):
             rows.append(dict(case=case, scheme=scheme, engine=engine, error=f"{type(exc).__name__}: {exc}"[:120]))
             return
         rows.append(dict(case=case, scheme=scheme, engine=engine, ms=ms, gops=ops / ms / 1e6,
-                         rel_err=_rel_err(y, ref), peak_rss_mb=peak_rss_mb()))
+                         rel_err=_rel_err(y if decode is None else decode(y), ref), peak_rss_mb=peak_rss_mb()))
         print(f"  {case:20s} {scheme:22s} {engine:28s} {ms:9.3f} ms", file=sys.stderr, flush=True)
 
     for kind, name, o, i, k, h, stride, pad in [(c[0], c[1], c[2], c[3], c[4] if c[0] == "conv" else 1,
@@ -326,8 +378,13 @@ def run(args):
                 record(name, "int8 dyn (per-channel)", oname + " per-channel", None, ref, ops,
                        build=ort_run("qc", lambda: _ort_dynamic(model, ort, per_channel=True)))
             if kind == "conv":
-                record(name, "int8 static (per-channel)", "onnxruntime QLinearConv static", None, ref, ops,
+                record(name, STATIC, "onnxruntime QLinearConv static", None, ref, ops,
                        build=ort_run("s", lambda: _ort_static(model, x, ort)))
+                sq = _StaticQuant(x, wf, bf, ref)
+                ort_node = _ort_qlinearconv_node(sq, stride, pad, ref.shape)
+                record(name, STATIC, "onnxruntime QLinearConv node (u8 in/out)", None, ref, ops,
+                       build=lambda: (lambda s=_ort_session(ort_node, ort): lambda: s.run(None, {"xq": sq.xu8})[0])(),
+                       decode=sq.decode_u8)
             if kind == "linear":
                 record(name, "int4 block-32 asym", "onnxruntime MatMulNBits b32", None, ref, ops,
                        build=ort_run("n", lambda: _ort_nbits(wf, bf, x.shape, ref.shape, ort)))
@@ -402,6 +459,14 @@ def run(args):
                             layer = qconv.Linear(w, bf, device="cpu", threads=THREADS, act_quant=aq, act_block=ab)
                         return lambda: layer(x)
                     record(name, sname, f"qconv cpu act_quant={aq}", None, ref, ops, build=build_b)
+        if kind == "conv":   # the static int8 path: int8 in (input_qparams), int8 out (output_qparams)
+            sq = _StaticQuant(x, wf, bf, ref)
+
+            def build_s():
+                layer = qconv.Conv2d(sq.qw, bf, stride, pad, device="cpu", threads=THREADS,
+                                     input_qparams=(sq.sx, 0), output_qparams=(sq.sy, 0))
+                return lambda: layer(sq.xi8)
+            record(name, STATIC, "qconv cpu", None, ref, ops, build=build_s, decode=sq.decode_i8)
     return rows
 
 
