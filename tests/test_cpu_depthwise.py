@@ -177,30 +177,8 @@ def test_last_call_reports_threads():
     assert eng.last_call is None
     x = np.ones((1, 6, 8, 8), np.float32)
     eng.forward(x)
-    assert eng.last_call == dict(quant_threads=2, gemm_threads=2, split="planes")
+    # no separate quantization pass: each conv thread quantizes the input rows it reads
+    assert eng.last_call == dict(quant_threads=0, gemm_threads=2, split="planes")
     with serial_thresholds(macs=1 << 40, quant_values=1 << 40):
         eng.forward(x)
-        assert eng.last_call == dict(quant_threads=1, gemm_threads=1, split="planes")
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_quantizer_and_range_bitwise_engine(kernel):
-    """The depthwise quantizer (the engine's qc_quant, or its AVX2 twin where the engine has only a scalar loop) gives
-    the oracle's bytes, ties and near-ties included; the range pass the oracle's min / max (NaN sticks)."""
-    from qconv.weights import round_half_away
-    rng = np.random.default_rng(3)
-    x = np.concatenate([rng.standard_normal(5003).astype(np.float32) * 3,
-                        (np.arange(-300, 300) + 0.5).astype(np.float32),
-                        np.nextafter(np.arange(-200, 200, dtype=np.float32) + np.float32(0.5), np.float32(0)),
-                        np.nextafter(np.arange(-200, 200, dtype=np.float32) + np.float32(0.5), np.float32(9)),
-                        np.float32([0.49999997, -0.49999997, 0.5, -0.5, 0.0, -0.0])])
-    for qs, z, qlo in [(1.0, 0, -127), (37.3, -5, -128), (0.3, 100, -128), (1.7, -128, -128)]:
-        ref = (np.clip(round_half_away(x * np.float32(qs)) + z, qlo, 127) + 128).astype(np.uint8)
-        for n in (x.size, 7, 1):   # vector body and tails
-            np.testing.assert_array_equal(_depthwise._test_quant(x[:n], qs, z, qlo, 127, kernel), ref[:n])
-    variant, vec = _cpu.KERNELS[kernel], int(kernel != "scalar")
-    for n in (1, 9, 70001, 200003):
-        a = rng.standard_normal(n).astype(np.float32)
-        assert _depthwise._minmax(a, 2, variant, vec) == (float(a.min()), float(a.max()))
-        a[n // 2] = np.nan
-        assert all(np.isnan(_depthwise._minmax(a, 2, variant, vec)))
+        assert eng.last_call == dict(quant_threads=0, gemm_threads=1, split="planes")

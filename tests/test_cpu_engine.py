@@ -121,12 +121,13 @@ def test_deterministic_across_threads_and_calls(case, aq):
     e2 = _engine(weight, bias, geo, act, aq, threads=2)
     e3 = _engine(weight, bias, geo, act, aq, threads=3)
     y = e1.forward(x)
-    assert e1.last_call["gemm_threads"] == 1 and e1.last_call["quant_threads"] == 1
+    dw = e1.path == "depthwise"   # no separate quantization pass there (quant_threads 0)
+    assert e1.last_call["gemm_threads"] == 1 and e1.last_call["quant_threads"] == (0 if dw else 1)
     assert_matches_reference(y, x, weight, bias, **geo.conv_kwargs(), activation=act, act_quant=aq)
     for eng in (e1, e2, e3, e2):
         assert np.array_equal(eng.forward(x).view(np.uint32), y.view(np.uint32))
     assert e2.last_call["gemm_threads"] == 2
-    assert e2.last_call["quant_threads"] == min(2, geo.n * geo.h)
+    assert e2.last_call["quant_threads"] == (0 if dw else min(2, geo.n * geo.h))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -264,18 +265,48 @@ def test_depthwise_many_groups():
     assert_matches_reference(eng.forward(x), x, w, None, 2, 1, 1, "relu")
 
 
-def test_scratch_is_reused_per_shape():
+def test_scratch_is_one_arena_per_thread():
+    """Engines keep no scratch between calls: each call binds views of the calling thread's arena and releases
+    them; the arena holds about the largest layer's scratch, not the sum over layers and shapes."""
+    from qconv.cpu import scratch
     rng = np.random.default_rng(0)
-    w = qconv.quantize_weight(rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
-    eng = CpuEngine(ConvSpec(w, None, 1, 1), threads=2)
-    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
-    eng.forward(x)
-    q = eng._scratch[(1, 6, 6, 2)]["Q"]
-    eng.forward(x)
-    assert eng._scratch[(1, 6, 6, 2)]["Q"] is q
-    for s in range(5, 11):
-        eng.forward(rng.standard_normal((1, 4, s, s)).astype(np.float32))
-    assert len(eng._scratch) <= 4
+    scratch.release()
+    big = CpuEngine(ConvSpec(qconv.quantize_weight(rng.standard_normal((64, 32, 3, 3)).astype(np.float32)),
+                             None, 1, 1), threads=2)
+    small = CpuEngine(ConvSpec(qconv.quantize_weight(rng.standard_normal((8, 4, 3, 3)).astype(np.float32)),
+                               None, 1, 1), threads=2)
+    xb = rng.standard_normal((1, 32, 24, 24)).astype(np.float32)
+    yb = big.forward(xb)
+    assert not big._plan.bound     # released after the call
+    held = scratch.arena().nbytes
+    assert held > 24 * 24 * 32     # at least the quantized input
+    for s in range(5, 11):         # other layers and shapes reuse it
+        small.forward(rng.standard_normal((1, 4, s, s)).astype(np.float32))
+        assert not small._plan.bound
+    assert scratch.arena().nbytes == held
+    np.testing.assert_array_equal(big.forward(xb), yb)
+    # another thread has its own arena; releasing this one frees it and the next call allocates again
+    import threading
+    t = threading.Thread(target=lambda: small.forward(xb[:, :4, :8, :8]))
+    t.start()
+    t.join()
+    assert scratch.arena().nbytes == held
+    scratch.release()
+    assert scratch.arena().nbytes == 0
+    np.testing.assert_array_equal(big.forward(xb), yb)
+
+
+def test_depthwise_layer_prepares_no_gemm_plan():
+    """A layer the depthwise path runs builds no GEMM tiles, tables or native plan (memory of whole models)."""
+    rng = np.random.default_rng(1)
+    w = qconv.quantize_weight(rng.standard_normal((96, 1, 5, 5)).astype(np.float32), groups=96)
+    eng = CpuEngine(ConvSpec(w, None, 1, 2), threads=2)
+    assert eng.path == "depthwise" and eng._plan is None and eng.layout is None
+    assert eng.nbytes == eng._dw.nbytes < 96 * 25 * 4 + 4 * 96 * 4
+    gen = CpuEngine(ConvSpec(w, None, 1, 2), threads=2, depthwise=False)
+    assert gen.path == "gemm" and gen.nbytes > 10 * eng.nbytes
+    x = rng.standard_normal((1, 96, 12, 12)).astype(np.float32)
+    np.testing.assert_array_equal(eng.forward(x), gen.forward(x))
 
 
 # --- static int8 path -------------------------------------------------------------------------------------------

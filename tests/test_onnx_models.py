@@ -243,6 +243,27 @@ def test_threads_and_activation_mode_reach_the_layers():
                                                                             act_quant="block"))
 
 
+def test_session_memory_settings_and_no_float_weights():
+    """Memory of whole models: onnxruntime's memory pattern is off unless asked for, the depthwise node prepares
+    no GEMM plan, no engine keeps scratch after a run, and no float array as large as a weight is kept."""
+    model, _ = conv_chain()
+    sess = qo.InferenceSession(qo.quantize_model(model), threads=1)
+    assert sess._sess.get_session_options().enable_mem_pattern is False
+    assert qo.InferenceSession(qo.quantize_model(model), threads=1,
+                               enable_mem_pattern=True)._sess.get_session_options().enable_mem_pattern is True
+    sess.run(None, {"x": RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)})
+    engines = {k.name: k.layer.engine for k in sess.kernels}
+    assert [n for n, e in engines.items() if e.path == "depthwise"] == ["dw3"]
+    for name, eng in engines.items():
+        w = eng.spec.weight
+        assert w.q.dtype.kind in "iu"
+        if eng.path == "gemm":
+            assert not eng._plan.bound
+        held = [a for a in vars(eng).values() if isinstance(a, np.ndarray) and a.dtype.kind == "f"
+                and a.size >= w.q.size]
+        assert not held, name
+
+
 def test_opencl_session_equals_opencl_layers():
     if not any(d.startswith("opencl") for d in qconv.available_devices()):
         pytest.skip("no OpenCL device")

@@ -55,8 +55,8 @@ cdef extern from "qconv_kernels.h" nogil:
     float qc_absmax(const float *x, int64_t n, int variant)
     void qc_transpose_u8(const uint8_t *src, int64_t rows, int64_t cols, int64_t src_stride, uint8_t *dst,
                          int64_t dst_stride)
-    int qc_store16_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg, int64_t ohw,
-                        int variant)
+    void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg, int64_t ohw, int ncols,
+                       int variant)
     int qc_kernel_supported(int variant)
     int qc_best_kernel()
 

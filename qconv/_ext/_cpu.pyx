@@ -527,17 +527,10 @@ cdef inline int8_t _requant(float v, float scale, int zp) noexcept nogil:
 
 cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noexcept nogil:
     """Scatter ``OUT`` rows (columns ``p0 ..``) into the NCHW or NC4HW4 output (float32, or int8 requantized)."""
-    cdef int o, e, so
-    cdef int64_t p, n, pix, idx
+    cdef int o, e, so, run, i
+    cdef int64_t n, pix, idx
     cdef float *yf = <float *> j.y
     cdef int8_t *yi = <int8_t *> j.y
-    if not j.out_nc4hw4 and not j.out_int8 and ncols % 16 == 0:
-        n = p0 // j.OHW
-        if (p0 + ncols - 1) // j.OHW == n and qc_store16_nchw(NULL, 0, 0, 0, 0, NULL, 0, j.variant):
-            for e in range(0, ncols, 16):
-                qc_store16_nchw(OUT + e * j.ldo, j.ldo, j.G, j.Og, j.OCp, yf + n * j.O * j.OHW + (p0 + e - n * j.OHW),
-                                j.OHW, j.variant)
-            return
     if not j.out_nc4hw4 and not j.out_int8 and j.OHW == 1:
         # (N, O, 1, 1): column p is output row p
         for e in range(ncols):
@@ -553,20 +546,32 @@ cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noex
             for e in range(ncols):
                 memcpy(yf + ((o >> 2) * j.P + p0 + e) * 4, OUT + e * j.ldo + so, 4 * sizeof(float))
         return
-    for o in range(j.O):
-        so = j.oidx[o]
-        for e in range(ncols):
-            p = p0 + e
-            if j.out_nc4hw4:
-                idx = ((o >> 2) * j.P + p) * 4 + (o & 3)
-            else:
-                n = p // j.OHW
-                pix = p - n * j.OHW
+    if j.out_nc4hw4:
+        for o in range(j.O):
+            so = j.oidx[o]
+            for e in range(ncols):
+                idx = ((o >> 2) * j.P + p0 + e) * 4 + (o & 3)
+                if j.out_int8:
+                    yi[idx] = _requant(OUT[e * j.ldo + so], j.oscale, j.ozp)
+                else:
+                    yf[idx] = OUT[e * j.ldo + so]
+        return
+    # NCHW: per run of the tile's columns inside one image, each channel's pixels are consecutive
+    e = 0
+    while e < ncols:
+        n = (p0 + e) // j.OHW
+        pix = p0 + e - n * j.OHW
+        run = <int> (ncols - e if ncols - e < j.OHW - pix else j.OHW - pix)
+        if not j.out_int8:
+            qc_store_nchw(OUT + e * j.ldo, j.ldo, j.G, j.Og, j.OCp, yf + n * j.O * j.OHW + pix, j.OHW, run,
+                          j.variant)
+        else:
+            for o in range(j.O):
+                so = j.oidx[o]
                 idx = (n * j.O + o) * j.OHW + pix
-            if j.out_int8:
-                yi[idx] = _requant(OUT[e * j.ldo + so], j.oscale, j.ozp)
-            else:
-                yf[idx] = OUT[e * j.ldo + so]
+                for i in range(run):
+                    yi[idx + i] = _requant(OUT[(e + i) * j.ldo + so], j.oscale, j.ozp)
+        e += run
 
 
 cdef inline int _tile_inputs(const ConvJob *j, int64_t tile, int slot, int ncols) noexcept nogil:
@@ -891,6 +896,20 @@ cdef class ConvPlan:
         self.keep_scratch = (Q, PS, zrow, AP, S, OUT, DXC, qs, z, dx, A, DXB)
         self.bound_slots = slots
         self.bound_pixels = pixels
+
+    def release(self):
+        """Drop the bound scratch (the next call needs :meth:`bind` again): the plan then holds no reference to
+        the scratch arrays, so whoever owns them (the engine's scratch arena) decides when they are freed."""
+        self.Q = self.PS = self.zrow = self.S = self.OUT = self.DXC = self.APb = None
+        self.qsb = self.zb = self.dxb = self.Ab = self.DXBb = None
+        self.keep_scratch = None
+        self.bound_slots = 0
+        self.bound_pixels = -1
+
+    @property
+    def bound(self):
+        """True while scratch is bound (:meth:`bind` ... :meth:`release`)."""
+        return self.bound_slots > 0
 
     @property
     def ldo(self):

@@ -7,12 +7,10 @@ to a 32-channel tile and a 4-value reduction step, and runs one tiny GEMM per gr
 1. activation parameters (``act_quant="tensor"`` / ``"row"``) from the CPU engine's own native reductions
    (:func:`qconv._ext._cpu.minmax` / :func:`~qconv._ext._cpu.absmax_rows`) and arithmetic
    (:func:`qconv.cpu.engine.tensor_qparams` / :func:`~qconv.cpu.engine.row_qparams`);
-2. quantization of the input with the engine's element quantizer ``qc_quant`` (``qconv_kernels.h``) into bytes
-   ``U = xq + 128`` in the input's own layout (NCHW ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)``),
-   threads over (sample, run of image rows) as the general path; the static int8 path reads its int8 input
-   directly and ``act_quant="block"`` its float input (quantized per output window in step 3);
-3. the depthwise conv (``qconv_depthwise.h``): work items (sample, channel, band of output rows) over the threads,
-   each on a padded float plane of its channel, exact integer sums, the GEMM kernels' float epilogue (bitwise
+2. the depthwise conv (``qconv_depthwise.h``): work items (sample, channel, band of output rows) over the threads,
+   each on a padded float plane of its channel, its input rows quantized as they are read (the engine's element
+   quantizer ``qc_quant``: one pass over the input, no quantized copy of it; the static int8 path reads its int8
+   input, ``act_quant="block"`` its float input, quantized per output window), exact integer sums, the GEMM kernels' float epilogue (bitwise
    the general path's results), stored to NCHW / NC4HW4, float32 or int8 (static ``output_qparams``).
 
 Results do not depend on the thread count or the band size.
@@ -38,6 +36,8 @@ cdef extern from "qconv_depthwise.h" nogil:
         const void *x
         const int32_t *z
         const float *dx
+        const float *qs
+        int32_t qlo, qhi, variant
         const float *wq
         const float *scale
         const float *offset
@@ -53,9 +53,8 @@ cdef extern from "qconv_depthwise.h" nogil:
     int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t qc_dw_scratch_ptrs(const qc_dw_job *j)
     int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
-    void qc_dw_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, uint8_t *dst,
-                     int variant, int vec)
-    void qc_dw_minmax(const float *x, int64_t n, float *lo, float *hi, int variant, int vec)
+    void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, int32_t abias,
+                  uint8_t *dst, int variant)
 
 
 EXACT_TAPS = QC_DW_EXACT_TAPS
@@ -80,86 +79,6 @@ def is_depthwise(spec):
     one-channel input with ``groups=1`` is an ordinary conv, left to the GEMM)."""
     w = spec.weight
     return w.groups == w.in_channels and w.groups > 1 and w.q.shape[1] == 1
-
-
-cdef int64_t _quantize_u8(const float *x, uint8_t *U, int nc4hw4, int64_t N, int64_t C, int64_t H, int64_t W,
-                          const float *qs, const int32_t *z, int qlo, int qhi, int variant, int vec,
-                          int nt) noexcept nogil:
-    """``U = clip(round(x*qs[n]) + z[n], qlo, qhi) + 128`` (the engine's ``qc_quant``, or its AVX2 twin ``qc_dw_quant``
-    where the engine has only the scalar loop) in the input's layout, a run of
-    image rows of one sample per work item. NC4HW4 padding lanes of the tail quad are quantized as zeros (never
-    read). Returns the number of items whose scratch could not be allocated."""
-    cdef int64_t rows, rowlen, rph, per_img, r, n, h, nh, L, c, plane, i
-    cdef int64_t fails = 0
-    cdef int tail = <int> (C % 4) if nc4hw4 else 0
-    cdef float *tmp
-    if nc4hw4:
-        rows, rowlen = (C + 3) // 4, W * 4
-    else:
-        rows, rowlen = C, W
-    rph = (512 + rowlen - 1) // rowlen
-    per_img = (H + rph - 1) // rph
-    if N * per_img < 2 * nt:
-        per_img = min(H, (2 * nt + N - 1) // N)
-    rph = (H + per_img - 1) // per_img
-    per_img = (H + rph - 1) // rph
-    for r in prange(N * per_img, nogil=True, num_threads=nt, schedule="static"):
-        n = r // per_img
-        h = (r % per_img) * rph
-        nh = H - h if H - h < rph else rph
-        L = nh * rowlen
-        tmp = NULL
-        if tail:
-            tmp = <float *> malloc(L * sizeof(float))
-            if tmp == NULL:
-                fails += 1
-        if not tail or tmp != NULL:
-            for c in range(rows):
-                if nc4hw4:
-                    plane = ((c * N + n) * H + h) * rowlen
-                else:
-                    plane = ((n * C + c) * H + h) * rowlen
-                if tail and c == rows - 1:
-                    for i in range(L):
-                        tmp[i] = x[plane + i] if i % 4 < tail else 0
-                    qc_dw_quant(tmp, L, qs[n], z[n], qlo, qhi, U + plane, variant, vec)
-                else:
-                    qc_dw_quant(x + plane, L, qs[n], z[n], qlo, qhi, U + plane, variant, vec)
-            free(tmp)
-    return fails
-
-
-def _minmax(const float[::1] x, int threads, int variant, int vec):
-    """``(min, max)`` of a non-empty float32 array (both NaN when it holds a NaN), chunks of 64K values over
-    ``threads`` threads: :func:`qconv._ext._cpu.minmax`'s result, with an AVX2 loop where the engine has a scalar one."""
-    cdef int64_t n = x.shape[0], nchunk = (x.shape[0] + 65535) // 65536, c, a, b
-    cdef int nt = <int> (nchunk if nchunk < threads else threads)
-    cdef float l1, h1
-    if nchunk == 1:   # small inputs: no partials, no thread
-        with nogil:
-            qc_dw_minmax(&x[0], n, &l1, &h1, variant, vec)
-        return float(l1), float(h1)
-    part = np.empty(2 * nchunk, np.float32)
-    cdef float[::1] pv = part
-    cdef float lo, hi
-    with nogil:
-        for c in prange(nchunk, num_threads=nt, schedule="static"):
-            a = c * 65536
-            b = a + 65536 if a + 65536 < n else n
-            qc_dw_minmax(&x[0] + a, b - a, &pv[2 * c], &pv[2 * c + 1], variant, vec)
-    lo, hi = part[0::2].min(), part[1::2].max()    # numpy: NaN propagates
-    return float(lo), float(hi)
-
-
-def _test_quant(const float[::1] x, float qs, int z, int qlo, int qhi, str kernel="avx2"):
-    """uint8 bytes ``xq + 128`` of ``x`` as the depthwise path quantizes them (test hook)."""
-    out = np.empty(x.shape[0], np.uint8)
-    cdef uint8_t[::1] o = out
-    cdef int variant = _cpu.KERNELS[kernel], vec = 0 if kernel == "scalar" else 1
-    if x.shape[0]:
-        with nogil:
-            qc_dw_quant(&x[0], x.shape[0], qs, z, qlo, qhi, &o[0], variant, vec)
-    return out
 
 
 cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
@@ -198,11 +117,11 @@ cdef class DepthwisePlan:
     cdef readonly object spec, kernel, mode
     cdef readonly int M, variant, vec
     cdef object wq, scale, offset, bias, input_qparams, output_qparams
-    cdef object _ubuf, qs, z, dx, _shape_key, _shape_val
+    cdef object qs, z, dx, _shape_key, _shape_val
     cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp
     cdef float lo, hi, oscale
-    # (quantization threads, conv threads) of the last forward call; quantization threads 0 when no separate
-    # quantization pass ran (block mode, static int8 input)
+    # (quantization threads, conv threads) of the last forward call; quantization threads always 0: no separate
+    # quantization pass runs (each conv thread quantizes the input rows it reads)
     cdef readonly tuple last_threads
 
     def __init__(self, spec, str kernel, input_qparams=None, output_qparams=None):
@@ -226,7 +145,6 @@ cdef class DepthwisePlan:
         self.scale = np.ascontiguousarray(w.scales.reshape(o), dtype=np.float32)
         self.offset = None if w.offsets is None else np.ascontiguousarray(w.offsets.reshape(o), dtype=np.float32)
         self.bias = np.ascontiguousarray(spec.bias_or_zeros(), dtype=np.float32).reshape(o)
-        self._ubuf = None
         self.last_threads = None
         self.qs = self.z = self.dx = None
         self._shape_key = None
@@ -265,7 +183,7 @@ cdef class DepthwisePlan:
         e = _qparams()
         if self.mode == "tensor":
             if full.size:
-                lo, hi = _minmax(full.reshape(-1), threads, self.variant, self.vec)
+                lo, hi = _cpu.minmax(full.reshape(-1), threads, self.kernel)
             else:
                 lo, hi = np.nan, np.nan
             if tail:
@@ -310,21 +228,19 @@ cdef class DepthwisePlan:
             band = max(1, -(-oh // -(-4 * threads // planes)))
         return int(min(band, oh))
 
-    def forward(self, x, int nchw_input, y, int nc4hw4_output, int threads, int param_threads=1,
-                int64_t serial_values=0):
+    def forward(self, x, int nchw_input, y, int nc4hw4_output, int threads, int param_threads=1):
         """Run the layer. ``x``: float32 (int8 on the static path) C-contiguous NCHW ``(N, C, H, W)`` or NC4HW4
         ``(ceil(C/4), N, H, W, 4)`` (its padding lanes ignored), validated by the engine; ``y``: the output array
         (float32, or int8 with ``output_qparams``), NCHW ``(N, O, OH, OW)`` or NC4HW4 ``(ceil(O/4), N, OH, OW, 4)``
-        (the caller zeroes its padding lanes). ``threads``: conv threads; ``param_threads``: threads of the range
-        pass; inputs of fewer than ``serial_values`` values are quantized on one thread. Returns ``y``."""
+        (the caller zeroes its padding lanes). ``threads``: conv threads (each quantizes the input rows it reads);
+        ``param_threads``: threads of the range pass. Returns ``y``."""
         cdef qc_dw_job j
         cdef const uint8_t[::1] xb = x.reshape(-1).view(np.uint8)
         cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
-        cdef uint8_t[::1] ub
         cdef const float[::1] qsv, dxv, wqv, scv, biv, ofv
         cdef const int32_t[::1] zv
-        cdef int64_t N, C, H, W, bad = 0, fails = 0, qfails = 0
-        cdef int qlo, qhi, qt = 0, nt
+        cdef int64_t N, C, H, W, bad = 0, fails = 0
+        cdef int qlo, qhi, nt
         C = self.C
         if nchw_input:
             N, H, W = x.shape[0], x.shape[2], x.shape[3]
@@ -345,6 +261,8 @@ cdef class DepthwisePlan:
         j.in_nc4hw4 = not nchw_input
         j.z = &zv[0]
         j.dx = &dxv[0]
+        j.qs = &qsv[0]
+        j.qlo, j.qhi, j.variant = qlo, qhi, self.variant
         j.wq = &wqv[0]
         j.scale = &scv[0]
         j.bias = &biv[0]
@@ -358,31 +276,14 @@ cdef class DepthwisePlan:
         j.y = <void *> &yb[0]
         j.band = band
         j.vec = self.vec
-        if self.mode == "static":
-            j.kind = 1
-            j.x = <const void *> &xb[0]
-        elif self.mode == "block":
-            j.kind = 2
-            j.x = <const void *> &xb[0]
-        else:
-            j.kind = 0
-            if self._ubuf is None or self._ubuf.shape[0] != x.size:
-                self._ubuf = np.empty(x.size, np.uint8)
-            ub = self._ubuf
-            j.x = <const void *> &ub[0]
-            qt = threads if N * C * H * W >= serial_values else 1
-            if qt > N * H:
-                qt = <int> (N * H)
+        j.kind = 1 if self.mode == "static" else 2 if self.mode == "block" else 0
+        j.x = <const void *> &xb[0]
         nt = threads
         with nogil:
-            if j.kind == 0:
-                qfails = _quantize_u8(<const float *> &xb[0], &ub[0], not nchw_input, N, C, H, W, &qsv[0], &zv[0],
-                                      qlo, qhi, self.variant, self.vec, qt)
-            if qfails == 0:
-                bad = _run(&j, nt, &fails)
-        if qfails or fails:
+            bad = _run(&j, nt, &fails)
+        if fails:
             raise MemoryError("the depthwise path could not allocate its scratch")
-        self.last_threads = (qt, nt)
+        self.last_threads = (0, nt)
         if bad:
             raise ValueError("x contains NaN or infinite values")
         return y

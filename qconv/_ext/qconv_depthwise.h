@@ -6,7 +6,8 @@
  *   plane  float (R, RS): the band's padded input rows (R = (band-1)*sh + (KH-1)*dh + 1), each row split into
  *          sw column phases of Wph = ceil((W + 2*pw) / sw) floats (padded column ix_p sits in phase ix_p % sw
  *          at ix_p / sw), so every tap of a stride-sw row of outputs is one contiguous run. Values:
- *            kind 0 (act_quant tensor / row): u = xq - z, from bytes U = xq + 128 quantized by the caller;
+ *            kind 0 (act_quant tensor / row): u = xq - z, xq = clip(round(x*qs) + z, qlo, qhi) quantized row by
+ *                                             row here from the float input (qc_quant: the engine's bytes);
  *            kind 1 (static int8 input):      u = x - zero_point;
  *            kind 2 (act_quant block):        the float input itself (quantized per output window below);
  *          padding (rows and columns outside the image) holds 0, an exact quantized zero.
@@ -41,11 +42,13 @@
 typedef struct {
     int64_t N, C, H, W, OH, OW;   /* input (N, C, H, W); output (N, C*M, OH, OW) */
     int32_t M, KH, KW, sh, sw, ph, pw, dh, dw;
-    int32_t kind;                 /* 0: uint8 U = xq + 128; 1: int8 x (static path); 2: float x (block mode) */
+    int32_t kind;                 /* 0: float x quantized here; 1: int8 x (static path); 2: float x (block mode) */
     int32_t in_nc4hw4;            /* input layout: 0 NCHW (N, C, H, W); 1 NC4HW4 (ceil(C/4), N, H, W, 4) */
     const void *x;
     const int32_t *z;             /* (N,) zero points (kinds 0 and 1) */
     const float *dx;              /* (N,) activation scales (kinds 0 and 1) */
+    const float *qs;              /* (N,) quantization multipliers (kind 0) */
+    int32_t qlo, qhi, variant;    /* kind 0: the clamp of xq and the qc_quant variant */
     const float *wq;              /* (C*M, KH*KW) the integer weights q as floats */
     const float *scale;           /* (C*M,) */
     const float *offset;          /* (C*M,) or NULL (symmetric weights) */
@@ -73,7 +76,7 @@ static inline int64_t qc_dw_scratch_floats(const qc_dw_job *j)
 {
     const int64_t K = (int64_t)j->KH * j->KW, ow = QC_DW_UP(j->OW);
     const int64_t nr = QC_DW_NR;
-    int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + QC_DW_UP(j->W) + 2 * nr * ow + ow + QC_DW_UP(K);
+    int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + 3 * QC_DW_UP(j->W) + 2 * nr * ow + ow + QC_DW_UP(K);
     if (j->kind == 2) n += K * nr * ow + 2 * nr * ow;   /* quantized taps, qs, dx per pixel */
     if (K > QC_DW_EXACT_TAPS) n += 2 * nr * ow;         /* int32 chunk sums of I and S */
     return n;
@@ -261,64 +264,6 @@ QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t ro, 
     return bad;
 }
 
-/* dst[i] = clip(round_half_away(float32(x[i]*qs)) + z, qlo, qhi) + 128: qc_quant (qconv_kernels.h) with abias 128,
- * bit for bit, in AVX2 (qc_quant has AVX-512 and scalar variants only); the rounding as qc_quant_avx512 */
-QC_DW_TGT static void qc_dw_quant_avx2(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi,
-                                       uint8_t *dst)
-{
-    const __m256 q = _mm256_set1_ps(qs), h = _mm256_set1_ps(0.49999997f), sign = _mm256_set1_ps(-0.0f);
-    const __m256i zv = _mm256_set1_epi32(z + 128), lo = _mm256_set1_epi32(qlo + 128), hi = _mm256_set1_epi32(qhi + 128);
-    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), q);
-        __asm__("" : "+x"(v));    /* the float32 product, never fused into the add below */
-        const __m256 r = _mm256_add_ps(v, _mm256_or_ps(h, _mm256_and_ps(v, sign)));
-        __m256i iv = _mm256_add_epi32(_mm256_cvttps_epi32(r), zv);
-        iv = _mm256_min_epi32(_mm256_max_epi32(iv, lo), hi);          /* 0 .. 255 */
-        const __m256i b = _mm256_shuffle_epi8(iv, pick);              /* bytes 0-3 of each 128-bit lane */
-        const uint32_t w0 = (uint32_t)_mm256_extract_epi32(b, 0), w1 = (uint32_t)_mm256_extract_epi32(b, 4);
-        memcpy(dst + i, &w0, 4);
-        memcpy(dst + i + 4, &w1, 4);
-    }
-    for (; i < n; ++i) {
-        float p = x[i] * qs;
-        __asm__("" : "+x"(p));
-        int32_t v = (int32_t)roundf(p) + z;
-        v = v < qlo ? qlo : v;
-        v = v > qhi ? qhi : v;
-        dst[i] = (uint8_t)(v + 128);
-    }
-}
-
-/* min and max of x[0:n] (n >= 1); NaN in both when x holds a NaN (qc_minmax's rule) */
-QC_DW_TGT static void qc_dw_minmax_avx2(const float *x, int64_t n, float *lo, float *hi)
-{
-    __m256 mn = _mm256_set1_ps(x[0]), mx = mn, nan = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        mn = _mm256_min_ps(mn, v);
-        mx = _mm256_max_ps(mx, v);
-    }
-    float a[8], b[8], l, u;
-    _mm256_storeu_ps(a, mn);
-    _mm256_storeu_ps(b, mx);
-    l = a[0]; u = b[0];
-    for (int k = 1; k < 8; ++k) { l = a[k] < l ? a[k] : l; u = b[k] > u ? b[k] : u; }
-    int bad = _mm256_movemask_ps(nan) != 0;
-    for (; i < n; ++i) {
-        if (x[i] != x[i]) bad = 1;
-        l = x[i] < l ? x[i] : l;
-        u = x[i] > u ? x[i] : u;
-    }
-    if (bad) l = u = NAN;
-    *lo = l;
-    *hi = u;
-}
-
 /* the GEMM kernels' epilogue: F = fma(scale, I, offset*S) [* dxp]; y = min(max(fma(dx, F, bias), lo), hi) */
 QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float *dxp, float sc, float of, float dx,
                                      float bias, float lo, float hi, int64_t n, float *y)
@@ -340,27 +285,6 @@ QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float
     }
 }
 #endif
-
-/* the engine's element quantizer (qc_quant, abias 128) or its AVX2 twin (vec = 1), bitwise the same bytes */
-static inline void qc_dw_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, uint8_t *dst,
-                               int variant, int vec)
-{
-#ifdef QC_DW_X86
-    if (vec && variant < QC_KERNEL_AVX512VNNI) { qc_dw_quant_avx2(x, n, qs, z, qlo, qhi, dst); return; }
-#endif
-    (void)vec;
-    qc_quant(x, n, qs, z, qlo, qhi, 128, dst, variant);
-}
-
-/* min / max (NaN when any) of x[0:n], n >= 1: the AVX2 loop, or qc_minmax (qconv_kernels.h) */
-static inline void qc_dw_minmax(const float *x, int64_t n, float *lo, float *hi, int variant, int vec)
-{
-#ifdef QC_DW_X86
-    if (vec && variant < QC_KERNEL_AVX512VNNI) { qc_dw_minmax_avx2(x, n, lo, hi); return; }
-#endif
-    (void)vec;
-    qc_minmax(x, n, lo, hi, variant);
-}
 
 static inline void qc_dw_mac(const qc_dw_job *j, const float *const *src, const float *w, int64_t K, int64_t n,
                              float *acc, int64_t lda, int nr, int64_t rst)
@@ -401,7 +325,8 @@ static inline int8_t qc_dw_requant(float v, float scale, int32_t zp)
     return (int8_t)q;
 }
 
-/* padded row iy (image coordinates; outside the image: zeros) of channel c, sample n, into dst (RS floats) */
+/* padded row iy (image coordinates; outside the image: zeros) of channel c, sample n, into dst (RS floats);
+ * tmp: 3 * QC_DW_UP(W) floats (the unpadded row; kind 0 also the gathered floats and the quantized bytes) */
 static inline __attribute__((always_inline))
 void qc_dw_fill_row_body(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
 {
@@ -418,10 +343,16 @@ void qc_dw_fill_row_body(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, f
     }
     float *u = sw == 1 ? dst + pw : tmp;
     if (j->kind == 0) {
-        const uint8_t *s = (const uint8_t *)j->x + off;
+        const float *s = (const float *)j->x + off;
+        float *g = tmp + QC_DW_UP(W);
+        uint8_t *U = (uint8_t *)(g + QC_DW_UP(W));
+        if (st != 1) {
+            for (int64_t i = 0; i < W; ++i) g[i] = s[4 * i];
+            s = g;
+        }
+        qc_quant(s, W, j->qs[n], j->z[n], j->qlo, j->qhi, 128, U, j->variant);
         const int32_t zb = j->z[n] + 128;
-        if (st == 1) for (int64_t i = 0; i < W; ++i) u[i] = (float)((int32_t)s[i] - zb);
-        else for (int64_t i = 0; i < W; ++i) u[i] = (float)((int32_t)s[4 * i] - zb);
+        for (int64_t i = 0; i < W; ++i) u[i] = (float)((int32_t)U[i] - zb);
     } else if (j->kind == 1) {
         const int8_t *s = (const int8_t *)j->x + off;
         const int32_t zb = j->z[n];
@@ -472,7 +403,7 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
     float *plane = scr;
     float *tmp = plane + QC_DW_UP(qc_dw_rows(j) * rs);
     /* per pass of up to NR output rows: row r of accI / accS / qs / dx at r*ow, tap t of row r at qt[(t*NR + r)*ow] */
-    float *accI = tmp + QC_DW_UP(j->W), *accS = accI + NR * ow, *yrow = accS + NR * ow, *ones = yrow + ow;
+    float *accI = tmp + 3 * QC_DW_UP(j->W), *accS = accI + NR * ow, *yrow = accS + NR * ow, *ones = yrow + ow;
     float *qt = ones + QC_DW_UP(K);
     float *qsp = qt + (j->kind == 2 ? K * NR * ow : 0), *dxp = qsp + (j->kind == 2 ? NR * ow : 0);
     int32_t *isum = (int32_t *)(dxp + (j->kind == 2 ? NR * ow : 0));

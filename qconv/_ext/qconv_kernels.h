@@ -761,18 +761,21 @@ QC_TGT_512 static void qc_quant_avx512(const float *x, int64_t n, float qs, int3
     }
 }
 
-QC_TGT_512 static void qc_block_sums_avx512(const uint8_t *Q, int64_t npix, int64_t ltot, int64_t gnb, int64_t bcp,
-                                            int32_t zpu, int32_t flip, int32_t *ps)
+/* qc_block_sums with SSE4.1 (16 bytes a psadbw, a scalar tail): the AVX2 and AVX-512 variants */
+__attribute__((target("sse4.1"))) static void qc_block_sums_sse41(const uint8_t *Q, int64_t npix, int64_t ltot,
+                                                                 int64_t gnb, int64_t bcp, int32_t zpu, int32_t flip,
+                                                                 int32_t *ps)
 {
-    if (bcp % 16) { qc_block_sums_scalar(Q, npix, ltot, gnb, bcp, zpu, flip, ps); return; }
     const __m128i zero = _mm_setzero_si128(), fl = _mm_set1_epi8((char)flip);
     for (int64_t p = 0; p < npix; ++p)
         for (int64_t b = 0; b < gnb; ++b) {
             const uint8_t *q = Q + p * ltot + b * bcp;
             __m128i acc = _mm_setzero_si128();
-            for (int64_t i = 0; i < bcp; i += 16)
+            int64_t i = 0;
+            for (; i + 16 <= bcp; i += 16)
                 acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_xor_si128(_mm_loadu_si128((const __m128i *)(q + i)), fl), zero));
-            const int64_t s = _mm_cvtsi128_si64(acc) + _mm_extract_epi64(acc, 1);
+            int64_t s = _mm_cvtsi128_si64(acc) + _mm_extract_epi64(acc, 1);
+            for (; i < bcp; ++i) s += q[i] ^ flip;
             ps[p * gnb + b] = (int32_t)s - (int32_t)bcp * zpu;
         }
 }
@@ -814,6 +817,121 @@ QC_TGT_512 static void qc_store16_nchw_avx512(const float *OUT, int64_t ldo, int
             qc_tr16(r);
             const int m = Og - cc < 16 ? Og - cc : 16;
             for (int i = 0; i < m; ++i) _mm512_storeu_ps(yimg + ((int64_t)g * Og + cc + i) * ohw, r[i]);
+        }
+}
+#endif
+
+#ifdef QC_HAVE_X86
+/* qc_quant_scalar bit for bit in AVX2 (the rounding as qc_quant_avx512) */
+QC_TGT_AVX2 static void qc_quant_avx2(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi,
+                                      int32_t abias, uint8_t *dst)
+{
+    const __m256 q = _mm256_set1_ps(qs), h = _mm256_set1_ps(0.49999997f), sign = _mm256_set1_ps(-0.0f);
+    const __m256i zv = _mm256_set1_epi32(z + abias), lo = _mm256_set1_epi32(qlo + abias);
+    const __m256i hi = _mm256_set1_epi32(qhi + abias);
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), q);
+        __asm__("" : "+x"(v));    /* the float32 product, never fused into the add below */
+        const __m256 r = _mm256_add_ps(v, _mm256_or_ps(h, _mm256_and_ps(v, sign)));
+        __m256i iv = _mm256_add_epi32(_mm256_cvttps_epi32(r), zv);
+        iv = _mm256_min_epi32(_mm256_max_epi32(iv, lo), hi);          /* low byte: the stored value */
+        const __m256i b = _mm256_shuffle_epi8(iv, pick);              /* bytes 0-3 of each 128-bit lane */
+        const uint32_t w0 = (uint32_t)_mm256_extract_epi32(b, 0), w1 = (uint32_t)_mm256_extract_epi32(b, 4);
+        memcpy(dst + i, &w0, 4);
+        memcpy(dst + i + 4, &w1, 4);
+    }
+    for (; i < n; ++i) {
+        float p = x[i] * qs;
+        __asm__("" : "+x"(p));
+        int32_t v = (int32_t)roundf(p) + z;
+        v = v < qlo ? qlo : v;
+        v = v > qhi ? qhi : v;
+        dst[i] = (uint8_t)(v + abias);
+    }
+}
+
+QC_TGT_AVX2 static void qc_minmax_avx2(const float *x, int64_t n, float *lo, float *hi)
+{
+    __m256 mn = _mm256_set1_ps(x[0]), mx = mn, nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        mn = _mm256_min_ps(mn, v);
+        mx = _mm256_max_ps(mx, v);
+    }
+    float a[8], b[8], l, u;
+    _mm256_storeu_ps(a, mn);
+    _mm256_storeu_ps(b, mx);
+    l = a[0]; u = b[0];
+    for (int k = 1; k < 8; ++k) { l = a[k] < l ? a[k] : l; u = b[k] > u ? b[k] : u; }
+    int bad = _mm256_movemask_ps(nan) != 0;
+    for (; i < n; ++i) {
+        bad |= x[i] != x[i];
+        l = x[i] < l ? x[i] : l;
+        u = x[i] > u ? x[i] : u;
+    }
+    *lo = bad ? NAN : l;
+    *hi = bad ? NAN : u;
+}
+
+QC_TGT_AVX2 static float qc_absmax_avx2(const float *x, int64_t n)
+{
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 mx = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        mx = _mm256_max_ps(mx, _mm256_and_ps(v, absm));
+    }
+    float a[8], m;
+    _mm256_storeu_ps(a, mx);
+    m = a[0];
+    for (int k = 1; k < 8; ++k) m = a[k] > m ? a[k] : m;
+    int bad = _mm256_movemask_ps(nan) != 0;
+    for (; i < n; ++i) {
+        const float v = fabsf(x[i]);
+        bad |= v != v;
+        m = v > m ? v : m;
+    }
+    return bad ? NAN : m;
+}
+
+/* 8x8 float transpose: r[i][j] -> r[j][i] */
+QC_TGT_AVX2 static inline void qc_tr8(__m256 r[8])
+{
+    __m256 a[8], b[8];
+    for (int i = 0; i < 4; ++i) {
+        a[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int R = 0; R < 2; ++R) {
+        b[4 * R + 0] = _mm256_shuffle_ps(a[4 * R], a[4 * R + 2], 0x44);
+        b[4 * R + 1] = _mm256_shuffle_ps(a[4 * R], a[4 * R + 2], 0xEE);
+        b[4 * R + 2] = _mm256_shuffle_ps(a[4 * R + 1], a[4 * R + 3], 0x44);
+        b[4 * R + 3] = _mm256_shuffle_ps(a[4 * R + 1], a[4 * R + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+        r[c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x31);
+    }
+}
+
+/* 8 columns of one image (pixels pix0..pix0+7), float NCHW: y[(n*O + o)*ohw + pix] */
+QC_TGT_AVX2 static void qc_store8_nchw_avx2(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg,
+                                            int64_t ohw)
+{
+    __m256 r[8];
+    for (int g = 0; g < G; ++g)
+        for (int cc = 0; cc < Og; cc += 8) {
+            for (int e = 0; e < 8; ++e) r[e] = _mm256_loadu_ps(OUT + e * ldo + (int64_t)g * OCp + cc);
+            qc_tr8(r);
+            const int m = Og - cc < 8 ? Og - cc : 8;
+            for (int i = 0; i < m; ++i) _mm256_storeu_ps(yimg + ((int64_t)g * Og + cc + i) * ohw, r[i]);
         }
 }
 #endif
@@ -881,6 +999,7 @@ static inline void qc_minmax(const float *x, int64_t n, float *lo, float *hi, in
 {
 #ifdef QC_HAVE_X86
     if (variant >= QC_KERNEL_AVX512VNNI) { qc_minmax_avx512(x, n, lo, hi); return; }
+    if (variant == QC_KERNEL_AVX2) { qc_minmax_avx2(x, n, lo, hi); return; }
 #endif
     (void)variant;
     qc_minmax_scalar(x, n, lo, hi);
@@ -890,6 +1009,7 @@ static inline float qc_absmax(const float *x, int64_t n, int variant)
 {
 #ifdef QC_HAVE_X86
     if (variant >= QC_KERNEL_AVX512VNNI) return qc_absmax_avx512(x, n);
+    if (variant == QC_KERNEL_AVX2) return qc_absmax_avx2(x, n);
 #endif
     (void)variant;
     return qc_absmax_scalar(x, n);
@@ -944,6 +1064,7 @@ static inline void qc_quant(const float *x, int64_t n, float qs, int32_t z, int3
 {
 #ifdef QC_HAVE_X86
     if (variant >= QC_KERNEL_AVX512VNNI) { qc_quant_avx512(x, n, qs, z, qlo, qhi, abias, dst); return; }
+    if (variant == QC_KERNEL_AVX2) { qc_quant_avx2(x, n, qs, z, qlo, qhi, abias, dst); return; }
 #endif
     (void)variant;
     qc_quant_scalar(x, n, qs, z, qlo, qhi, abias, dst);
@@ -953,25 +1074,31 @@ static inline void qc_block_sums(const uint8_t *Q, int64_t npix, int64_t ltot, i
                                  int32_t zpu, int32_t flip, int32_t *ps, int variant)
 {
 #ifdef QC_HAVE_X86
-    if (variant >= QC_KERNEL_AVX512VNNI) { qc_block_sums_avx512(Q, npix, ltot, gnb, bcp, zpu, flip, ps); return; }
+    if (variant >= QC_KERNEL_AVX2) { qc_block_sums_sse41(Q, npix, ltot, gnb, bcp, zpu, flip, ps); return; }
 #endif
     (void)variant;
     qc_block_sums_scalar(Q, npix, ltot, gnb, bcp, zpu, flip, ps);
 }
 
-/* returns 1 when it stored the tile (16 columns of one image, float NCHW output, AVX-512), else 0;
- * with OUT == NULL it only reports whether this variant has the vector store */
-static inline int qc_store16_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg, int64_t ohw,
-                                  int variant)
+/* ncols columns of one image (pixels pix0 .., yimg = y + n*O*ohw + pix0), float NCHW: y[(n*O + o)*ohw + pix]
+ * (o = g*Og + c from OUT[e*ldo + g*OCp + c]); 16 (AVX-512) or 8 (AVX2) columns at a time through a transpose */
+static inline void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg, int64_t ohw,
+                                 int ncols, int variant)
 {
+    int e = 0;
 #ifdef QC_HAVE_X86
-    if (variant >= QC_KERNEL_AVX512VNNI) {
-        if (OUT) qc_store16_nchw_avx512(OUT, ldo, G, Og, OCp, yimg, ohw);
-        return 1;
-    }
+    if (variant >= QC_KERNEL_AVX512VNNI)
+        for (; e + 16 <= ncols; e += 16) qc_store16_nchw_avx512(OUT + e * ldo, ldo, G, Og, OCp, yimg + e, ohw);
+    if (variant >= QC_KERNEL_AVX2)
+        for (; e + 8 <= ncols; e += 8) qc_store8_nchw_avx2(OUT + e * ldo, ldo, G, Og, OCp, yimg + e, ohw);
 #endif
-    (void)OUT; (void)ldo; (void)G; (void)Og; (void)OCp; (void)yimg; (void)ohw; (void)variant;
-    return 0;
+    (void)variant;
+    for (int g = 0; g < G; ++g)
+        for (int c = 0; c < Og; ++c) {
+            float *yo = yimg + ((int64_t)g * Og + c) * ohw;
+            const float *src = OUT + (int64_t)g * OCp + c;
+            for (int i = e; i < ncols; ++i) yo[i] = src[i * ldo];
+        }
 }
 
 /* ------------------------------------------------------------------------------------------------ */

@@ -11,8 +11,12 @@ pixel-major buffer; for each tile of output columns an indirection table points 
 pixel (or at a row of zero points for padding taps -- an im2col without copies), and the tiled int8 GEMM
 with its fused float epilogue (scales, offset and weight-sum corrections, bias, relu/relu6) writes the
 result. Threads split the column tiles, or the output-channel tiles when there are fewer column tiles than
-threads (GEMV). Scratch buffers are allocated once per input shape and reused. Calls with little work
+threads (GEMV). Scratch comes from the calling thread's :mod:`~qconv.cpu.scratch` arena (shared by every layer,
+bound for one call and released after: an engine keeps no scratch between calls). Calls with little work
 (``SERIAL_MACS``) run on one thread: waking a sleeping OpenMP worker costs more than such a call.
+
+Depthwise layers (``groups == in_channels``) run :class:`qconv._ext._depthwise.DepthwisePlan` and prepare
+nothing else (no GEMM tiles or tables).
 
 ``act_quant="block"``: the weights are tiled over the fine blocks (finest common partition of the weight blocks
 and the ``act_block``-channel activation blocks, each fine block repeating its weight block's scale/offset).
@@ -41,7 +45,6 @@ import contextlib
 import math
 import os
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
@@ -49,6 +52,7 @@ from .. import _validate as V
 from ..geometry import ConvSpec
 from ..layouts.gemm_tiles import TiledWeightLayout
 from ..weights import QuantizedWeight
+from . import scratch
 
 try:
     from .._ext import _cpu
@@ -68,7 +72,6 @@ SRC_UNIT = int(_cpu.SRC_UNIT)
 # Longest block (reduction positions, padding included) whose int32 accumulators stay exact:
 # |sum U*q| <= L*255*128 (int8) and L*255*16 (int4, nibbles and the 8*L term) must stay below 2**31.
 MAX_BLOCK_VALUES = {8: 65536, 4: 524288}
-_SCRATCH_SHAPES = 4
 # Calls with fewer multiply-adds than this run on one thread: waking a sleeping OpenMP worker costs more than the
 # work (measured ~50-70 us per parallel region on this 2-vCPU VM with the passive wait policy, vs ~20 us for a
 # whole 8->8 3x3 6x6 call on one thread). Results do not depend on the thread count.
@@ -224,8 +227,7 @@ class CpuEngine:
         if self.tile_cols > 4096:
             raise ValueError(f"tile_cols must be <= 4096, got {tile_cols}")
         self._lock = threading.Lock()
-        self._scratch: OrderedDict = OrderedDict()
-        self._bound = None
+        self._sizes: dict = {}   # (n, h, w, threads) -> scratch element counts of that call
         self._depthwise_option = depthwise
         self._prepare()
 
@@ -252,7 +254,8 @@ class CpuEngine:
         quantization pass; 0 in block mode, where columns are quantized inside the GEMM loop), ``gemm_threads``
         and ``split`` (``"columns"``: threads take column tiles; ``"channels"``: fewer column tiles than threads,
         so they take output-channel tiles)."""
-        if self._dw is not None:  # depthwise path: split "planes" (threads take (sample, channel, row band) items)
+        if self._dw is not None:  # depthwise path: split "planes" (threads take (sample, channel, row band) items);
+            # quant_threads 0: no separate quantization pass (each thread quantizes the input rows it reads)
             last = self._dw.last_threads
             return None if last is None else dict(quant_threads=last[0], gemm_threads=last[1], split="planes")
         last = self._plan.last_threads
@@ -261,13 +264,21 @@ class CpuEngine:
         return dict(quant_threads=last[0], gemm_threads=last[1], split="channels" if last[2] else "columns")
 
     def describe(self) -> str:
-        lay = self.layout
         mode = "static int8 input" if self.int8_input else f"act_quant={self.spec.act_quant}"
         out = ", int8 output" if self.output_qparams is not None else ""
+        if self._dw is not None:
+            path = "depthwise pointwise" if self.spec.is_pointwise else "depthwise"
+            return f"cpu ({self.kernel}, {path}, threads={self.threads}, {mode}{out})"
+        lay = self.layout
         path = "pointwise" if self._pointwise else "indirect im2col"
-        path = ("depthwise " + path if self._pointwise else "depthwise") if self._dw is not None else path
         return (f"cpu ({self.kernel}, {path}, UNIT={lay.unit} SRC_UNIT={lay.src_unit} "
                 f"tile_cols={self.tile_cols}, threads={self.threads}, {mode}{out})")
+
+    @property
+    def path(self) -> str:
+        """``"depthwise"`` (:class:`~qconv._ext._depthwise.DepthwisePlan`, nothing else prepared) or ``"gemm"``
+        (the tiled GEMM: :attr:`layout` tiles, tables and a native plan)."""
+        return "depthwise" if self._dw is not None else "gemm"
 
     # --- preparation (once per layer) --------------------------------------------------------------------
     @property
@@ -275,6 +286,14 @@ class CpuEngine:
         return self.spec.act_quant == "block" and self.input_qparams is None
 
     def _prepare(self):
+        self._dw = self._depthwise_plan()
+        self._pointwise = bool(self.spec.is_pointwise)
+        if self._dw is None:
+            self._prepare_gemm()
+        else:  # nothing of the GEMM path: no tiles, tables or plan
+            self.layout = self.geometry = self._plan = None
+
+    def _prepare_gemm(self):
         spec, w = self.spec, self.spec.weight
         if self._block_mode:
             # act_quant="block": GEMM blocks are the fine blocks (finest common partition of weight blocks and
@@ -321,7 +340,6 @@ class CpuEngine:
         self._chpos = (blk * lay.block_icl + (c % icg) % lay.block_channels).astype(np.int32)
         kh, kw = w.kernel_size
         (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
-        self._pointwise = bool(spec.is_pointwise)
         act = spec.activation
         lo, hi = (0.0, 6.0) if act == "relu6" else (0.0, np.inf) if act == "relu" else (-np.inf, np.inf)
         geo = _cpu.ConvGeometry(
@@ -334,7 +352,6 @@ class CpuEngine:
         self.geometry = geo
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
                                    self._chpos, geo, _cpu.KERNELS[self.kernel])
-        self._dw = self._depthwise_plan()
 
     def _depthwise_plan(self):
         """The depthwise path (:class:`qconv._ext._depthwise.DepthwisePlan`: groups == in_channels) or None.
@@ -356,6 +373,8 @@ class CpuEngine:
     def streamed_bytes(self) -> int:
         """Bytes of prepared weights and tables one call reads: the tiles, scales, offsets and bias, plus the weight
         sums when the kernel needs them (int8 weights, or a non-zero activation zero point)."""
+        if self._dw is not None:
+            return self._dw.nbytes
         arrays = [self._w, self._scale, self._bias] + ([self._offset] if self._offset is not None else [])
         if self.spec.weight.bits == 8 or self.spec.act_quant == "tensor" or self.input_qparams is not None:
             arrays.append(self._wsx)
@@ -374,17 +393,19 @@ class CpuEngine:
     @property
     def nbytes(self) -> int:
         """Bytes of the prepared weights and tables (the AMX tiles too, once packed)."""
+        if self._dw is not None:
+            return self._dw.nbytes
         arrays = [self._w, self._wsx, self._scale, self._bias, self._oidx] + ([self._wa] if self._wa is not None else [])
         if self._offset is not None:
             arrays.append(self._offset)
         return int(sum(a.nbytes for a in arrays))
 
-    # --- per-shape scratch -------------------------------------------------------------------------------
-    def _get_scratch(self, n, h, w):
-        """Scratch of this input size, allocated once and bound to the native plan."""
+    # --- scratch (the calling thread's arena) ----------------------------------------------------------------
+    def _scratch_sizes(self, n, h, w):
+        """Element counts of the scratch buffers of an ``(n, h, w)`` input at :attr:`threads` (cached per shape)."""
         key = (n, h, w, self.threads)
-        s = self._scratch.get(key)
-        if s is None:
+        sz = self._sizes.get(key)
+        if sz is None:
             lay, plan, tc = self.layout, self._plan, self.tile_cols
             pix = n * h * w
             gnb = lay.groups * lay.n_blocks
@@ -394,26 +415,30 @@ class CpuEngine:
             V.check_alloc(pix * (ltot1 + 4 * gnb) + slots * tc * (8 * lay.taps + 4 * gnb + 4 * plan.ldo) + extra,
                           "the CPU engine's scratch buffers")
             oh, ow = self.spec.out_hw(h, w)
-            s = dict(macs=n * oh * ow * self.spec.out_channels * lay.block_values * lay.n_blocks,
-                     Q=np.empty(pix * ltot1, np.uint8), PS=np.empty(pix * gnb, np.int32),
-                     zrow=np.empty(ltot1, np.uint8), AP=np.zeros(slots * tc * lay.taps, np.uintp),
-                     S=np.empty(slots * tc * gnb, np.int32), OUT=np.empty(slots * tc * plan.ldo, np.float32),
-                     DXC=np.empty(slots * tc, np.float32), qs=np.empty(n, np.float32), z=np.zeros(n, np.int32),
-                     dx=np.empty(n, np.float32))
+            sz = dict(macs=n * oh * ow * self.spec.out_channels * lay.block_values * lay.n_blocks,
+                      Q=(pix * ltot1, np.uint8), PS=(pix * gnb, np.int32), zrow=(ltot1, np.uint8),
+                      AP=(slots * tc * lay.taps, np.uintp), S=(slots * tc * gnb, np.int32),
+                      OUT=(slots * tc * plan.ldo, np.float32), DXC=(slots * tc, np.float32), qs=(n, np.float32),
+                      z=(n, np.int32), dx=(n, np.float32))
             if self._block_mode:
-                s["A"] = np.empty(slots * tc * plan.lcol, np.uint8)
-                s["DXB"] = np.empty(slots * tc * gnb, np.float32)
-                c = self.spec.in_channels
-                s["XP"] = None if h * w == 1 else np.empty((n * h * w, c), np.float32)
-            self._scratch[key] = s
-            while len(self._scratch) > _SCRATCH_SHAPES:
-                self._scratch.popitem(last=False)
-        else:
-            self._scratch.move_to_end(key)
-        if self._bound is not s:
-            self._plan.bind(s["Q"], s["PS"], s["zrow"], s["AP"], s["S"], s["OUT"], s["DXC"], s["qs"], s["z"],
-                            s["dx"], self.threads, n * h * w, s.get("A"), s.get("DXB"))
-            self._bound = s
+                sz.update(A=(slots * tc * plan.lcol, np.uint8), DXB=(slots * tc * gnb, np.float32),
+                          XP=(n * h * w * self.spec.in_channels if h * w > 1 else 0, np.float32))
+            if len(self._sizes) >= 8:
+                self._sizes.clear()
+            self._sizes[key] = sz
+        return sz
+
+    def _bind_scratch(self, n, h, w):
+        """Views of the calling thread's arena for an ``(n, h, w)`` input, bound to the native plan (released by
+        :meth:`forward` after the call)."""
+        sz = self._scratch_sizes(n, h, w)
+        ar = scratch.arena()
+        s = {k: ar.take(k, *v) for k, v in sz.items() if k != "macs" and v[0]}
+        s["macs"] = sz["macs"]
+        if self._block_mode:
+            s["XP"] = s["XP"].reshape(n * h * w, self.spec.in_channels) if "XP" in s else None
+        self._plan.bind(s["Q"], s["PS"], s["zrow"], s["AP"], s["S"], s["OUT"], s["DXC"], s["qs"], s["z"], s["dx"],
+                        self.threads, n * h * w, s.get("A"), s.get("DXB"))
         return s
 
     # --- the call -------------------------------------------------------------------------------------------
@@ -482,7 +507,7 @@ class CpuEngine:
             if self._dw is not None:
                 macs = n * oh * ow * o * self.spec.weight.taps
                 return self._dw.forward(x, int(nchw), y, int(not nchw), 1 if macs < SERIAL_MACS else self.threads,
-                                        self.threads, SERIAL_QUANT_VALUES)
+                                        self.threads)
             if self.kernel == "amx" and n * oh * ow >= self.amx_min_cols and (
                     self.layout.block_values >= self.amx_min_block_values) and (
                     self._wa is None or self._plan_amx_min != self.amx_min_cols):
@@ -492,11 +517,15 @@ class CpuEngine:
                     self._plan.set_amx(self._wa, self.amx_layout.group_stride, self.amx_layout.block_stride,
                                        self.amx_layout.oc_tile_stride, self.amx_layout.block_bytes, self.amx_min_cols)
                 self._plan_amx_min = self.amx_min_cols
-            s = self._get_scratch(n, h, w)
-            qlo, qhi = self._act_params(x, nchw, n, s)
-            xp = self._pixel_major(x, nchw, n, h, w, s) if self._block_mode else None
-            self._plan.forward(x, int(nchw), qlo, qhi, y, int(not nchw), None if oscale is None else float(oscale),
-                               ozp, 1 if s["macs"] < SERIAL_MACS else self.threads, xp, SERIAL_QUANT_VALUES)
+            s = self._bind_scratch(n, h, w)
+            try:
+                qlo, qhi = self._act_params(x, nchw, n, s)
+                xp = self._pixel_major(x, nchw, n, h, w, s) if self._block_mode else None
+                self._plan.forward(x, int(nchw), qlo, qhi, y, int(not nchw),
+                                   None if oscale is None else float(oscale), ozp,
+                                   1 if s["macs"] < SERIAL_MACS else self.threads, xp, SERIAL_QUANT_VALUES)
+            finally:
+                self._plan.release()
         return y
 
     __call__ = forward

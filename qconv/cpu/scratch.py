@@ -1,0 +1,59 @@
+"""The CPU engine's scratch arena: one set of work buffers per Python thread, shared by every layer.
+
+A call of :class:`~qconv.cpu.CpuEngine` needs scratch (the quantized input, per-pixel sums, indirection tables,
+per-thread output tiles, ...) sized by the layer and the input size. Layers run one after the other on a thread,
+so instead of scratch per layer and shape (a whole model would keep the sum of all its layers' scratch), each
+thread has one :class:`Arena`: named flat buffers, each grown to the largest request it has seen (no copy: the
+contents never outlive a call). The engine binds views of them for one call and releases them after, so an
+arena's buffers are the only scratch a thread keeps -- about the largest layer's, whatever the model.
+
+:func:`arena` is the calling thread's arena; :func:`release` frees it (the next call allocates again).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+_LOCAL = threading.local()
+
+
+class Arena:
+    """Named flat scratch buffers, grown on demand (one per Python thread, see the module docstring)."""
+
+    def __init__(self):
+        self._bufs: dict = {}
+
+    def take(self, name: str, count: int, dtype) -> np.ndarray:
+        """A 1-D ``dtype`` view of ``count`` elements (>= 1) of buffer ``name``, uninitialised. The buffer is
+        replaced by a larger one when it is too small; views taken earlier keep the old one alive, so take views
+        per call and drop them after."""
+        dtype = np.dtype(dtype)
+        nbytes = max(1, int(count)) * dtype.itemsize
+        buf = self._bufs.get(name)
+        if buf is None or buf.nbytes < nbytes:
+            self._bufs[name] = buf = None   # free the old buffer before the new one is allocated
+            buf = self._bufs[name] = np.empty(nbytes, np.uint8)
+        return buf[:nbytes].view(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by this arena."""
+        return int(sum(b.nbytes for b in self._bufs.values()))
+
+    def clear(self) -> None:
+        """Drop every buffer."""
+        self._bufs.clear()
+
+
+def arena() -> Arena:
+    """The calling thread's arena."""
+    a = getattr(_LOCAL, "arena", None)
+    if a is None:
+        a = _LOCAL.arena = Arena()
+    return a
+
+
+def release() -> None:
+    """Free the calling thread's scratch (e.g. after a model's last run; the next call allocates it again)."""
+    arena().clear()
