@@ -356,10 +356,10 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
     blocks give ``s = 0`` and ``offset`` = the value (rounded to float16 in the float16 form).
 
     ``method="mse"``: per block, search the clipping range that minimises the squared reconstruction
-    error ``sum (dequant(q) - w)^2`` (``dequant`` with the scales and offsets in their stored form): clip ratios ``r`` of the min/max range on a 15-point grid in
-    [0.3, 1] (asymmetric: the clipped window also slides over 5 positions inside [min, max]), then 9
-    finer ratios around the best. The min/max range is candidate 0 and wins ties, so every block's
-    error is never above ``minmax``'s. Deterministic; costs about 25 (symmetric) or 100 (asymmetric)
+    error ``sum (dequant(q) - w)^2``, ``dequant`` with the scales and offsets in their stored form: clip
+    ratios ``r`` of the min/max range on a 15-point grid in [0.3, 1] (asymmetric: the clipped window also
+    slides over 5 positions inside [min, max]), then 9 finer ratios around the best. The min/max range is
+    candidate 0 and wins ties, so every block's error is never above ``minmax``'s (same stored form). Deterministic; costs about 25 (symmetric) or 100 (asymmetric)
     quantize-dequantize passes over the weights, vectorised over all blocks.
 
     ``scale_dtype``: the stored form of the scales and offsets.

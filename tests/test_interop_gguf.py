@@ -120,3 +120,16 @@ def test_gguf_enum_accepted(quants):
     w = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
     qw, report = gf.read_gguf(q.quantize(w, T.Q4_1), T.Q4_1)
     assert report.lossless and qw.bits == 4 and qw.block_size == 32
+
+
+@pytest.mark.parametrize("bits, block, qtype", [(8, 0, "Q8_0"), (8, 32, "Q8_0"), (4, 32, "Q4_0")])
+def test_default_symmetric_weights_write_losslessly(bits, block, qtype):
+    """quantize_weight's default (float16 scales chosen before the codes) is GGUF's own form: Q8_0/Q4_0 keep it
+    exactly, both ways; float32 scales are rounded to fp16 on the way (lossy)."""
+    w = np.random.default_rng(5).standard_normal((8, 64)).astype(np.float32)
+    qw = qconv.quantize_weight(w, bits, block)
+    data, report = gf.write_gguf(qw, qtype)
+    assert report.lossless and not report.notes
+    back, report2 = gf.read_gguf(data, qtype, groups=qw.groups)
+    assert report2.lossless and np.array_equal(back.dequantize(), qw.dequantize())
+    assert not gf.write_gguf(qconv.quantize_weight(w, bits, block, scale_dtype="float32"), qtype)[1].lossless

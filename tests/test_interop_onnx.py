@@ -231,3 +231,26 @@ def test_conv_integer_and_qlinear_conv_nodes(onnx):
     assert back2 == back
     with pytest.raises(ValueError, match="ConvInteger with scale"):
         of.read_qlinear_conv_node(node, model)
+
+
+@pytest.mark.parametrize("sym", [True, False])
+def test_qconv_node_stores_float16_params_of_half_exact_weights(onnx, sym):
+    """A qconv ONNX node keeps scales/offsets as FLOAT16 for half-exact weights (half the bytes, read back
+    bit-identical as float32) and as FLOAT otherwise; weight_bytes counts what is stored."""
+    from qconv.onnx.nodes import make_qnode, read_qnode, weight_bytes
+
+    w = np.random.default_rng(6).standard_normal((16, 64)).astype(np.float32)
+    stored = {}
+    for scale_dtype, want in (("auto", onnx.TensorProto.FLOAT16), ("float32", onnx.TensorProto.FLOAT)):
+        qw = qconv.quantize_weight(w, 4, 32, sym, scale_dtype=scale_dtype)
+        node, inits = make_qnode("l", "QMatMul", qw, None, None, "x", "y")
+        params = [t for t in inits if t.name in ("l.scales", "l.offsets")]
+        assert len(params) == (1 if sym else 2) and all(t.data_type == want for t in params)
+        back = read_qnode(node, {t.name: t for t in inits}).weight
+        assert back == qw and back.scales.dtype == np.float32
+        assert np.array_equal(back.scales.view(np.uint32), qw.scales.view(np.uint32))
+        graph = onnx.helper.make_graph([node], "g", [], [], inits)
+        stored[scale_dtype] = weight_bytes(onnx.helper.make_model(graph))["stored"]
+        assert stored[scale_dtype] == qw.nbytes
+    params = 16 * 2 * (1 if sym else 2)
+    assert stored["float32"] - stored["auto"] == 2 * params
