@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import qconv
 from qconv import gpu, reference
 from qconv.geometry import ConvSpec
+from qconv.gpu.families import Problem, gemv_a8
 from qconv.testing import assert_matches_reference
 from qconv.testing.asserts import RTOL_FLOAT
 from qconv.testing.strategies import activations, conv_geometries
@@ -101,11 +102,11 @@ def test_gemv_a8_every_tuner_size(cl_device, bits, block, sym):
     x = rng.standard_normal((1, 256, 1, 1)).astype(np.float32)
     for variant in ("gemv_a8f_c1", "gemv_a8f_c2"):
         eng = _row_engine(w, device=cl_device, image=False, variant=variant)
-        sizes = eng._a8_local_sizes(*gpu.A8_VARIANTS[variant])
+        sizes = gemv_a8.local_sizes(eng, *gpu.A8_VARIANTS[variant])
         assert sizes
-        if eng._nv_ptx:
-            assert sizes[:2] == eng._a8_balanced_sizes(gpu.A8_VARIANTS[variant][0], 8 if bits == 4 else 16)
-        cand = eng._a8_candidate(variant, "nchw")
+        if eng.nv_ptx:
+            assert sizes[:2] == gemv_a8.balanced_sizes(eng, gpu.A8_VARIANTS[variant][0], 8 if bits == 4 else 16)
+        [cand] = gemv_a8.candidates(eng, Problem("nchw", 1, 1, 1, 1, 1))
         xd = cla.to_device(eng.queue, x)
         for lws in sizes:
             yd = cla.zeros(eng.queue, (1, 1100, 1, 1), np.float32) + np.float32(np.nan)

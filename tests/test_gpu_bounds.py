@@ -6,7 +6,7 @@ int32 sum, and compares with the oracle (float64 sums). Audit of the integer acc
 
 * ``gemv_a8`` (act_quant="row", one row): per-channel weights sum ``q * xq`` over all of K in int32 (dp4a),
   int8: at most 128 * 127 per product, int4: (q + 8) * xq, at most 15 * 127 (unsigned nibbles). The engine
-  keeps int32 sums only up to ``gpu.engine.A8_EXACT_MAX_IC`` input channels; longer (int8) rows fold each
+  keeps int32 sums only up to ``gpu.families.gemv_a8.A8_EXACT_MAX_IC`` input channels; longer (int8) rows fold each
   lane's int32 sum into float before it can overflow and add the lanes in float (-DA8_WIDE). Blockwise weights sum one scale group of a
   chunk (<= 32 products) in int32. ``quant_x_a8``'s sum of all xq: 127 * K, exact below 16.9 M channels;
   gemv_a8 takes at most 4 * 1024 * A8_MAX_NV = 1,048,576 channels (x is held in registers), longer rows run
@@ -26,7 +26,8 @@ import pytest
 import qconv
 from qconv import gpu, reference
 from qconv.geometry import ConvSpec
-from qconv.gpu.engine import A8_EXACT_MAX_IC
+from qconv.gpu.families import gemv_a8
+from qconv.gpu.families.gemv_a8 import A8_EXACT_MAX_IC
 
 from test_gpu_engine import cl_device  # noqa: F401
 
@@ -75,7 +76,7 @@ def test_gemv_a8_int8_past_int32(cl_device, ic, q, variant, lws):
     x = np.full((1, ic, 1, 1), 3.0, np.float32)
     assert (ic * abs(q) * 127 > INT32_MAX) == (ic > A8_EXACT_MAX_IC[8] and q == -128 or ic * 127 * 127 > INT32_MAX)
     eng = _row(w, cl_device, variant=variant, local_size=lws)
-    if gpu.A8_VARIANTS[variant][1] and not eng._a8_local_sizes(*gpu.A8_VARIANTS[variant]):
+    if gpu.A8_VARIANTS[variant][1] and not gemv_a8.local_sizes(eng, *gpu.A8_VARIANTS[variant]):
         pytest.skip(f"{eng.device.name}: x's int8 words do not fit in local memory for the fused variant")
     y = eng.forward(x)
     assert eng.plans[("nchw", 1, 1, 1)].cand.program == "gemv_a8"

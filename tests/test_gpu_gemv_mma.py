@@ -63,7 +63,7 @@ def test_gemv_mma_candidates_and_errors(cl_device):
     w = _weight(rng, 20, 96, 1, 4, 32, False)
     eng = _engine(w, device=cl_device, image=False)
     names = [c.variant for c in eng._plan_for("nchw", 1, 1, 1)[0].cand]
-    assert ("gemv_mma" in names) == eng._mma_native()  # offered where the tensor cores run (NVIDIA sm_80+)
+    assert ("gemv_mma" in names) == eng.mma_native  # offered where the tensor cores run (NVIDIA sm_80+)
     forced = _engine(w, device=cl_device, image=False, variant="gemv_mma")
     with pytest.raises(ValueError, match="one row"):
         forced.forward(np.zeros((2, 96, 1, 1), np.float32))

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import qconv
 from qconv import gpu
 from qconv.geometry import ConvSpec
+from qconv.gpu.families import Problem, conv_mma
 from qconv.layouts import NC4HW4
 from qconv.testing import assert_matches_reference
 from qconv.testing.strategies import activations, conv_geometries
@@ -65,9 +66,9 @@ def test_conv_mma_every_stage_depth(cl_device, bits, block, sym, k):
         xd = cla.to_device(eng.queue, x)
         yd = eng.forward(xd)
         plan = eng.plans[("nchw", 2, 9, 8)]
-        ksubs = [ks for _, ks in eng._mma_candidate(variant, "nchw", 2, 9, 8, 9, 8).local_sizes]
-        assert ksubs == eng._mma_ksubs(variant)[:2] and len(eng._mma_ksubs(variant)) >= (2 if k == 1 else 1)
-        for lws in [(32 * np.prod(gpu.MMA_VARIANTS[variant][:2]), ks) for ks in eng._mma_ksubs(variant)]:
+        ksubs = [ks for _, ks in conv_mma.candidates(eng, Problem("nchw", 2, 9, 8, 9, 8))[0].local_sizes]
+        assert ksubs == conv_mma.ksubs(eng, variant)[:2] and len(conv_mma.ksubs(eng, variant)) >= (2 if k == 1 else 1)
+        for lws in [(32 * np.prod(gpu.MMA_VARIANTS[variant][:2]), ks) for ks in conv_mma.ksubs(eng, variant)]:
             yd.fill(np.float32(np.nan))
             plan.cand.launch(eng.queue, lws, (xd.base_data, yd.base_data)).wait()
             np.testing.assert_allclose(yd.get(), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=str(lws))
@@ -103,7 +104,7 @@ def test_conv_mma_refuses_what_it_cannot_run(cl_device):
         _mma_engine(_weight(rng, 4, 32, 1, 4, 16, True), device=cl_device, variant="mma_64x64")
     with pytest.raises(ValueError, match="ungrouped"):
         _mma_engine(_weight(rng, 4, 8, 3, groups=2), device=cl_device, variant="mma_64x64")
-    with pytest.raises(ValueError, match="does not exist"):  # float activations: no int8 operands
+    with pytest.raises(ValueError, match="act_quant='row'"):  # float activations: no int8 operands
         spec = ConvSpec(_weight(rng, 4, 8, 1), None, 1, 0, 1, None, None)
         gpu.OpenCLEngine(spec, device=cl_device, variant="mma_64x64")
     with pytest.raises(ValueError, match="fixed local size"):

@@ -61,7 +61,10 @@ def _tuned_run(device):
     return outs
 
 
-def test_tuning_chooses_caches_and_keeps_results(cl_device, cache_dir):
+def test_tuning_chooses_caches_and_keeps_results(cl_device, cache_dir, monkeypatch):
+    # a candidate is cached once all its local sizes are timed: on a loaded machine PoCL's compile per local size
+    # can take the whole default budget before the first one is done
+    monkeypatch.setitem(tuning.BUDGET_S, "fast", 30.0)
     before = dict(tuning.stats)
     for eng, x, y in _tuned_run(cl_device):
         s = eng.spec
@@ -224,3 +227,57 @@ def test_tampered_cache_entries_are_ignored_with_a_warning(cl_device, cache_dir,
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
     data = json.loads(path.read_text())  # rewritten with good entries
     assert data["entries"] and all(tuning._valid_entry(e) or "variant" in e for e in data["entries"].values())
+
+
+# {{{ the decision rule: stable under timing noise
+
+def _fake_candidates(true_us: list, tag: str) -> list:
+    """Candidates the fake timer knows by ``variant`` (their true time: ``true_us``), one local size each; ``tag``
+    keeps their cache keys apart from other trials'."""
+    return [tuning.Candidate(f"v{i}", "fake", (tag,), (i,), [(1, 1)], lambda *a, **k: None)
+            for i in range(len(true_us))]
+
+
+def _noisy_timer(true_us: list, seed: int, spike_p: float, calls: list):
+    """``launch_times`` of a device where every launch takes its true time plus <=1% jitter and, with
+    probability ``spike_p``, is slowed 1.3-2x (another process's work): what noise looks like on a GPU."""
+    rng = np.random.default_rng(seed)
+
+    def launch_times(queue, cand, lws, repeats):
+        calls.append(cand.variant)
+        t = true_us[int(cand.variant[1:])] * 1e3
+        jitter = 1 + 0.01 * rng.random(repeats)
+        spikes = np.where(rng.random(repeats) < spike_p, rng.uniform(1.3, 2.0, repeats), 1.0)
+        return list(t * jitter * spikes)
+
+    return launch_times
+
+
+def _select(cl_device, monkeypatch, true_us, seed, spike_p, tag, calls=None):
+    calls = [] if calls is None else calls
+    monkeypatch.setattr(tuning, "launch_times", _noisy_timer(true_us, seed, spike_p, calls))
+    cand, _, _ = tuning.select(gpu.resolve(cl_device)[1], None, _fake_candidates(true_us, tag), "fast")
+    return cand.variant
+
+
+def test_noise_cannot_crown_a_slower_kernel(cl_device, cache_dir, monkeypatch):
+    """The truly fastest candidate (v1, 15% ahead of the next) wins every one of 60 runs on a noisy device;
+    the old rule (one median of 3 launches per candidate, fastest wins) lost 6 of these 60 runs."""
+    picks = [_select(cl_device, monkeypatch, [100.0, 85.0, 98.0], seed, 0.15, f"noise{seed}") for seed in range(60)]
+    assert picks == ["v1"] * 60
+
+
+def test_near_ties_go_to_the_earlier_candidate(cl_device, cache_dir, monkeypatch):
+    """Within TIE (3%) the engine's earlier-listed candidate wins, whatever the noise: deterministic picks."""
+    picks = {_select(cl_device, monkeypatch, [100.0, 98.5, 130.0], seed, 0.05, f"tie{seed}") for seed in range(20)}
+    assert picks == {"v0"}
+    assert _select(cl_device, monkeypatch, [100.0, 95.0, 130.0], 0, 0.0, "clear") == "v1"  # 5%: not a tie
+
+
+def test_final_timing_adds_a_few_timings(cl_device, cache_dir, monkeypatch):
+    """The re-timing costs ROUNDS timings of at most FINALISTS candidates on top of one per (candidate, size)."""
+    calls = []
+    _select(cl_device, monkeypatch, [100.0, 90.0, 95.0, 120.0, 110.0], 0, 0.0, "budget", calls)
+    assert len(calls) == 5 + tuning.ROUNDS * tuning.FINALISTS
+
+# }}}

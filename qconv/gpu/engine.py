@@ -1,47 +1,27 @@
 """``OpenCLEngine``: weight-quantized conv on an OpenCL device (the engine protocol of ``docs/DESIGN.md``).
 
-Three kernel families (``kernels/*.cl``):
-
-* ``conv_general``: any kernel size, stride, padding, dilation and groups, with the seven output blockings
-  ``c4h1w1 c4h1w2 c4h4w1 c8h2w1 c8h4w1 c4h1w4 c8h1w4``; weights in :class:`OpenCLConvWeightLayout`.
-* ``conv_1x1``: 1x1, stride 1, unpadded, ungrouped convs as a GEMM over rows ``(n, h, w)`` (GEMV for a
-  linear layer with N = 1), 1, 2 or 4 output channels per work-item from a buffer
-  (:class:`OpenCL1x1BufferLayout`) or 1 or 2 from an Image2D (:class:`OpenCL1x1ImageLayout`), 1, 2 or 4
-  rows per work-item, split-K over the work-group.
-* ``conv_gemm``: ungrouped convs of either path as a tiled implicit GEMM (``gemm_<TM>x<TN>``: TM output
-  channels x TN pixels per work-group, weights decoded once per tile into local memory); it reads the
-  path's own weights (``OpenCLConvWeightLayout`` with ``ic_pack=4``, or ``OpenCL1x1BufferLayout``), so
-  the tuner picks between it and the per-item kernels without a second copy. For batched layers.
-
-* ``gemv_a8``: with ``act_quant="row"``, linear layers on one row (N = H = W = 1) with int8 activations:
-  x is quantized once (``gemv_a8_c*``: a ``quant_x_a8`` launch first) or by every work-group into local
-  memory (``gemv_a8f_c*``: one launch), and the weights stream through 4-way byte dot products (``dp4a``;
-  PTX on NVIDIA, a portable fallback elsewhere), integer sums exact; a grid of at most g work-groups per
-  compute unit loops over tiles of output channels (local sizes ``(l0, SPLIT, g)``).
-
-* ``gemv_mma``: with float activations, linear layers on one row on f16 tensor cores (PTX ``mma.sync``
-  m16n8k16 on NVIDIA sm_80+, offered to the tuner there; elsewhere only when forced, as an emulation): x
-  split per element into two f16 numbers (``x * 2^e = hi + lo``), weights in :class:`OpenCLGemvMMALayout`
-  (the mma's A fragments), f32 sums; local sizes ``(32, SPLIT, g)``.
-
-* ``conv_mma``: with ``act_quant="row"``, ungrouped convs and batched linear layers as an implicit GEMM on
-  int8 tensor cores (``mma_<TM>x<TN>``; PTX ``mma.sync`` on NVIDIA sm_80+, the tuner's first choice there;
-  elsewhere only when forced, as an emulation), after ``row_amax`` + ``quant_rows_i8`` (``act_quant.cl``).
+A thin engine over the kernel families of :mod:`qconv.gpu.families`, one module each: ``conv_general`` (any
+conv), ``conv_1x1`` and ``gemv_1x1`` (1x1 / linear layers), ``conv_gemm`` (tiled implicit GEMM), ``gemv_a8``
+(``act_quant="row"`` GEMV on int8 dot products), ``gemv_mma`` (f16 tensor-core GEMV), ``conv_mma`` (int8
+tensor-core conv) and ``act_quant`` (x quantized per sample before the float kernels). Each owns its variants,
+build options, local sizes and its one "can it run this layer, and if not why" check; the engine uploads the
+weights, asks the families that can run the layer for candidates (:meth:`OpenCLEngine._candidates` orders them),
+the tuner (:mod:`.tuning`) times them and the plan records the winner.
 
 Activations and accumulation are float32 by default (``act_quant=None``); weights stay int8/int4 in device
 memory and are dequantised in registers (``w = q*scale + offset``). ``act_quant="row"`` quantizes each
 sample's activations to int8 exactly as the oracle does (``clip(round(x*127/amax), -127, 127)``): linear
 layers then run ``gemv_a8``, other ungrouped shapes ``conv_mma`` where it runs, and the rest the float
-kernels on the dequantized activations (``row_amax`` + ``quant_rows`` first, in ``act_quant.cl``). Inputs and outputs are float32 NCHW
-``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)`` (padding lanes written as zeros), numpy arrays
-(copied in and out) or ``pyopencl.array.Array`` (kept on the device: the result is an Array on the
-input's queue). The kernels read and write both layouts directly: no conversion launches.
+kernels on the dequantized activations. Inputs and outputs are float32 NCHW ``(N, C, H, W)`` or NC4HW4
+``(ceil(C/4), N, H, W, 4)`` (padding lanes written as zeros), numpy arrays (copied in and out) or
+``pyopencl.array.Array`` (kept on the device: the result is an Array on the input's queue). The kernels read
+and write both layouts directly: no conversion launches.
 
-The (variant, local size) of each input shape is auto-tuned at its first call (:mod:`.tuning`). Every
-family describes its launches as :class:`~.launch.Step` lists (``steps(lws)``, wrapped by
-:func:`~.launch.planned_candidate`); the chosen candidate's :class:`~.launch.LaunchPlan` is kept per input shape
-(:meth:`OpenCLEngine.prepare`), so a later device-array call (:meth:`OpenCLEngine.forward_array`) binds only the
-changed buffers and enqueues (``qconv/gpu/README.md``, "Calling layers from Python").
+The (variant, local size) of each input shape is auto-tuned at its first call. Every family describes its
+launches as :class:`~.launch.Step` lists (wrapped by :func:`~.launch.planned_candidate`); the chosen
+candidate's :class:`~.launch.LaunchPlan` is kept per input shape (:meth:`OpenCLEngine.prepare`), so a later
+device-array call (:meth:`OpenCLEngine.forward_array`) binds only the changed buffers and enqueues
+(``qconv/gpu/README.md``, "Calling layers from Python").
 """
 from __future__ import annotations
 
@@ -49,81 +29,16 @@ import threading
 
 import numpy as np
 
-from ..layouts.opencl import (OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLConvWeightLayout,
-                              OpenCLGemvMMALayout, OpenCLMMAWeightLayout, OpenCLScaleLayout)
-from . import tuning
+from ..layouts.opencl import OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLConvWeightLayout, OpenCLScaleLayout
+from . import families, tuning
 from .context import describe_device, import_pyopencl, memory_pool, profiling_queue, resolve
 from .errors import OpenCLUnavailableError, wrap_cl_error
-from .launch import X, Y, Scratch, Step, planned_candidate, remap
+from .families import (act_quant, conv_1x1, conv_gemm, conv_general, conv_mma, gemv_1x1, gemv_a8, gemv_mma)
+from .families.base import Problem, WeightBuffers, cdiv, layer_options, roundup
 from .programs import get_kernel
 
-GENERAL_VARIANTS = {  # name -> (CB blocks of 4 output channels, HB rows, WB columns)
-    "c4h1w1": (1, 1, 1), "c4h1w2": (1, 1, 2), "c4h4w1": (1, 4, 1), "c8h2w1": (2, 2, 1),
-    "c8h4w1": (2, 4, 1), "c4h1w4": (1, 1, 4), "c8h1w4": (2, 1, 4),
-    "c4h2w4": (1, 2, 4), "c8h2w4": (2, 2, 4), "c16h1w4": (4, 1, 4), "c8h1w8": (2, 1, 8),
-}
-GEMM_VARIANTS = {  # name -> (TM output channels, TN pixels per work-group, RM, RN per work-item, KS split-K)
-    "gemm_128x128": (128, 128, 8, 8, 1), "gemm_128x64": (128, 64, 8, 4, 1), "gemm_64x128": (64, 128, 4, 8, 1),
-    "gemm_64x64": (64, 64, 4, 4, 1), "gemm_128x32": (128, 32, 8, 4, 1), "gemm_64x32": (64, 32, 4, 4, 1),
-    "gemm_64x16": (64, 16, 4, 2, 1), "gemm_32x32": (32, 32, 4, 4, 1),
-    "gemm_128x8": (128, 8, 8, 2, 1), "gemm_64x8": (64, 8, 4, 2, 1),
-    "gemm_32x32k2": (32, 32, 4, 4, 2),
-    "gemm_128x32k2": (128, 32, 8, 4, 2), "gemm_64x32k2": (64, 32, 4, 4, 2), "gemm_128x8k2": (128, 8, 8, 2, 2),
-    "gemm_64x8k4": (64, 8, 4, 2, 4),
-}
-GEMV_VARIANTS = {  # name -> U: 16-byte weight chunks per item loaded before any is used (gemv_1x1, N=H=W=1)
-    "gemv_u4": 4, "gemv_u8": 8,
-}
-A8_VARIANTS = {  # name -> (NC output channels per item, fused) (gemv_a8: act_quant="row", N=H=W=1); the fused
-    # ones first: one launch, faster wherever x's int8 words fit in local memory (the H200, 2026-11-30)
-    "gemv_a8f_c1": (1, True), "gemv_a8f_c2": (2, True), "gemv_a8_c1": (1, False), "gemv_a8_c2": (2, False),
-}
-MMA_VARIANTS = {  # name -> (WM, WN warps, MT, NT m16n8k32 tiles per warp) (conv_mma: act_quant="row", int8 tensor
-    # cores, TM = 16*MT*WM output channels x TN = 8*NT*WN pixels per work-group of 32*WM*WN items)
-    "mma_64x32": (2, 2, 2, 2), "mma_32x64": (2, 2, 1, 4), "mma_64x64": (2, 2, 2, 4), "mma_128x64": (2, 2, 4, 4),
-    "mma_64x128": (2, 2, 2, 8), "mma_128x128": (2, 4, 4, 4),
-}
-GEMV_MMA_VARIANTS = {  # name -> U: 16-byte loads per lane in flight (gemv_mma: float activations, N=H=W=1, f16
-    # tensor cores; x split into two f16 numbers per element)
-    "gemv_mma": 8,
-}
-ROW_QUANT_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt",)
-# gemv_a8 with per-channel scales sums q * xq over all input channels in int32: exact while K times the
-# largest product fits (int8: 128 * 127; int4: (q + 8) * xq, unsigned nibbles, 15 * 127). Longer int8 rows
-# (-DA8_WIDE) fold each lane's int32 sum into float before it can overflow and add the lanes in float (int4
-# rows that long exceed A8_MAX_NV). Mirrored by an #error in gemv_a8.cl; tests/test_gpu_bounds.py runs both
-# sides of the bound. (A first version summed in 64-bit integers in local memory: its unfused launches
-# failed with OUT_OF_RESOURCES on the H200.)
-A8_EXACT_MAX_IC = {8: (2**31 - 1) // (128 * 127), 4: (2**31 - 1) // (15 * 127)}
-# gemv_a8 quantizes x with every float4 of it held in registers by the quantizing items (quant_x_a8's QL, or
-# the fused variants' l0 * SPLIT): at most this many float4 per item (more crashed PoCL at 2.1 M channels;
-# on a GPU they spill). Longer rows run the float kernels on quantized rows. Mirrored in gemv_a8.cl.
-A8_MAX_NV = 256
 _INT32_MAX = 2**31 - 1
 _launch_lock = threading.Lock()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _pow2ceil(n: int) -> int:
-    return 1 << max(0, int(n - 1).bit_length())
-
-
-def _pow2floor(n: int) -> int:
-    return 1 << max(0, int(n).bit_length() - 1)
-
-
-def _roundup(n: int, m: int) -> int:
-    return _cdiv(n, m) * m
-
-
-def onex1_variants(image: bool) -> dict:
-    """name -> (NC output channels per item, NB rows per item) of the 1x1 kernels."""
-    ncs = (1, 2) if image else (4, 2, 1)
-    store = "img" if image else "buf"
-    return {f"{store}_c{nc}_r{nb}": (nc, nb) for nc in ncs for nb in (1, 2, 4)}
 
 
 _F32 = np.dtype(np.float32)
@@ -224,7 +139,9 @@ class OpenCLEngine:
 
     * ``tune``: ``"none" | "fast" | "full"`` (default ``$QCONV_TUNE``, else ``"fast"``);
     * ``variant``: force a kernel variant (``"c8h4w1"``..., or ``"buf_c4_r2"``, ``"img_c2_r1"``... for 1x1;
-      ``"gemm_128x32"``, ``"gemm_64x8k4"``... for either path of an ungrouped conv, with a fixed local size);
+      ``"gemm_128x32"``, ``"gemm_64x8k4"``... for either path of an ungrouped conv, with a fixed local size;
+      names: :func:`qconv.gpu.families.all_variants`); a variant its family cannot run for this layer (or, at
+      a call, for the input's shape) raises ``ValueError`` with the family's reason (``unsupported``);
     * ``local_size``: force the local size (a tuple; with ``variant`` or the heuristic variant; general
       path: ``(l0, l1)`` or ``(l0, l1, split)`` with split-K over input channels);
     * ``image``: 1x1 weights in an Image2D: ``None`` (auto: integrated GPUs, when it fits), ``True`` (when
@@ -270,17 +187,17 @@ class OpenCLEngine:
         self.act_row = spec.act_quant == "row"
         # Oclgrind (the memcheck job's simulator) does not set the flag but divides with the host's IEEE float
         # division, which is correctly rounded
-        exact_div = (self.device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
-                     or self.device.name == "Oclgrind Simulator")
-        if self.act_row and not exact_div:
-            raise OpenCLUnavailableError(f"{self.device.name}: act_quant='row' needs correctly rounded float32 "
-                                         f"division (CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) to quantize "
-                                         f"exactly like the oracle; use act_quant=None on this device")
+        self.exact_division = bool(self.device.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
+                                   or self.device.name == "Oclgrind Simulator")
+        why = act_quant.unsupported(self) if self.act_row else None
+        if why:
+            raise OpenCLUnavailableError(f"act_quant='row' cannot run on {self.device.name}: {why}")
         self.queue = profiling_queue(self.ctx, self.device)
         self._pool = memory_pool(self.ctx, self.device)
         self.tune = tuning.tune_level(tune)
         self.is_gpu = bool(self.device.type & cl.device_type.GPU)
-        self._nv_ptx = "NVIDIA" in self.device.platform.name.upper()  # inline PTX (dp4a, shuffles) builds
+        self.nv_ptx = "NVIDIA" in self.device.platform.name.upper()  # inline PTX (dp4a, shuffles) builds
+        self.mma_native = self._mma_native()
         self.specialize = self.is_gpu if specialize is None else bool(specialize)
         w = spec.weight
         self.path = "1x1" if (spec.is_pointwise and w.groups == 1) else "general"
@@ -289,32 +206,11 @@ class OpenCLEngine:
         self._last_plan = None
         self._lock = threading.Lock()
 
-        if variant is not None:
-            names = GENERAL_VARIANTS if self.path == "general" else {**onex1_variants(False), **onex1_variants(True)}
-            names = {**names, **GEMM_VARIANTS}
-            if self.path == "1x1":
-                names = {**names, **GEMV_VARIANTS, **(A8_VARIANTS if self.act_row else {})}
-                if spec.act_quant is None:
-                    names = {**names, **GEMV_MMA_VARIANTS}
-            if self.act_row:
-                names = {**names, **MMA_VARIANTS}
-            if variant not in names:
-                raise ValueError(f"variant {variant!r} does not exist for the {self.path} path; choose from "
-                                 f"{sorted(names)}")
-            if variant in GEMM_VARIANTS:
-                if w.groups != 1 or (self.path == "general" and ic_pack != 4):
-                    raise ValueError(f"variant {variant!r} needs an ungrouped conv (and ic_pack=4)")
-                if local_size is not None:
-                    raise ValueError(f"variant {variant!r} has a fixed local size; do not pass local_size")
-                if not self._gemm_fits(variant):
-                    raise ValueError(f"variant {variant!r}: its tiles do not fit {self.device.name}'s local "
-                                     f"memory for this kernel size (or its split-K sums its weight tiles)")
-            if variant in MMA_VARIANTS:
-                if local_size is not None:
-                    raise ValueError(f"variant {variant!r} has a fixed local size; do not pass local_size")
-                why = self._mma_unsupported()
-                if why:
-                    raise ValueError(f"variant {variant!r} cannot run this conv: {why}")
+        family = None if variant is None else families.family_of(variant)
+        if variant is not None and family is None:
+            raise ValueError(f"variant {variant!r} does not exist; choose from {families.all_variants()}")
+        if family is not None and family.fixed_local_size and local_size is not None:
+            raise ValueError(f"variant {variant!r} has a fixed local size; do not pass local_size")
         self.forced_variant = variant
         if local_size is not None:
             local_size = tuple(int(v) for v in local_size)
@@ -332,46 +228,36 @@ class OpenCLEngine:
             ok = OpenCLScaleLayout.lossless(w.scales) and (w.offsets is None or OpenCLScaleLayout.lossless(w.offsets))
             scale_dtype = "float16" if ok else "float32"
         self.scale_layout = OpenCLScaleLayout(scale_dtype)
-        self._ws = self._upload(self.scale_layout.pack_array(w.scales))
-        self._wo = self._ws if w.offsets is None else self._upload(self.scale_layout.pack_array(w.offsets))
-        ocp = _cdiv(w.out_channels, 4) * 4
-        bias = np.zeros(ocp, np.float32)
+        ws = self._upload(self.scale_layout.pack_array(w.scales))
+        wo = ws if w.offsets is None else self._upload(self.scale_layout.pack_array(w.offsets))
+        bias = np.zeros(cdiv(w.out_channels, 4) * 4, np.float32)
         if spec.bias is not None:
             bias[:w.out_channels] = spec.bias
-        self._bias = self._upload(bias)
+        bias = self._upload(bias)
 
         # weights
         self.image = False
         if self.path == "general":
             self.layout = OpenCLConvWeightLayout(w.bits, ic_pack)
-            self._wq = self._upload(self.layout.pack_array(w.q))
+            wq = self._upload(self.layout.pack_array(w.q))
         else:
             self.layout = OpenCL1x1BufferLayout(w.bits)
             use_image = self._want_image(image, image_limits)
             if use_image:
-                self.layout = use_image
-                self.image = True
-                self._wq = self._upload_image(self.layout.pack_array(w.q))
+                self.layout, self.image = use_image, True
+                wq = self._upload_image(self.layout.pack_array(w.q))
             else:
-                self._wq = self._upload(self.layout.pack_array(w.q))
-            if variant is not None and variant.startswith("img") and not self.image:
+                wq = self._upload(self.layout.pack_array(w.q))
+            if family is conv_1x1 and variant.startswith("img") and not self.image:
                 if image is False:
                     raise ValueError(f"variant {variant!r} needs image weights, but image=False")
                 self.forced_variant = "buf" + variant[3:]  # image did not fit / no image support: buffer
-            elif (variant in GEMM_VARIANTS or variant in GEMV_VARIANTS or variant in A8_VARIANTS
-                  or variant in GEMV_MMA_VARIANTS) and self.image:
-                raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
-            elif variant is not None and variant.startswith("buf") and self.image:
-                raise ValueError(f"variant {variant!r} reads buffer weights; pass image=False")
-        self._base_options = self._make_base_options()
-        if variant in GEMV_VARIANTS and "-DLANE_SCALE" in self._base_options:
-            raise ValueError(f"variant {variant!r} needs scale blocks of a multiple of 4 input channels")
-        if variant in GEMV_MMA_VARIANTS and self._gemv_mma_unsupported():
-            raise ValueError(f"variant {variant!r} cannot run this layer: {self._gemv_mma_unsupported()}")
-        self._a8_group = self._a8_scale_group()
-        if variant in A8_VARIANTS and self._a8_group is None:
-            raise ValueError(f"variant {variant!r} needs per-channel scales or blocks that are a multiple or a "
-                             f"divisor of {self.layout.ic_pack} input channels and of {32 // w.bits} or more")
+        self.buffers = WeightBuffers(wq, ws, wo, bias)
+        self._other_weights: dict = {}  # layout spec -> buffer (weights_in)
+        self.base_options = layer_options(self)
+        why = None if family is None else family.unsupported(self, None, self.forced_variant)
+        if why:
+            raise ValueError(f"variant {variant!r} cannot run this layer: {why}")
 
     # {{{ preparation
 
@@ -422,730 +308,59 @@ class OpenCLEngine:
             lay = OpenCL1x1ImageLayout.for_device(bits, self.device)
         return lay if lay.fits(self.spec.weight.q.shape) else None
 
-    def _make_base_options(self) -> tuple:
-        s, w = self.spec, self.spec.weight
-        opts = list(self.layout.build_options) + list(self.scale_layout.build_options)
-        if w.offsets is not None:
-            opts.append("-DASYM")
-        if w.n_blocks == 1:
-            opts.append("-DNBLK1")
-        else:
-            bc = w.block_channels
-            opts.append(f"-DBLOCK_CH={bc}")
-            if self.path == "general":
-                if bc % 4 == 0:
-                    opts.append("-DBLOCK_ALIGN4")
-            else:
-                kc = self.layout.ic_pack
-                sg = next((g for g in (kc, 16, 8, 4) if kc % g == 0 and bc % g == 0), None)
-                opts.append(f"-DSG={sg}" if sg else "-DLANE_SCALE")
-        if s.bias is not None:
-            opts.append("-DHAS_BIAS")
-        if s.activation:
-            opts.append(f"-DACT={1 if s.activation == 'relu' else 2}")
-        ipg = w.q.shape[1]
-        o = w.out_channels
-        if o % 4:
-            opts.append("-DOC_LANE_LEAVE")
-        if self.path == "general":
-            if ipg % 4:
-                opts.append("-DIC_LEAVE")
-            if w.groups > 1:
-                opts.append("-DGROUPED")
-                if ipg == 1 and o == w.groups:
-                    opts.append("-DDEPTHWISE")
-            if self.specialize:
-                (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
-                for name, val in (("IC", ipg), ("OC", o), ("GROUPS", w.groups), ("KH", kh), ("KW", kw),
-                                  ("SH", sh), ("SW", sw), ("PH", ph), ("PW", pw), ("DH", dh), ("DW", dw)):
-                    opts.append(f"-DG_{name}={val}")
-        else:
-            if ipg % self.layout.ic_pack:
-                opts.append("-DIC_LEAVE")
-            if self.specialize:
-                opts += [f"-DG_IC={ipg}", f"-DG_OC={o}"]
-        return tuple(opts)
-
-    # }}}
-
-    # {{{ candidates
-
-    def _layout_options(self, layout: str, hw1: bool) -> list:
-        opts = [] if layout == "nc4hw4" else ["-DIN_NCHW", "-DOUT_NCHW"]
-        if hw1 and self.path == "1x1":
-            opts.append("-DHW1")
-        return opts
-
-    def _general_candidates(self, layout, n, h, w, oh, ow):
-        if self.forced_variant in MMA_VARIANTS:
-            return [self._mma_candidate(self.forced_variant, layout, n, h, w, oh, ow)]
-        cands = self._with_row_quant(self._float_general_candidates(layout, n, h, w, oh, ow), layout, n, h, w)
-        return self._with_mma(cands, layout, n, h, w, oh, ow)
-
-    def _float_general_candidates(self, layout, n, h, w, oh, ow):
-        s, wt = self.spec, self.spec.weight
-        o4 = _cdiv(wt.out_channels, 4)
-        ipg = wt.q.shape[1]
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
-        gemm = self._gemm_names(layout, n, h, w, oh, ow)
-        if self.forced_variant in GEMM_VARIANTS:
-            return [self._gemm_candidate(self.forced_variant, layout, n, h, w, oh, ow)]
-        names = self._general_order(oh, ow, o4, n)
-        if self.forced_variant:
-            names = [self.forced_variant]
-        elif self.tune == "fast":
-            names = names[:3]
-        scalars = [n, h, w, oh, ow, ipg, wt.out_channels, wt.groups, kh, kw, sh, sw, ph, pw, dh, dw]
-        cands = []
-        for name in names:
-            cb, hb, wb = GENERAL_VARIANTS[name]
-            g0, g1 = _cdiv(o4, cb) * _cdiv(ow, wb), n * _cdiv(oh, hb)
-            opts = list(self._base_options) + [f"-DCB={cb}", f"-DHB={hb}", f"-DWB={wb}"]
-            opts += self._layout_options(layout, False)
-            if o4 % cb:
-                opts.append("-DC_LEAVE")
-            if oh % hb:
-                opts.append("-DH_LEAVE")
-            if ow % wb:
-                opts.append("-DW_LEAVE")
-            cands.append(self._candidate("conv_general", name, tuple(opts), (g0, g1), scalars,
-                                         self._local_sizes_2d(g0, g1, _cdiv(ipg, 4), cb * hb * wb * 4),
-                                         cb * hb * wb * 4))
-        return self._with_gemm(cands, gemm, layout, n, h, w, oh, ow)
-
-    def _general_order(self, oh, ow, o4, n=1):
-        """Variants, the heuristic's favourite first."""
-        order = []
-        if self.is_gpu and n * oh * ow * o4 >= 262144 and ow >= 4:
-            # big problems: more outputs per item amortise the weight decode and the input loads
-            order += [v for v, ok in (("c8h2w4", oh >= 2 and o4 >= 2), ("c16h1w4", o4 >= 4),
-                                      ("c8h1w8", ow >= 8 and o4 >= 2)) if ok]
-        if ow >= 4:
-            order += ["c8h1w4", "c4h1w4"] if o4 >= 2 else ["c4h1w4"]
-        if oh >= 4:
-            order += ["c8h4w1", "c4h4w1"] if o4 >= 2 else ["c4h4w1"]
-        if ow >= 2:
-            order.append("c4h1w2")
-        if oh >= 2 and o4 >= 2:
-            order.append("c8h2w1")
-        order.append("c4h1w1")
-        rest = [v for v in GENERAL_VARIANTS if v not in order]
-        return order + rest
-
-    def _local_sizes_2d(self, g0, g1, ic4=1, per_item=4):
-        """Local sizes (l0, l1) or, with split-K over input channels, (l0, l1, SPLIT)."""
-        if self.forced_lws is not None:
-            return [self.forced_lws]
-        maxwg = int(self.device.max_work_group_size)
-        mi = self.device.max_work_item_sizes
-        local_floats = int(self.device.local_mem_size) // 4 - 256
-        p0, p1 = _pow2ceil(g0), _pow2ceil(g1)
-        if self.tune == "full":
-            sizes = [(a, b) for a in (1, 2, 4, 8, 16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64)
-                     if a <= p0 and b <= p1 and 8 <= a * b <= min(maxwg, 1024)]
-        else:
-            l0 = min(64, p0)
-            l1 = min(max(1, 64 // l0), p1)
-            sizes = [(l0, l1), (16, 4), (32, 2), (8, 8), (64, 1), (32, 4), (4, 16)]
-            sizes = [(min(a, p0), min(b, p1)) for a, b in sizes]
-        if self.is_gpu and g0 * g1 < 65536 and ic4 >= 4 and len(mi) > 2:
-            # too few outputs to fill a GPU: split the input channels over dim 2 (first when very few)
-            pk = _pow2floor(ic4)
-            split = [(min(32, p0), min(2, p1), min(8, pk)), (min(32, p0), 1, min(16, pk)),
-                     (min(16, p0), min(2, p1), min(16, pk)), (min(64, p0), 1, min(4, pk)),
-                     (min(32, p0), min(2, p1), min(4, pk)), (min(16, p0), 1, min(32, pk))]
-            if self.tune == "full":
-                split += [(a, b, k) for a in (8, 16, 32, 64) for b in (1, 2) for k in (2, 4, 8, 16, 32)
-                          if a <= p0 and b <= p1 and k <= pk]
-            split = [sz for sz in split if sz[0] * sz[1] * sz[2] * per_item <= local_floats
-                     and sz[0] * sz[1] * sz[2] <= min(maxwg, 1024) and sz[2] <= mi[2] and sz[2] > 1]
-            sizes = split + sizes if g0 * g1 < 16384 else sizes[:3] + split + sizes[3:]
-        sizes = [sz for sz in dict.fromkeys(sizes) if sz[0] * sz[1] <= maxwg and sz[0] <= mi[0] and sz[1] <= mi[1]]
-        if not self.is_gpu:
-            sizes = [None] + sizes  # PoCL: its own choice is good and avoids a per-size compile
-        return sizes or [None]
-
-    def _onex1_candidates(self, layout, n, h, w):
-        if self.forced_variant in MMA_VARIANTS:
-            return [self._mma_candidate(self.forced_variant, layout, n, h, w, h, w)]
-        a8 = self._a8_names(n * h * w)
-        if a8:
-            return [self._a8_candidate(v, layout) for v in a8]
-        cands = self._with_row_quant(self._float_onex1_candidates(layout, n, h, w), layout, n, h, w)
-        return self._with_mma(cands, layout, n, h, w, h, w)
-
-    def _float_onex1_candidates(self, layout, n, h, w):
-        wt = self.spec.weight
-        hw, m = h * w, n * h * w
-        ocp = _cdiv(wt.out_channels, 4) * 4
-        kch = _cdiv(wt.q.shape[1], self.layout.ic_pack)
-        variants = onex1_variants(self.image)
-        gemm = self._gemm_names(layout, n, h, w, h, w)
-        if self.forced_variant in GEMM_VARIANTS:
-            return [self._gemm_candidate(self.forced_variant, layout, n, h, w, h, w)]
-        if self.forced_variant in GEMV_MMA_VARIANTS:
-            if m != 1:
-                raise ValueError(f"variant {self.forced_variant!r} runs linear layers on one row (N = H = W = 1)")
-            return [self._gemv_mma_candidate(self.forced_variant, layout)]
-        gemv = self._gemv_names(m)
-        if self.forced_variant in GEMV_VARIANTS and gemv:
-            return [self._gemv_candidate(self.forced_variant, layout)]
-        names = self._onex1_order(m, variants)
-        if self.forced_variant in variants:
-            names = [self.forced_variant]
-        elif self.tune == "fast":
-            names = names[:3]
-        cands = []
-        for name in names:
-            nc, nb = variants[name]
-            g0, g2 = ocp // nc, _cdiv(m, nb)
-            opts = list(self._base_options) + [f"-DNC={nc}", f"-DNB={nb}"] + self._layout_options(layout, hw == 1)
-            scalars = [m, hw, wt.q.shape[1], wt.out_channels]
-            cands.append(self._candidate("conv_1x1", name, tuple(opts), (g0, g2), scalars,
-                                         self._local_sizes_1x1(g0, g2, kch, nb * nc), nb * nc))
-        if gemv and self.forced_variant is None:
-            # tuned on a GPU right after the heuristic's favourite (the tuner keeps it only when faster,
-            # and the fast level's time budget still reaches both); untuned, the 1x1 kernels stay first
-            extra = [self._gemv_candidate(v, layout) for v in gemv]
-            cands = cands[:1] + extra + cands[1:] if self.is_gpu and self.tune != "none" else cands + extra
-        if m == 1 and self.forced_variant is None and self._mma_native() and not self._gemv_mma_unsupported():
-            cands = cands[:1] + [self._gemv_mma_candidate(v, layout) for v in GEMV_MMA_VARIANTS] + cands[1:]
-        return self._with_gemm(cands, gemm, layout, n, h, w, h, w)
-
-    def _gemv_names(self, m):
-        """gemv_1x1 variants for this problem ([] unless one row, buffer weights, 4-aligned scale blocks)."""
-        if m != 1 or self.image or "-DLANE_SCALE" in self._base_options:
-            return []
-        if self.forced_variant is not None:
-            return [self.forced_variant] if self.forced_variant in GEMV_VARIANTS else []
-        return list(GEMV_VARIANTS) if self.tune == "full" else ["gemv_u4"]
-
-    def _gemv_local_sizes(self, ocp, kch, ngr):
-        if self.forced_lws is not None:
-            return [self.forced_lws[:2]]
-        maxwg = int(self.device.max_work_group_size)
-        mi = self.device.max_work_item_sizes
-        local_floats = int(self.device.local_mem_size) // 4 - 256 - ngr
-        p0, pk = _pow2ceil(ocp), _pow2floor(kch)
-        if self.tune == "full":
-            sizes = [(a, b) for a in (16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64)]
-        else:
-            sizes = [(32, 16), (128, 4), (64, 8)]  # the H200's picks (8192->28672: 32x16)
-        ok = []
-        for a, b in sizes:
-            a, b = min(a, p0), min(b, pk)
-            if a * b <= min(maxwg, 1024) and a <= mi[0] and b <= mi[1] and a * b <= local_floats:
-                ok.append((a, b))
-        return list(dict.fromkeys(ok)) or [(1, 1)]
-
-    def _gemv_candidate(self, name, layout):
-        """gemv_1x1 (one row): NDRange (ceil(OCp / l0) * l0, SPLIT), local size (l0, SPLIT)."""
-        wt = self.spec.weight
-        ocp = _cdiv(wt.out_channels, 4) * 4
-        kc = self.layout.ic_pack
-        kch = _cdiv(wt.q.shape[1], kc)
-        asym = wt.offsets is not None
-        if wt.n_blocks == 1:
-            ngr = kch
-        else:
-            sg = next(o for o in self._base_options if o.startswith("-DSG="))
-            ngr = kch * (kc // int(sg[5:]))
-        ngr = ngr if asym else 0
-        opts = tuple(self._base_options) + (f"-DU={GEMV_VARIANTS[name]}",) + tuple(
-            self._layout_options(layout, True))
-        scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
-        engine = self
-
-        def steps(lws):
-            cl = import_pyopencl()
-            lws = (1, 1) if lws is None else lws  # sx lives after l0 * SPLIT floats: the size must be known
-            split = lws[1]
-            gws, local, nloc = (_roundup(ocp, lws[0]), split), tuple(lws), lws[0] * split
-            args = (np.int32(ocp), X, engine._wq, engine._ws, engine._wo, engine._bias, Y,
-                    cl.LocalMemory(4 * (nloc + ngr)), *scal)
-            return [Step("conv_1x1", opts + (f"-DSPLIT={split}",), "gemv_1x1", args, gws, local)]
-
-        return planned_candidate(self.ctx, name, "conv_1x1", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
-                                 self._gemv_local_sizes(ocp, kch, ngr), steps)
-
-    def _a8_scale_group(self):
-        """gemv_a8's input channels per scale group inside a chunk (0: per-channel scales), or None when
-        it cannot run (not act_quant="row", not the buffer 1x1 path, blocks not aligned to the chunks)."""
-        w = self.spec.weight
-        if not self.act_row or self.path != "1x1" or self.image:
-            return None
-        if w.n_blocks == 1:
-            return 0
-        kc, bc = self.layout.ic_pack, w.block_channels
-        g = min(bc, kc)
-        return g if (bc % kc == 0 or kc % bc == 0) and g % (32 // w.bits) == 0 else None
-
-    def _a8_local_sizes(self, nc, fused=False):
-        """(l0, SPLIT, g) to time: local size (l0, SPLIT), g work-groups per compute unit (the grid is at
-        most g * compute units groups, each looping over tiles of l0 * nc output channels); the fused
-        variants also hold x's int8 words and group sums in local memory."""
-        if self.forced_lws is not None:
-            sizes = [(*self.forced_lws[:2], 1)]
-        elif self.tune == "full":
-            sizes = [(a, b, g) for a in (16, 32, 64, 128, 256) for b in (2, 4, 8, 16, 32) for g in (1, 2)]
-        elif self.is_gpu:
-            sizes = [(128, 4, 2), (256, 4, 2), (64, 8, 2)]  # the H200's picks (scripts/a8_lab.py)
-        else:
-            sizes = [(16, 4, 1), (8, 2, 1)]
-        ocp = _cdiv(self.spec.weight.out_channels, 4) * 4
-        kch = _cdiv(self.spec.weight.q.shape[1], self.layout.ic_pack)
-        maxwg = min(int(self.device.max_work_group_size), 1024)
-        mi, lmem = self.device.max_work_item_sizes, int(self.device.local_mem_size)
-        p0, pk = _pow2ceil(_cdiv(ocp, nc)), _pow2floor(kch)
-        if self.forced_lws is None:  # powers of two (the prologue's reduction tree), clamped to the problem
-            sizes = [(min(a, p0), min(b, pk), g) for a, b, g in sizes]
-            if self.is_gpu and self._nv_ptx:
-                sizes = self._a8_balanced_sizes(nc, pk) + sizes
-        kc, gr = self.layout.ic_pack, self._a8_group
-        held = kch * kc + 4 * kch * (kc // gr if gr else 1) if fused else 0  # bytes: xq words, group sums
-        w = self.spec.weight
-        if w.n_blocks == 1 and w.bits == 4 and w.q.shape[1] > A8_EXACT_MAX_IC[4]:
-            return []  # never reached: A8_MAX_NV stops such rows first (A8_WIDE is int8 only)
-        if not fused and _cdiv(kch * kc, 4 * self._a8_ql()) > A8_MAX_NV:
-            return []  # quant_x_a8 would hold more than A8_MAX_NV float4 per item
-        return [(a, b, g) for a, b, g in dict.fromkeys(sizes)
-                if a * b <= maxwg and a <= mi[0] and b <= mi[1] and held + 4 * nc * a * b <= lmem
-                and not (fused and not self._a8_reducible(a * b))
-                and not (fused and _cdiv(kch * kc, 4 * a * b) > A8_MAX_NV)]
-
-    def _a8_wide(self) -> bool:
-        """Per-channel row past A8_EXACT_MAX_IC: gemv_a8 folds its lanes' int32 sums into float."""
-        w = self.spec.weight
-        return w.n_blocks == 1 and w.q.shape[1] > A8_EXACT_MAX_IC[w.bits]
-
-    def _a8_ql(self) -> int:
-        """quant_x_a8's work-group size (the unfused variants quantize x in one work-group)."""
-        return min(1024, _pow2floor(int(self.device.max_work_group_size)))
-
-    def _a8_reducible(self, n):
-        """gemv_a8f's prologue reduces over its n items: a tree needs a power of two; -DNV_PTX's warp
-        shuffles need whole warps (a multiple of 32, at most 32 warps)."""
-        return not n & (n - 1) or (self._nv_ptx and n % 32 == 0 and n <= 1024)
-
-    def _a8_balanced_sizes(self, nc, pk):
-        """(l0, SPLIT, g) that spread the output channels evenly: g work-groups per compute unit, each one
-        tile of l0 * nc channels, l0 about OCp / (nc * g * units), even, and raised until l0 * SPLIT is whole
-        warps for the largest SPLIT <= min(32, pk) that keeps the group at most 1024 items. Power-of-two
-        tiles leave units idle or doubly loaded: 4096->11008 in tiles of 64 is 172 tiles, so 40 of 132
-        units stream two tiles while the rest stream one (H200: 13.8 us against 12.3 us for l0 = 42)."""
-        ocp = _cdiv(self.spec.weight.out_channels, 4) * 4
-        cus = int(self.device.max_compute_units)
-        sizes = []
-        for g in (2, 1):
-            base = 2 * _cdiv(_cdiv(ocp, nc * g * cus), 2)
-            for l0 in range(base, base + 32, 2):
-                split = next((s for s in (32, 16, 8, 4, 2, 1)
-                              if s <= pk and l0 * s <= 1024 and (l0 * s) % 32 == 0), None)
-                if split is not None:
-                    sizes.append((l0, split, g))
-                    break
-        return sizes
-
-    def _a8_names(self, m):
-        """gemv_a8 variants for this problem ([] when the float kernels run on quantized rows instead)."""
-        if self._a8_group is None or (self.forced_variant is not None and self.forced_variant not in A8_VARIANTS):
-            return []
-        names = [self.forced_variant] if self.forced_variant is not None else list(A8_VARIANTS)
-        names = [v for v in names if m == 1 and self._a8_local_sizes(*A8_VARIANTS[v])]
-        if not names and self.forced_variant is not None:
-            raise ValueError(f"variant {self.forced_variant!r} runs linear layers on one row (N = H = W = 1), "
-                             f"with a local size the device accepts (fused: l0 * SPLIT a power of two, or whole "
-                             f"warps on NVIDIA, and room for x's int8 words in local memory) and at most "
-                             f"{A8_MAX_NV} float4 of x per quantizing item (fused: per item of l0 * SPLIT, "
-                             f"unfused: of {self._a8_ql()})")
-        return names
-
-    def _a8_candidate(self, name, layout):
-        """gemv_a8 (NDRange (G * l0, SPLIT), local (l0, SPLIT), G groups over ceil(OCp / (l0*NC)) tiles, see
-        ``_a8_local_sizes``), after quant_x_a8 (one work-group) unless fused; ``launch`` returns gemv_a8's event and leaves (first, last) event in
-        ``info["state"]["events"]``."""
-        cl = import_pyopencl()
-        wt = self.spec.weight
-        nc, fused = A8_VARIANTS[name]
-        ocp = _cdiv(wt.out_channels, 4) * 4
-        kc = self.layout.ic_pack
-        kch = _cdiv(wt.q.shape[1], kc)
-        opts = [o for o in self._base_options if not o.startswith(("-DSG=", "-DLANE_SCALE"))]
-        if self._a8_wide():  # past A8_EXACT_MAX_IC: lane sums folded into float
-            opts.append("-DA8_WIDE")
-        ql = self._a8_ql()
-        opts += [f"-DNC={nc}", "-DU=4", f"-DQL={ql}", *ROW_QUANT_OPTIONS]
-        if not any(o.startswith("-DG_IC=") for o in opts):  # quant_x_a8 sizes its registers by IC
-            opts.append(f"-DG_IC={wt.q.shape[1]}")
-        if self._a8_group:
-            opts.append(f"-DGROUP_CH={self._a8_group}")
-        if layout == "nchw":
-            opts.append("-DOUT_NCHW")
-        if self._nv_ptx:
-            opts.append("-DNV_PTX")
-        if fused:
-            opts.append("-DFUSED")
-        opts = tuple(opts)
-        scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
-        xq_bytes = 16 * kch * (2 if wt.bits == 4 else 1)
-        gs_bytes = 4 * (1 + (1 if not self._a8_group else kch * kc // self._a8_group))  # dx, sums of xq
-        engine, cus = self, int(self.device.max_compute_units)
-        # unfused: x's int8 words and sums in scratch buffers of the plan's, one per queue (launches on one
-        # queue run in order, so they never share them at the same time)
-        xq, gs = Scratch(xq_bytes, "xq"), Scratch(gs_bytes, "group sums")
-
-        def steps(lws):
-            l0, split, g = lws
-            gopts = opts + (f"-DL0={l0}", f"-DSPLIT={split}")
-            ntiles = _cdiv(ocp, l0 * nc)
-            waves = _cdiv(ntiles, g * cus)  # tiles per group, at most
-            gws = (_cdiv(ntiles, waves) * l0, split)
-            red = cl.LocalMemory(4 * nc * l0 * split)
-            if fused:
-                return [Step("gemv_a8", gopts, "gemv_a8",
-                             (np.int32(ocp), X, engine._wq, engine._ws, engine._wo, engine._bias, Y, red, *scal),
-                             gws, (l0, split))]
-            return [Step("gemv_a8", opts, "quant_x_a8", (X, xq, gs, cl.LocalMemory(4 * ql), scal[0]), (ql,), (ql,)),
-                    Step("gemv_a8", gopts, "gemv_a8",
-                         (np.int32(ocp), xq, gs, engine._wq, engine._ws, engine._wo, engine._bias, Y, red, *scal),
-                         gws, (l0, split))]
-
-        return planned_candidate(self.ctx, name, "gemv_a8", opts, (ocp, 1, wt.q.shape[1], wt.out_channels),
-                                 self._a8_local_sizes(nc, fused), steps, scratch=() if fused else (xq, gs))
-
-    def _gemv_mma_unsupported(self) -> str:
-        """Why gemv_mma cannot run this layer ("" when it can)."""
-        w = self.spec.weight
-        if self.spec.act_quant is not None:
-            return "it needs float activations (act_quant=None)"
-        if self.path != "1x1" or self.image:
-            return "it needs a linear / 1x1 layer with buffer weights (image=False)"
-        kt = OpenCLGemvMMALayout(w.bits).k_per_load
-        if w.n_blocks > 1:
-            bc = w.block_channels
-            if bc % 16 or (kt % bc and bc % kt):
-                return f"its scale blocks must be 16, 32{', 64' if w.bits == 4 else ''} or a multiple of {kt} " \
-                       f"input channels, got {bc}"
-        ks = _cdiv(w.q.shape[1], kt) * kt // 16
-        need = 64 * ks + 4 * _cdiv(w.q.shape[1], 16) + 4 * 1024 + (0 if self._mma_native() else 4 * 32 * 288)
-        if need > int(self.device.local_mem_size):
-            return (f"x's f16 halves need {need} bytes of local memory for {w.q.shape[1]} input channels; "
-                    f"{self.device.name} has {int(self.device.local_mem_size)}")
-        return ""
-
-    def _gemv_mma_weights(self):
-        """The weights in :class:`OpenCLGemvMMALayout` (uploaded at the first gemv_mma candidate)."""
-        if getattr(self, "_wgmma", None) is None:
-            self.gemv_mma_layout = OpenCLGemvMMALayout(self.spec.weight.bits)
-            self._wgmma = self._upload(self.gemv_mma_layout.pack_array(self.spec.weight.q))
-        return self._wgmma
-
-    def _gemv_mma_local_sizes(self):
-        """(32, SPLIT, g) to time: SPLIT warps a work-group, at most g work-groups per compute unit."""
-        maxwg = min(int(self.device.max_work_group_size), 1024)
-        if self.forced_lws is not None:
-            split = self.forced_lws[1]
-            if self.forced_lws[0] != 32 or 32 * split > maxwg or not (self._mma_native() or not split & (split - 1)):
-                raise ValueError(f"gemv_mma runs work-groups of (32, SPLIT) items: local_size must be (32, SPLIT, 1) "
-                                 f"with 32 * SPLIT <= {maxwg} (and SPLIT a power of two off NVIDIA), got "
-                                 f"{self.forced_lws!r}")
-            return [(32, split, 1)]
-        if self._mma_native():
-            sizes = [(32, 16, 2), (32, 8, 4), (32, 16, 4)]  # the H200's best (scripts/gemv_mma_lab.py)
-        else:
-            sizes = [(32, 2, 1), (32, 1, 1)]
-        return [sz for sz in sizes if sz[0] * sz[1] <= maxwg]
-
-    def _gemv_mma_candidate(self, name, layout):
-        """gemv_mma (local (32, SPLIT), at most g * compute units work-groups over ceil(O/16) tiles)."""
-        cl = import_pyopencl()
-        wt = self.spec.weight
-        wq = self._gemv_mma_weights()
-        opts = [o for o in self._base_options if not o.startswith(("-DSG=", "-DLANE_SCALE", "-DKC=", "-DQBITS="))]
-        opts += list(self.gemv_mma_layout.build_options) + [f"-DU={GEMV_MMA_VARIANTS[name]}"]
-        if not any(o.startswith("-DG_IC=") for o in opts):  # local memory sized by IC
-            opts.append(f"-DG_IC={wt.q.shape[1]}")
-        if layout == "nchw":
-            opts.append("-DOUT_NCHW")
-        if self._mma_native():
-            opts.append("-DNV_PTX")
-        opts = tuple(opts)
-        scal = [np.int32(wt.q.shape[1]), np.int32(wt.out_channels)]
-        engine, cus, tiles = self, int(self.device.max_compute_units), _cdiv(wt.out_channels, 16)
-
-        def steps(lws):
-            _, split, g = lws
-            groups = min(tiles, g * cus)
-            return [Step("gemv_mma", opts + (f"-DSPLIT={split}",), "gemv_mma",
-                         (X, wq, engine._ws, engine._wo, engine._bias, Y, *scal), (32 * groups, split), (32, split))]
-
-        return planned_candidate(self.ctx, name, "gemv_mma", opts,
-                                 (_cdiv(wt.out_channels, 4) * 4, 1, wt.q.shape[1], wt.out_channels),
-                                 self._gemv_mma_local_sizes(), steps)
-
-    def _onex1_order(self, m, variants):
-        nb = 1 if m == 1 else 2 if m < 8 else 4
-        first = [f"{'img_c2' if self.image else 'buf_c4'}_r{nb}", f"{'img_c1' if self.image else 'buf_c2'}_r{nb}"]
-        if nb > 1:
-            first.append(f"{'img_c2' if self.image else 'buf_c4'}_r{nb // 2}")
-        else:
-            first.append(f"{'img_c1' if self.image else 'buf_c1'}_r1")
-        rest = [v for v in variants if v not in first and (variants[v][1] <= max(1, m))]
-        return first + rest
-
-    def _local_sizes_1x1(self, g0, g2, kch, per_item):
-        if self.forced_lws is not None:
-            return [self.forced_lws[:2]]
-        maxwg = int(self.device.max_work_group_size)
-        mi = self.device.max_work_item_sizes
-        local_floats = int(self.device.local_mem_size) // 4 - 256
-        p0, pk = _pow2ceil(g0), _pow2floor(kch)
-        few_rows = g0 * g2 < 16384
-        if self.tune == "full":
-            sizes = [(a, b) for a in (1, 2, 4, 8, 16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64, 128)
-                     if a <= p0 and b <= pk and 8 <= a * b <= min(maxwg, 1024)]
-        else:
-            if few_rows:
-                split = min(32, pk)
-                guess = (max(1, min(256 // split, p0)), split)
-                sizes = [guess, (16, min(16, pk)), (8, min(32, pk)), (32, min(8, pk)), (64, min(4, pk)),
-                         (4, min(64, pk))]
-            else:
-                sizes = [(min(64, p0), 1), (min(32, p0), 1), (min(128, p0), 1), (min(16, p0), min(4, pk))]
-        ok = []
-        for a, b in dict.fromkeys(sizes):
-            a, b = min(a, p0), min(b, pk)
-            if a * b <= maxwg and a <= mi[0] and b <= mi[1] and a * b * per_item <= local_floats:
-                ok.append((a, b))
-        ok = list(dict.fromkeys(ok))
-        if not self.is_gpu:
-            ok = [None] + ok
-        return ok or [None]
-
-    def _gemm_names(self, layout, n, h, w, oh, ow):
-        """GEMM tiles worth timing for this problem, best guess first ([] when the GEMM does not apply)."""
-        wt = self.spec.weight
-        p = n * oh * ow
-        if (wt.groups != 1 or self.image or self.forced_lws is not None or self.forced_variant is not None
-                or p < 8 or (self.path == "general" and self.layout.ic_pack != 4)):
-            return []
-        if p <= 8:
-            names = ["gemm_64x8k4", "gemm_64x8", "gemm_128x8k2"]
-        elif p <= 32:
-            names = ["gemm_128x32k2", "gemm_64x8k4", "gemm_64x32k2"]
-        else:
-            names = ["gemm_128x32", "gemm_64x64", "gemm_128x64"]
-            if self._gemm_groups(names[0], p) < 2 * int(self.device.max_compute_units):
-                # under two waves of 128x32 tiles (batch-1 convs): smaller tiles, most work-groups first
-                small = ["gemm_64x32", "gemm_64x16", "gemm_32x32", "gemm_32x32k2", "gemm_64x32k2"]
-                names = sorted(small, key=lambda v: -self._gemm_groups(v, p)) + names
-        if self.tune == "full":
-            names += [v for v in GEMM_VARIANTS if v not in names and GEMM_VARIANTS[v][1] <= max(8, _pow2ceil(p))]
-        return [v for v in names if self._gemm_fits(v)]
-
-    def _gemm_groups(self, variant, p) -> float:
-        """Work-groups x split-K slices of a GEMM tile over ``p`` pixels, scaled by the used share of a tile
-        taller than OC."""
-        tm, tn, _, _, ks = GEMM_VARIANTS[variant]
-        oc = self.spec.weight.out_channels
-        return _cdiv(p, tn) * _cdiv(oc, tm) * ks * min(1.0, oc / tm)
-
-    def _gemm_fits(self, variant) -> bool:
-        """The variant's local tiles fit the device (and its split-K sums fit its weight tiles)."""
-        tm, tn, _, _, ks = GEMM_VARIANTS[variant]
-        kt = 32 if self.path == "1x1" else 4 * self.spec.kernel_size[0] * self.spec.kernel_size[1]
-        fits = ks * kt * (tm + tn + 8) <= int(self.device.local_mem_size) // 4
-        return fits and (ks == 1 or tm * tn <= kt * (tm + 4))
-
-    def _with_gemm(self, cands, gemm, layout, n, h, w, oh, ow):
-        """``cands`` plus the GEMM candidates. On a GPU they come first when tuning (one local size each,
-        so the time budget never skips them) and, untuned, for big problems (the heuristic's choice)."""
-        if not gemm:
-            return cands
-        if self.tune == "fast":
-            gemm = gemm[:2]
-        extra = [self._gemm_candidate(v, layout, n, h, w, oh, ow) for v in gemm]
-        big = n * oh * ow * self.spec.out_channels >= 262144
-        return extra + cands if self.is_gpu and (self.tune != "none" or big) else cands + extra
-
-    def _gemm_candidate(self, name, layout, n, h, w, oh, ow):
-        s, wt = self.spec, self.spec.weight
-        tm, tn, rm, rn, ks = GEMM_VARIANTS[name]
-        opts = list(self._base_options) + [f"-DTM={tm}", f"-DTN={tn}", f"-DRM={rm}", f"-DRN={rn}", f"-DKS={ks}"]
-        opts += self._layout_options(layout, h * w == 1)
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
-        geo = [("IC", wt.q.shape[1]), ("OC", wt.out_channels)]
-        if self.path == "1x1":
-            opts.append("-DWL_1X1")
-            if layout == "nchw" and h * w == 1:
-                opts.append("-DB_KFAST")
-        else:
-            geo += [("GROUPS", 1), ("KH", kh), ("KW", kw), ("SH", sh), ("SW", sw), ("PH", ph), ("PW", pw),
-                    ("DH", dh), ("DW", dw)]
-        opts += [f"-DG_{k}={v}" for k, v in geo if not any(o.startswith(f"-DG_{k}=") for o in opts)]
-        if wt.n_blocks > 1 and wt.block_channels % 4 == 0 and "-DBLOCK_ALIGN4" not in opts:
-            opts.append("-DBLOCK_ALIGN4")
-        lws = (tn // rn, tm // rm, ks)
-        gsize = (_cdiv(n * oh * ow, tn) * lws[0], _cdiv(wt.out_channels, tm) * lws[1], ks)
-        return self._candidate("conv_gemm", name, tuple(opts), gsize, [n, h, w, oh, ow], [lws])
-
-    def _candidate(self, program, name, opts, gsize, scalars, local_sizes, per_item=0):
-        """A tuning candidate of one launch (:func:`.launch.planned_candidate`)."""
-        engine = self
-        scal = [np.int32(v) for v in scalars]
-
-        def steps(lws):
-            cl = import_pyopencl()
-            if program == "conv_gemm":
-                args = (X, engine._wq, engine._ws, engine._wo, engine._bias, Y, *scal)
-                return [Step(program, opts, program, args, tuple(gsize), lws)]
-            if program == "conv_general":
-                split = 1 if lws is None or len(lws) < 3 else lws[2]
-                kopts = opts + (f"-DSPLIT={split}",) if split > 1 else opts
-            else:
-                kopts = opts + (f"-DSPLIT={1 if lws is None else lws[1]}",)
-            if program == "conv_general":
-                g0, g1 = gsize
-                if lws is None:
-                    gws, local = (g0, g1, 1), None
-                else:
-                    gws = (_roundup(g0, lws[0]), _roundup(g1, lws[1]), split)
-                    local = (lws[0], lws[1], split)
-                nloc = 1 if lws is None else lws[0] * lws[1] * split * per_item if split > 1 else 1
-                args = (np.int32(g0), np.int32(g1), X, engine._wq, engine._ws, engine._wo, engine._bias,
-                        Y, cl.LocalMemory(4 * max(1, nloc)), *scal)
-            else:
-                g0, g2 = gsize
-                if lws is None:
-                    gws, local, nloc = (g0, 1, g2), None, 1
-                else:
-                    gws, local = (_roundup(g0, lws[0]), lws[1], g2), (lws[0], lws[1], 1)
-                    nloc = lws[0] * lws[1] * per_item
-                args = (np.int32(g0), np.int32(g2), X, engine._wq, engine._ws, engine._wo, engine._bias,
-                        Y, cl.LocalMemory(4 * max(1, nloc)), *scal)
-            return [Step(program, kopts, program, args, gws, local)]
-
-        return planned_candidate(self.ctx, name, program, opts, tuple(gsize) + tuple(scalars), local_sizes, steps)
-
-    # }}}
-
-    # {{{ conv_mma: int8 tensor cores (act_quant="row")
-
-    def _mma_unsupported(self) -> str:
-        """Why conv_mma cannot run this conv ('' when it can)."""
-        s, w = self.spec, self.spec.weight
-        taps = s.kernel_size[0] * s.kernel_size[1]
-        if not self.act_row:
-            return "it needs act_quant='row' (int8 activations)"
-        if w.groups != 1:
-            return "it needs an ungrouped conv"
-        if w.n_blocks > 1 and w.block_channels % OpenCLMMAWeightLayout.STEP_CHANNELS:
-            return f"its scale blocks must be a multiple of 32 input channels, got {w.block_channels}"
-        span = taps * (w.block_channels // 32 if w.n_blocks > 1 else 1)
-        if span > 4096:  # int32 sums of one block: 4096 steps of 32 products of at most 128*127
-            return f"a scale block spans {span} steps of 32 channels x 1 tap; at most 4096 keep int32 exact"
-        return ""
+    def weights_in(self, layout):
+        """The weights packed in layout spec ``layout`` (``pack_array``), uploaded at the first request."""
+        buf = self._other_weights.get(layout)
+        if buf is None:
+            buf = self._other_weights[layout] = self._upload(layout.pack_array(self.spec.weight.q))
+        return buf
 
     def _mma_native(self) -> bool:
-        """The device runs conv_mma's PTX mma.sync (an NVIDIA GPU of compute capability 8.0 or newer)."""
-        if not self.is_gpu or not self._nv_ptx:
+        """The device runs PTX mma.sync (an NVIDIA GPU of compute capability 8.0 or newer)."""
+        if not self.is_gpu or not self.nv_ptx:
             return False
         try:
             return int(self.device.compute_capability_major_nv) >= 8
         except Exception:  # no cl_nv_device_attribute_query
             return False
 
-    def _mma_names(self, n, oh, ow):
-        """conv_mma tiles worth timing ([] unless act_quant="row" on a device with int8 mma.sync, or forced)."""
-        if self.forced_variant is not None or self._mma_unsupported() or not self._mma_native():
-            return []
-        p = n * oh * ow
-        if p < 2:
-            return []  # one row: gemv_a8 streams the weights faster
-        # the H200's picks (scripts/mma_lab.py): small tiles keep more loads in flight per register
-        names = ["mma_64x32", "mma_32x64", "mma_64x64"] if p < 4096 else ["mma_64x64", "mma_64x32", "mma_32x64"]
-        names += [v for v in MMA_VARIANTS if v not in names]
-        return names if self.tune == "full" else names[:2] if self.tune == "fast" else names[:1]
+    # }}}
 
-    def _with_mma(self, cands, layout, n, h, w, oh, ow):
-        """``cands`` after the conv_mma candidates (first: on the devices that run them, they win)."""
-        return [self._mma_candidate(v, layout, n, h, w, oh, ow) for v in self._mma_names(n, oh, ow)] + cands
+    # {{{ candidates
 
-    def _mma_weights(self):
-        """The weights in :class:`OpenCLMMAWeightLayout` (uploaded at the first conv_mma candidate)."""
-        if getattr(self, "_wmma", None) is None:
-            self.mma_layout = OpenCLMMAWeightLayout(self.spec.weight.bits)
-            self._wmma = self._upload(self.mma_layout.pack_array(self.spec.weight.q))
-        return self._wmma
+    def _candidates(self, p: Problem) -> list:
+        """The tuning candidates of problem ``p``, best guess first: the forced variant's alone (ValueError with
+        its family's reason when it cannot run ``p``); else, for a linear layer on one row with
+        act_quant="row", gemv_a8's when it runs; else the float kernels (conv_general, or conv_1x1 with
+        gemv_1x1 after its favourite and gemv_mma before them where the tensor cores run), with conv_gemm's tiles
+        first on a GPU when tuning (one local size each, so the time budget never skips them) and untuned for
+        big problems, else last; with act_quant="row" wrapped by act_quant's launches and after conv_mma's tiles
+        (first: on the devices that run them, they win)."""
+        forced = self.forced_variant
+        if forced is not None:
+            family = families.family_of(forced)
+            why = family.unsupported(self, p, forced)
+            if why:
+                raise ValueError(f"variant {forced!r} cannot run this layer: {why}")
+            return act_quant.wrap(self, p, family.candidates(self, p))
 
-    def _mma_ksubs(self, name):
-        """Layout steps per stage (conv_mma's KSUB) to time, most first: divisors of the steps that keep scale
-        blocks whole, whose double-buffered tiles fit local memory and whose prefetch fits 16 uint4 an item."""
-        s, wt = self.spec, self.spec.weight
-        wm, wn, mt, nt = MMA_VARIANTS[name]
-        nth, tm, tn = 32 * wm * wn, 16 * mt * wm, 8 * nt * wn
-        taps = s.kernel_size[0] * s.kernel_size[1]
-        ksteps = _cdiv(wt.q.shape[1], 32) * taps
-        block = min(ksteps, 4096) if wt.n_blocks == 1 else wt.block_channels // 32 * taps
-        sq = 2 if wt.bits == 8 else 1
-        lmem = int(self.device.local_mem_size) - 1024
-        ok = []
-        for k in (4, 2, 6, 3, 8, 5, 7, 1):  # the H200's order (scripts/mma_lab.py): 4 or 2 won every case
-            tile = 2 * k * (tm + tn) * 32 + (2 * k * tn * 8 if wt.offsets is not None else 0)
-            loads = _cdiv(tm * sq * k, nth) + _cdiv(tn * 2 * k, nth)
-            if ksteps % k == 0 and (block % k == 0 or k % block == 0) and tile <= lmem and (loads <= 16 or k == 1):
-                ok.append(k)
-        return ok
+        def offered(family):
+            return [] if family.unsupported(self, p) else family.candidates(self, p)
 
-    def _mma_candidate(self, name, layout, n, h, w, oh, ow):
-        """row_amax and quant_rows_i8 (act_quant.cl), then conv_mma (NDRange (ceil(P/TN) * NTH, ceil(O/TM)),
-        local (NTH, 1)). Its "local sizes" are (NTH, KSUB): KSUB layout steps per stage is a build option the
-        tuner picks. ``launch`` returns conv_mma's event, (first, last) in ``info["state"]["events"]``."""
-        cl = import_pyopencl()
-        s, wt = self.spec, self.spec.weight
-        wm, wn, mt, nt = MMA_VARIANTS[name]
-        nth, tm, tn = 32 * wm * wn, 16 * mt * wm, 8 * nt * wn
-        wbuf = self._mma_weights()
-        opts = list(self.mma_layout.build_options) + list(self.scale_layout.build_options)
-        opts += ["-DASYM"] if wt.offsets is not None else []
-        opts += ["-DNBLK1"] if wt.n_blocks == 1 else [f"-DBLOCK_CH={wt.block_channels}"]
-        opts += ["-DHAS_BIAS"] if s.bias is not None else []
-        if s.activation:
-            opts.append(f"-DACT={1 if s.activation == 'relu' else 2}")
-        if layout == "nchw":
-            opts.append("-DOUT_NCHW")
-        # the emulation elsewhere is a test vehicle, built unoptimised: PoCL 5's optimiser miscompiles it for
-        # some tiles (mma_128x64 on int8: a segfault inside the work-group function)
-        opts.append("-DNV_PTX" if self._mma_native() else "-cl-opt-disable")
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = s.kernel_size, s.stride, s.padding, s.dilation
-        opts += [f"-DG_{k}={v}" for k, v in (("IC", wt.q.shape[1]), ("OC", wt.out_channels), ("KH", kh), ("KW", kw),
-                                              ("SH", sh), ("SW", sw), ("PH", ph), ("PW", pw), ("DH", dh), ("DW", dw))]
-        opts += [f"-DWM={wm}", f"-DWN={wn}", f"-DMT={mt}", f"-DNT={nt}"]
-        opts = tuple(opts)
-        qopts, qargs, g_amax, ql, amax_step = self._row_amax_launch(layout, n, h, w)
-        c = self.spec.in_channels
-        xq_bytes = _cdiv(c, 32) * 32 * n * h * w
-        g_quant = max(1, min(4096, _cdiv(xq_bytes // (4 * n), 4 * ql)))  # quantizing groups per sample
-        gsize = (_cdiv(n * oh * ow, tn) * nth, _cdiv(wt.out_channels, tm))
-        scal = [np.int32(v) for v in (n, h, w, oh, ow)]
-        engine = self
-        ksubs = [(nth, k) for k in self._mma_ksubs(name)]
-        if self.tune != "full":
-            ksubs = ksubs[:2]
-
-        # scratch per queue (launches on one queue run in order), in this order in info["state"]["scratch"]
-        xq, dx, part = Scratch(xq_bytes, "xq words"), Scratch(4 * n, "dx"), Scratch(4 * n * g_amax, "partial amax")
-
-        def steps(lws):
-            ksub = (lws or ksubs[0])[1]
-            return [amax_step(part),
-                    Step("act_quant", qopts, "quant_rows_i8", (X, part, np.int32(g_amax), xq, dx, *qargs),
-                         (g_quant * ql, n), (ql, 1)),
-                    Step("conv_mma", opts + (f"-DKSUB={ksub}",), "conv_mma",
-                         (xq, dx, wbuf, engine._ws, engine._wo, engine._bias, Y, *scal), gsize, (nth, 1))]
-
-        return planned_candidate(self.ctx, name, "conv_mma", opts, tuple(gsize) + (n, h, w, oh, ow), ksubs, steps,
-                                 scratch=(xq, dx, part))
+        a8 = offered(gemv_a8)
+        if a8:
+            return a8
+        if self.path == "general":
+            cands = offered(conv_general)
+        else:
+            cands = offered(conv_1x1)
+            gemv = offered(gemv_1x1)
+            cands = cands[:1] + gemv + cands[1:] if self.is_gpu and self.tune != "none" else cands + gemv
+            cands = cands[:1] + offered(gemv_mma) + cands[1:]
+        gemm = offered(conv_gemm)
+        big = p.pixels * self.spec.out_channels >= 262144
+        cands = gemm + cands if self.is_gpu and (self.tune != "none" or big) else cands + gemm
+        return offered(conv_mma) + act_quant.wrap(self, p, cands)
 
     # }}}
 
@@ -1158,8 +373,8 @@ class OpenCLEngine:
                 raise ValueError(f"x must be NCHW (N, {c}, H, W), got shape {tuple(shape)}")
             n, h, w = shape[0], shape[2], shape[3]
         elif layout == "nc4hw4":
-            if len(shape) != 5 or shape[0] != _cdiv(c, 4) or shape[4] != 4:
-                raise ValueError(f"x must be NC4HW4 ({_cdiv(c, 4)}, N, H, W, 4) for {c} channels, got shape "
+            if len(shape) != 5 or shape[0] != cdiv(c, 4) or shape[4] != 4:
+                raise ValueError(f"x must be NC4HW4 ({cdiv(c, 4)}, N, H, W, 4) for {c} channels, got shape "
                                  f"{tuple(shape)}")
             n, h, w = shape[1], shape[2], shape[3]
         else:
@@ -1179,17 +394,13 @@ class OpenCLEngine:
             out_shape = (n, o, oh, ow)
             in_elems = n * self.spec.in_channels * h * w
         else:
-            out_shape = (_cdiv(o, 4), n, oh, ow, 4)
-            in_elems = _cdiv(self.spec.in_channels, 4) * 4 * n * h * w
+            out_shape = (cdiv(o, 4), n, oh, ow, 4)
+            in_elems = cdiv(self.spec.in_channels, 4) * 4 * n * h * w
         out_elems = int(np.prod(out_shape))
         if max(in_elems, out_elems) > _INT32_MAX // 4 or n * max(h * w, oh * ow) * 4 > _INT32_MAX:
             raise ValueError(f"input {n}x{h}x{w} / output {out_shape} are too large for the kernels' 32-bit "
                              f"indexing; split the batch")
-        if self.path == "general":
-            cands = self._general_candidates(layout, n, h, w, oh, ow)
-        else:
-            cands = self._onex1_candidates(layout, n, h, w)
-        plan = _Plan(cands, None, None, out_shape, in_elems, out_elems)
+        plan = _Plan(self._candidates(Problem(layout, n, h, w, oh, ow)), None, None, out_shape, in_elems, out_elems)
         plan.key = key
         return plan, True
 
@@ -1399,50 +610,6 @@ class OpenCLEngine:
         self._last_plan = p.plan
         return y
 
-    def _row_amax_launch(self, layout, n, h, w):
-        """act_quant="row"'s first launch, shared by the float kernels' quant_rows and conv_mma's quant_rows_i8:
-        ``(opts, args, G, L, step)`` where ``step(part)`` is the :class:`~.launch.Step` of row_amax (G partial
-        maxima per sample into Scratch ``part``, 4*N*G bytes; local size L); ``args``: (E, N, C, HW)."""
-        cl = import_pyopencl()
-        c = self.spec.in_channels
-        per_sample = (c if layout == "nchw" else _cdiv(c, 4) * 4) * h * w
-        ql = min(256, _pow2floor(int(self.device.max_work_group_size)))
-        g_amax = max(1, min(64, _cdiv(per_sample, 8 * ql)))
-        opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if layout == "nchw" else ())
-        args = (np.int32(per_sample), np.int32(n), np.int32(c), np.int32(h * w))
-
-        def step(part):
-            return Step("act_quant", opts, "row_amax", (X, part, cl.LocalMemory(4 * ql), *args), (g_amax * ql, n),
-                        (ql, 1))
-
-        return opts, args, g_amax, ql, step
-
-    def _with_row_quant(self, cands, layout, n, h, w):
-        """act_quant="row" for the float kernels: each candidate's launch first runs ``row_amax`` and
-        ``quant_rows`` (x quantized and dequantized per sample) into a scratch buffer of its plan's, one per
-        queue (launches on one queue run in order, so they never share it at the same time), then the float
-        kernel on it. The tuner times all three launches."""
-        if not self.act_row:
-            return cands
-        opts, qargs, g_amax, ql, amax_step = self._row_amax_launch(layout, n, h, w)
-        in_elems = n * int(qargs[0])
-        g_quant = max(1, min(4096, _cdiv(int(qargs[0]), 4 * ql)))
-
-        def wrap(cand):
-            inner = cand.info["steps"]
-            xd, part = Scratch(4 * in_elems, "quantized x"), Scratch(4 * n * g_amax, "partial amax")
-
-            def steps(lws):
-                return [amax_step(part),
-                        Step("act_quant", opts, "quant_rows", (X, part, np.int32(g_amax), xd, *qargs),
-                             (g_quant * ql, n), (ql, 1))] + remap(inner(lws), {X: xd})
-
-            return planned_candidate(self.ctx, cand.variant, cand.program,
-                                     cand.options + ("act_quant=row: row_amax + quant_rows first",),  # own cache key
-                                     cand.signature, cand.local_sizes, steps, scratch=(xd, part))
-
-        return [cand if cand.program in ("gemv_a8", "conv_mma") else wrap(cand) for cand in cands]
-
     def _count_nonfinite(self, x, layout, queue) -> int:
         """NaN/inf values of device array ``x`` (NC4HW4 padding lanes left out): counted on the device, the
         count read back (blocking)."""
@@ -1455,7 +622,7 @@ class OpenCLEngine:
         count = cla.zeros(queue, 1, np.int32)
         kernel = get_kernel(self.ctx, "util", (), "count_nonfinite")
         local = 64
-        gsize = _roundup(min(_cdiv(n, 4), 1 << 16), local)
+        gsize = roundup(min(cdiv(n, 4), 1 << 16), local)
         with _launch_lock:
             kernel.set_args(x.base_data, np.int32(n), np.int32(last), np.int32(tail), count.data)
             ev = cl.enqueue_nd_range_kernel(queue, kernel, (gsize,), (local,), wait_for=list(x.events) or None)

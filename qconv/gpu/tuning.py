@@ -1,8 +1,12 @@
 """Auto-tuning: pick the fastest (kernel variant, local size) with profiling events, and remember it.
 
 For each candidate variant the tuner times a set of local sizes (median of a few profiled launches after
-a warm-up) and keeps the fastest; the variant with the fastest best time wins. Results are cached in
-memory and on disk, one JSON file per device, keyed by
+a warm-up) and keeps the fastest. The pick must not depend on noise, so the :data:`FINALISTS` fastest
+candidates are timed again, in :data:`ROUNDS` interleaved rounds (a slow spell of the device hits them all
+alike), each candidate's time is the median of its timings, and :func:`decide` picks the earliest-listed
+candidate within :data:`TIE` of the fastest (the engine lists its heuristic favourite first): a kernel must
+be clearly faster to displace an earlier one. Results are cached in memory and on disk, one JSON file per
+device, keyed by
 
     device name, vendor, driver version (+ platform),     -> the file (``opencl-tune-<hash>.json``)
     the kernel sources' digest
@@ -49,7 +53,14 @@ _RANK = {"none": 0, "fast": 1, "full": 2}
 ENV_TUNE = "QCONV_TUNE"
 ENV_CACHE = "QCONV_CACHE_DIR"
 BUDGET_S = {"fast": 2.0, "full": 60.0}
-REPEATS = {"fast": 3, "full": 7}
+REPEATS = {"fast": 5, "full": 9}
+"""Profiled launches per timing (their median), after one warm-up launch."""
+FINALISTS = 3
+"""Candidates timed again before the decision."""
+ROUNDS = 2
+"""Interleaved re-timing rounds of the finalists."""
+TIE = 0.03
+"""Relative margin within which the earlier-listed candidate wins (:func:`decide`)."""
 FORMAT = 1
 
 stats = {"measured": 0, "cache_hits": 0, "selections": 0}
@@ -245,7 +256,10 @@ def launch_span(cand: Candidate, queue, lws, *args, **kwargs):
     return (events[0], last) if events else (last, last)
 
 
-def _median_ns(queue, cand: Candidate, lws, repeats: int):
+def launch_times(queue, cand: Candidate, lws, repeats: int) -> list | None:
+    """Device times (ns) of ``repeats`` launches of ``cand`` with local size ``lws`` after a warm-up launch, or
+    None when the device refuses it (e.g. INVALID_WORK_GROUP_SIZE, OUT_OF_RESOURCES: not a candidate there).
+    The only function of the tuner that touches the device (tests replace it with a fake timer)."""
     cl = import_pyopencl()
     try:
         cand.launch(queue, lws).wait()  # warm-up (and, on PoCL, the per-local-size compile)
@@ -257,11 +271,39 @@ def _median_ns(queue, cand: Candidate, lws, repeats: int):
         finally:
             gate.set_status(cl.command_execution_status.COMPLETE)
         queue.finish()
-        times = [b.profile.end - a.profile.start for a, b in spans]
-    except cl.Error:  # e.g. INVALID_WORK_GROUP_SIZE, OUT_OF_RESOURCES: not a candidate on this device
+        return [b.profile.end - a.profile.start for a, b in spans]
+    except cl.Error:
+        return None
+
+
+def _median_ns(queue, cand: Candidate, lws, repeats: int):
+    times = launch_times(queue, cand, lws, repeats)
+    if not times:
         return None
     stats["measured"] += 1
     return float(statistics.median(times))
+
+
+def decide(times: list) -> int:
+    """Index of the winner among ``times`` (ns per candidate in the engine's order; None: not timed): the
+    earliest-listed candidate within :data:`TIE` of the fastest."""
+    best = min(t for t in times if t is not None)
+    return next(i for i, t in enumerate(times) if t is not None and t <= best * (1 + TIE))
+
+
+def _final(queue, results: list, repeats: int) -> list:
+    """``results`` (``(ns, idx, cand, lws)``) with the :data:`FINALISTS` fastest timed again in :data:`ROUNDS`
+    interleaved rounds, each one's ns the median of all its timings; the others dropped."""
+    finalists = sorted(results, key=lambda r: (r[0], r[1]))[:FINALISTS]
+    if len(finalists) < 2:
+        return finalists
+    timings = [[r[0]] for r in finalists]
+    for _ in range(ROUNDS):
+        for t, (_, _, cand, lws) in zip(timings, finalists):
+            ns = _median_ns(queue, cand, lws, repeats)
+            if ns is not None:
+                t.append(ns)
+    return [(float(statistics.median(t)), *r[1:]) for t, r in zip(timings, finalists)]
 
 
 def select(device, queue, candidates: list, level: str):
@@ -320,7 +362,8 @@ def select(device, queue, candidates: list, level: str):
     if not results:
         c = candidates[0]
         return c, c.local_sizes[0], None
-    ns, _, cand, lws = min(results, key=lambda r: (r[0], r[1]))
+    results = sorted(_final(queue, results, repeats), key=lambda r: r[1])
+    ns, _, cand, lws = results[decide([r[0] for r in results])]
     cache.put(skey, {"variant": cand.variant, "lws": None if lws is None else list(lws), "ns": ns, "level": level})
     return cand, lws, ns
 

@@ -124,6 +124,17 @@ class OpenCLConvWeightLayout:
     def build_options(self) -> tuple[str, ...]:
         return (f"-DQBITS={self.bits}", f"-DWPACK={self.ic_pack}")
 
+    @staticmethod
+    def scale_group_options(block_channels: int) -> tuple[str, ...]:
+        """``-D`` options of scale blocks of ``block_channels`` input channels: ``BLOCK_ALIGN4`` when a block
+        holds whole 4-channel units (one scale per unit)."""
+        return ("-DBLOCK_ALIGN4",) if block_channels % 4 == 0 else ()
+
+    @staticmethod
+    def edge_options(in_channels: int) -> tuple[str, ...]:
+        """``IC_LEAVE`` when ``in_channels`` (per group) leaves a partial 4-channel unit."""
+        return ("-DIC_LEAVE",) if in_channels % 4 else ()
+
     def packed_shape(self, shape) -> tuple[int, int, int, int]:
         o, i, kh, kw = (int(s) for s in shape)
         return (_cdiv(i, 4) * 4 // self.ic_pack, _cdiv(o, 4), kh * kw, self.unit_bytes)
@@ -204,6 +215,22 @@ class OpenCL1x1BufferLayout:
     @property
     def build_options(self) -> tuple[str, ...]:
         return (f"-DQBITS={self.bits}", f"-DKC={self.ic_pack}")
+
+    def scale_group(self, block_channels: int) -> int | None:
+        """Input channels of one scale inside a chunk of ``ic_pack`` (the largest of ``ic_pack``, 16, 8, 4
+        dividing both), or None when no such group exists (scales change per lane)."""
+        kc = self.ic_pack
+        return next((g for g in (kc, 16, 8, 4) if kc % g == 0 and block_channels % g == 0), None)
+
+    def scale_group_options(self, block_channels: int) -> tuple[str, ...]:
+        """``-D`` options of scale blocks of ``block_channels`` input channels: ``SG=<scale_group>``, or
+        ``LANE_SCALE`` (a scale per lane) when there is no group."""
+        sg = self.scale_group(block_channels)
+        return (f"-DSG={sg}",) if sg else ("-DLANE_SCALE",)
+
+    def edge_options(self, in_channels: int) -> tuple[str, ...]:
+        """``IC_LEAVE`` when ``in_channels`` leaves a partial chunk."""
+        return ("-DIC_LEAVE",) if in_channels % self.ic_pack else ()
 
     @staticmethod
     def _oi(shape) -> tuple[int, int]:
@@ -292,6 +319,12 @@ class OpenCL1x1ImageLayout:
     def build_options(self) -> tuple[str, ...]:
         return self.buffer_layout.build_options + ("-DUSE_IMAGE",)
 
+    def scale_group_options(self, block_channels: int) -> tuple[str, ...]:
+        return self.buffer_layout.scale_group_options(block_channels)
+
+    def edge_options(self, in_channels: int) -> tuple[str, ...]:
+        return self.buffer_layout.edge_options(in_channels)
+
     def image_shape(self, shape) -> tuple[int, int]:
         """``(width, height)`` in texels for a logical weight ``shape``."""
         nk, ocp, _ = self.buffer_layout.packed_shape(shape)
@@ -369,6 +402,12 @@ class OpenCLScaleLayout:
     @property
     def build_options(self) -> tuple[str, ...]:
         return ("-DSCALE_HALF",) if self.dtype == "float16" else ()
+
+    def options_for(self, n_blocks: int, block_channels: int, asym: bool) -> tuple[str, ...]:
+        """:attr:`build_options` plus those of the weight's scale blocks: ``ASYM`` (offsets stored too), then
+        ``NBLK1`` (one scale per output channel) or ``BLOCK_CH=<block_channels>``."""
+        return (self.build_options + (("-DASYM",) if asym else ())
+                + (("-DNBLK1",) if n_blocks == 1 else (f"-DBLOCK_CH={block_channels}",)))
 
     @staticmethod
     def lossless(values) -> bool:
