@@ -369,7 +369,7 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
       is True: files, qconv's ONNX nodes and the engines' tables keep them in 2 bytes, bit-exactly (int4
       block-32 asymmetric: 0.625 bytes per weight instead of 0.75; the parameters are 20% of a GEMV's bytes
       instead of 33%). ``ValueError`` when a value is outside the normal float16 range (|value| > 65504,
-      or a nonzero scale < 2**-14 = 6.1e-5).
+      or a nonzero scale, or the nonzero offset of a constant block, < 2**-14 = 6.1e-5).
     * ``"float32"``: float32 scales and offsets (the default of qconv 0.2, bit for bit).
     * ``"auto"`` (default): ``"float16"``, unless some value is outside that range; then the whole weight
       gets ``"float32"`` (no error; ``half_exact`` is False).
@@ -430,14 +430,16 @@ def _quantize_blocks(blocks, lo, hi, bits: int, symmetric: bool, half: bool = Fa
     q, scales, offsets, fits = _quantize_blocks_fit(blocks, lo, hi, bits, symmetric, half)
     if not fits.all():
         raise _HalfRangeError("scale_dtype='float16': a weight scale or offset is outside the normal float16 range "
-                              "(|value| <= 65504, nonzero scales >= 2**-14 = 6.1e-5); rescale the weights or use "
-                              "scale_dtype='float32'")
+                              "(|value| <= 65504; nonzero scales, and constant blocks' nonzero offsets, >= 2**-14 = "
+                              "6.1e-5); rescale the weights or use scale_dtype='float32'")
     return q, scales, offsets
 
 
 def _quantize_blocks_fit(blocks, lo, hi, bits: int, symmetric: bool, half: bool):
     """:func:`_quantize_blocks` and a bool ``(O, nb)`` mask of the blocks whose scale and offset fit the normal
-    float16 range (all True unless ``half``; the others got values clipped to +-65504, never inf)."""
+    float16 range (all True unless ``half``; the others got values clipped to +-65504, never inf): ``|value| <=
+    65504``, a nonzero scale ``>= 2**-14``, and so is the nonzero offset of a constant block (``s = 0``), which
+    alone carries the block's value."""
     qmin, qmax = _QRANGE[(bits, symmetric)]
     if symmetric:
         s32 = np.asarray(hi / np.float32(qmax), np.float32)
@@ -457,9 +459,10 @@ def _quantize_blocks_fit(blocks, lo, hi, bits: int, symmetric: bool, half: bool)
     q = np.where((scales > 0)[:, :, None], q, 0)
     fits = np.ones(scales.shape, bool)
     if half:
-        fits = (np.abs(s32) <= _F16_MAX) & ((s32 == 0) | (np.abs(scales) >= np.float32(2.0 ** -14)))
-        if a32 is not None:
-            fits &= np.abs(a32) <= _F16_MAX
+        tiny = np.float32(2.0 ** -14)
+        fits = (np.abs(s32) <= _F16_MAX) & ((s32 == 0) | (np.abs(scales) >= tiny))
+        if a32 is not None:   # a constant block (s = 0) is its offset: a normal float16 number, or 0
+            fits &= (np.abs(a32) <= _F16_MAX) & ((scales != 0) | (a32 == 0) | (np.abs(offsets) >= tiny))
     return np.clip(q, qmin, qmax), scales, offsets, fits
 
 

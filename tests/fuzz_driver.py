@@ -301,6 +301,10 @@ def run(examples, devices):
                 step = np.repeat(qw.scales.astype(np.float64), qw.block_len, axis=1).reshape(shape)
                 err = np.abs(deq - w.astype(np.float64))
                 bound = 0.5 * step * (1 + 1e-5) + 1e-6 * np.abs(w.astype(np.float64)) + 256 * 2.0 ** -149
+                if qw.half_exact:  # float16 scale/offset (2^-11 relative) move the clipped ends and constant blocks
+                    off = 0 if qw.offsets is None else np.repeat(np.abs(qw.offsets.astype(np.float64)), qw.block_len,
+                                                                 axis=1).reshape(shape)
+                    bound = bound + 2.0 ** -10 * (step * 2 ** bits + off)
                 assert (err <= bound).all(), (float(err.max()), float(bound.reshape(-1)[err.argmax()]))
         run_valid(one)
 

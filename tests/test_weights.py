@@ -332,3 +332,17 @@ def test_asymmetric_range_overflow_names_the_problem(method):
     with pytest.raises(ValueError, match=r"max - min of output channel 1, block 0 overflows float32"):
         qconv.quantize_weight(w, bits=8, symmetric=False, method=method)
     qconv.quantize_weight(w, bits=8, symmetric=True, method=method)   # the symmetric range is finite
+
+
+def test_default_falls_back_for_a_constant_block_below_float16_normals():
+    """An asymmetric constant block (s = 0) is carried by its offset alone: a nonzero value below 2**-14 would
+    lose its precision in float16 (or flush to 0), so the weight keeps float32 and the block stays exact."""
+    w = np.random.default_rng(7).standard_normal((4, 32)).astype(np.float32)
+    w[1, :16] = np.float32(3e-7)
+    qw = quantize_weight(w, 4, 16, False)
+    assert not qw.half_exact and np.array_equal(qw.dequantize()[1, :16, 0, 0], w[1, :16])
+    with pytest.raises(ValueError, match="normal float16"):
+        quantize_weight(w, 4, 16, False, scale_dtype="float16")
+    w[1, :16] = np.float32(0.375)   # a float16 value: kept exactly in the float16 form
+    qw = quantize_weight(w, 4, 16, False)
+    assert qw.half_exact and np.array_equal(qw.dequantize()[1, :16, 0, 0], w[1, :16])
