@@ -103,7 +103,7 @@ class Conv2d:
     ``x``, ``y`` must be a float32 C-contiguous Array of exactly the output's shape in the layer's context, at
     offset 0, not sharing ``x``'s buffer (``TypeError``/``ValueError`` otherwise); the kernels write it directly
     (no Array is made). Elsewhere ``y`` is a numpy array of the output's shape and dtype, not sharing memory
-    with ``x``, and the result is copied into it. On OpenCL a device-array call of a shape seen before takes the
+    with ``x``, and the result is copied into it (the CPU engine writes a C-contiguous ``y`` directly). On OpenCL a device-array call of a shape seen before takes the
     prepared path (:mod:`qconv.gpu.launch`): kernels with their constant arguments bound once, one Array made per
     call (none with ``out``).
     """
@@ -225,6 +225,9 @@ class Conv2d:
         if x.size == 0:  # an empty batch: _check_input lets no other empty input through
             return _into(out, self._empty_output(x, layout), x)
         if _is_cl_array(x) or layout in self.engine.native_layouts:
+            if (out is not None and getattr(self.engine, "writes_out", False) and isinstance(out, np.ndarray)
+                    and out.flags.c_contiguous and out.flags.writeable):
+                return self.engine.forward(x, layout, out=out)   # written in place (the engine checks it)
             return _into(out, self.engine.forward(x, layout), x)
         y = self.engine.forward(PUBLIC_NC4HW4.unpack_array(x, self.spec.in_channels), "nchw")
         return _into(out, PUBLIC_NC4HW4.pack_array(y), x)

@@ -157,3 +157,40 @@ def test_nc4hw4_padding_lanes_are_ignored_reference():
 
 def test_nc4hw4_padding_lanes_are_ignored_on_engines(qconv_device):
     _padding_lane_checks(qconv_device)
+
+
+def test_out_is_written_in_place_on_the_cpu(problem):
+    """``layer(x, out=y)`` on the CPU writes a C-contiguous ``y`` directly (the engine's own output buffer: the
+    same bits as a plain call, NC4HW4 padding lanes zeroed); other ``y`` are filled by a copy; bad ones refused."""
+    qw, x, bias = problem
+    layer = qconv.Conv2d(qw, bias, stride=2, padding=1, activation="relu6", device="cpu")
+    want = layer(x)
+    y = np.full(want.shape, np.nan, np.float32)
+    assert layer(x, out=y) is y
+    np.testing.assert_array_equal(y, want)
+    x4, want4 = NC4HW4(4).pack_array(x), NC4HW4(4).pack_array(want)
+    y4 = np.full(want4.shape, np.nan, np.float32)
+    assert layer(x4, layout="nc4hw4", out=y4) is y4
+    np.testing.assert_array_equal(y4, want4)
+    strided = np.full(want.shape + (2,), np.nan, np.float32)[..., 0]   # not contiguous: the copy path
+    assert layer(x, out=strided) is strided
+    np.testing.assert_array_equal(strided, want)
+    with pytest.raises(ValueError, match="out has shape"):
+        layer(x, out=np.empty(want.shape[:-1] + (want.shape[-1] + 1,), np.float32))
+    with pytest.raises(ValueError, match="out has shape"):
+        layer(x, out=np.empty(want.shape, np.float64))
+    big = np.zeros(x.size + want.size, np.float32)
+    with pytest.raises(ValueError, match="shares memory"):
+        layer(big[:x.size].reshape(x.shape), out=big[x.size - 1:-1].reshape(want.shape))
+    # in place: the call allocates no output of its own (scratch comes from the thread's arena, sized already)
+    import tracemalloc
+    xl = np.random.default_rng(3).standard_normal((1, 5, 96, 96)).astype(np.float32)
+    yl = layer(xl)
+    layer(xl, out=yl)
+    tracemalloc.start()
+    try:
+        layer(xl, out=yl)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < yl.nbytes // 4, peak

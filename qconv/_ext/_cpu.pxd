@@ -39,6 +39,7 @@ cdef extern from "qconv_kernels.h" nogil:
         float *out
         int64_t ldo
         int32_t nblocks, taps, bq, ncols, bits, ntiles
+        int32_t nvalid
         int32_t first, last
         int32_t zpu
         float lo, hi

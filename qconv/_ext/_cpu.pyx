@@ -223,6 +223,7 @@ cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil:
     cdef int64_t r, n, h, w, c, i, pix0, rows, rowlen, plane, rph, per_img, nh, L, npx
     cdef int64_t fails = 0
     cdef int32_t zn
+    cdef uint8_t zpad
     cdef int tail = <int> (q.C % 4) if q.nc4hw4 and not q.int8_input else 0   # real lanes of the tail quad
     cdef uint8_t *tmp
     cdef uint8_t *qpix
@@ -295,9 +296,12 @@ cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil:
                 for c in range(rows):
                     for w in range(npx):
                         memcpy(q.Q + (pix0 + w) * q.Ltot1 + 4 * c, tmp + c * L + 4 * w, 4)
-            if q.contiguous and q.Ltot1 > q.C:
+            if q.contiguous and q.Ltot1 > q.C:   # padded lanes (a plain loop: a memset call per pixel costs more)
+                zpad = <uint8_t> ((zn + q.abias) & 255)
                 for w in range(npx):
-                    memset(q.Q + (pix0 + w) * q.Ltot1 + q.C, <int> ((zn + q.abias) & 255), q.Ltot1 - q.C)
+                    qpix = q.Q + (pix0 + w) * q.Ltot1
+                    for i in range(q.C, q.Ltot1):
+                        qpix[i] = zpad
             if not q.contiguous:
                 for w in range(npx):
                     qpix = q.Q + (pix0 + w) * q.Ltot1
@@ -486,6 +490,7 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     a.ldo = j.ldo
     a.nblocks = nk
     a.ntiles = nt
+    a.nvalid = j.Og - t0 * QC_UNIT
     a.first = k0 == 0
     a.last = k0 + nk == j.NB
     a.taps = j.K

@@ -135,6 +135,7 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
     a.w_bstride = w_bstride
     a.w_tstride = w_tstride
     a.ntiles = ntiles
+    a.nvalid = <int32_t> width
     a.first, a.last = first, last
     a.colsum = &S[0, 0]
     a.lds = nblocks

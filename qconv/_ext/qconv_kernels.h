@@ -64,6 +64,9 @@ typedef struct {
     float *out;              /* out[e*ldo + 32*tile + j] */
     int64_t ldo;
     int32_t nblocks, taps, bq, ncols, bits, ntiles;
+    int32_t nvalid;          /* output channels stored, counted from tile 0 of the call (>= 1): the rest of the
+                              * last tile is padding, which a kernel may leave uncomputed (AVX2 skips its 8-channel
+                              * passes; out then holds garbage there, never read) */
     int32_t first, last;     /* first: F starts at 0 (else from out); last: apply dx, bias, clamp */
     int32_t zpu;             /* zero point in the stored A domain: z + 128 (int8 weights) or z (int4) */
     float lo, hi;            /* activation clamp */
@@ -507,7 +510,9 @@ void qc_avx2_cols(const qc_gemm_args *g, const int e0, const int NC)
             const int64_t koff = g->a_off + (int64_t)k * g->a_bstride;
             const int64_t tt = (int64_t)k * g->ldt + (int64_t)tile * g->ldtt;
             const int add = k > 0 || !g->first, fin = k == g->nblocks - 1 && g->last;
-            for (int p = 0; p < 4; ++p) {              /* channels 8p .. 8p+7 */
+            const int32_t rem = g->nvalid - (int32_t)to;
+            const int np = rem >= QC_UNIT ? 4 : (rem + 7) / 8;   /* passes holding stored channels */
+            for (int p = 0; p < np; ++p) {             /* channels 8p .. 8p+7 */
                 __m256i acc[QC_AVX2_NC][2];
 #pragma GCC unroll 4
                 for (int e = 0; e < NC; ++e) { acc[e][0] = _mm256_setzero_si256(); acc[e][1] = _mm256_setzero_si256(); }

@@ -189,10 +189,11 @@ class CpuEngine:
     (the store transposes 16 at a time; default 32 with ``"amx"``, two 16-row A tiles, else 16).
     ``input_qparams`` / ``output_qparams``: the static int8 path (module docstring).
 
-    ``forward(x, layout)``: ``x`` float32 (int8 with ``input_qparams``) C-contiguous NCHW ``(N, C, H, W)`` or
-    NC4HW4 ``(ceil(C/4), N, H, W, 4)`` (its padding lanes are ignored, whatever they hold); returns float32 (int8
-    with ``output_qparams``) in the same layout (NC4HW4 padding lanes are zero). Calls on one engine are
-    serialised by a lock (they share scratch).
+    ``forward(x, layout, out=None)``: ``x`` float32 (int8 with ``input_qparams``) C-contiguous NCHW
+    ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)`` (its padding lanes are ignored, whatever they hold);
+    returns float32 (int8 with ``output_qparams``) in the same layout (NC4HW4 padding lanes are zero), written
+    into ``out`` when given (a C-contiguous array of exactly that shape and dtype, not sharing memory with ``x``:
+    no new output array, no copy). Calls on one engine are serialised by a lock.
     """
 
     name = "cpu"
@@ -203,6 +204,8 @@ class CpuEngine:
     # NaN / inf inputs are detected by the native quantization pass (a ValueError), so the layer skips its own
     # numpy pass over the input
     rejects_nonfinite = True
+    # forward(x, layout, out) writes numpy outputs in place (Conv2d passes its ``out`` through)
+    writes_out = True
     supports_device_arrays = False
 
     def __init__(self, spec: ConvSpec, threads=None, kernel=None, tile_cols=None,
@@ -475,7 +478,7 @@ class CpuEngine:
             np.copyto(xp.reshape(n, h, w, c), x.transpose(1, 2, 3, 0, 4).reshape(n, h, w, -1)[..., :c])
         return xp
 
-    def forward(self, x: np.ndarray, layout: str = "nchw") -> np.ndarray:
+    def forward(self, x: np.ndarray, layout: str = "nchw", out=None) -> np.ndarray:
         if layout not in self.native_layouts:
             raise ValueError(f"layout must be one of {self.native_layouts}, got {layout!r}")
         want = np.int8 if self.int8_input else np.float32
@@ -497,11 +500,20 @@ class CpuEngine:
             raise ValueError(f"x must not be empty, got shape {x.shape}")
         oh, ow = self.spec.out_hw(h, w)
         out_dtype = np.int8 if self.output_qparams is not None else np.float32
-        if nchw:
-            y = np.empty((n, o, oh, ow), out_dtype)
+        shape = (n, o, oh, ow) if nchw else (-(-o // 4), n, oh, ow, 4)
+        if out is None:
+            y = np.zeros(shape, out_dtype) if o % 4 and not nchw else np.empty(shape, out_dtype)
         else:
-            shape = (-(-o // 4), n, oh, ow, 4)
-            y = np.zeros(shape, out_dtype) if o % 4 else np.empty(shape, out_dtype)
+            if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+                raise TypeError("out must be a writeable C-contiguous numpy array")
+            if out.shape != shape or out.dtype != out_dtype:
+                raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}, the result is {shape} "
+                                 f"{np.dtype(out_dtype)}")
+            if np.may_share_memory(out, x):
+                raise ValueError("out shares memory with x; pass a separate output array")
+            y = out
+            if o % 4 and not nchw:
+                y[-1, ..., o % 4:] = 0
         oscale, ozp = self.output_qparams if self.output_qparams is not None else (None, 0)
         with self._lock:
             if self._dw is not None:

@@ -58,7 +58,11 @@ def _need_extensions():
 
 
 class ConvKernel:
-    """A prepared ``QConv``: ``x`` float32 ``(N, C, H, W)`` -> float32 ``(N, O, OH, OW)``."""
+    """A prepared ``QConv``: ``x`` float32 ``(N, C, H, W)`` -> float32 ``(N, O, OH, OW)``.
+
+    On the CPU the result is written into the calling thread's scratch arena (:mod:`qconv.cpu.scratch`, buffer
+    ``"onnx_out"``), reused by the next node: onnxruntime-extensions copies a node's output into onnxruntime's
+    tensor before the hook returns, so no output array is allocated (and page-faulted) per node."""
 
     def __init__(self, qnode: QNode, device="cpu", threads=None, act_quant="auto", **options):
         import qconv
@@ -67,12 +71,19 @@ class ConvKernel:
         self.extra_pad = qnode.extra_pad
         self.layer = qconv.Conv2d(qnode.weight, qnode.bias, qnode.stride, qnode.padding, qnode.dilation,
                                   qnode.activation, device=device, act_quant=act_quant, threads=threads, **options)
+        self._arena_out = getattr(self.layer.engine, "writes_out", False)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if any(self.extra_pad):
             t, b, l, r = self.extra_pad
             x = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
-        return self.layer(x)
+        if not self._arena_out or x.ndim != 4 or x.shape[0] == 0:
+            return self.layer(x)
+        from ..cpu import scratch
+
+        oh, ow = self.layer.spec.out_hw(x.shape[2], x.shape[3])
+        shape = (x.shape[0], self.layer.out_channels, oh, ow)
+        return self.layer(x, out=scratch.arena().take("onnx_out", int(np.prod(shape)), np.float32).reshape(shape))
 
 
 class MatMulKernel:
