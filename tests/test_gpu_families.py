@@ -127,6 +127,20 @@ def test_supported_layers_get_candidates(cl_device, case):
         pytest.fail(f"no variant of {family.__name__} runs {wargs}")
 
 
+def test_1x1_variants_read_their_weights_store(cl_device):
+    """buf_* variants read buffer weights, img_* ones Image2D weights; a forced img_* variant falls back to its
+    buf_* twin when the weights stay in a buffer (image=None/True: no image support or too large)."""
+    buf = _engine(cl_device, _weight(8, 64), image=False)
+    assert conv_1x1.unsupported(buf, None, "buf_c4_r1") is None
+    assert "Image2D weights" in conv_1x1.unsupported(buf, None, "img_c1_r1")
+    img = _engine(cl_device, _weight(8, 64), image=True)
+    if img.image:
+        assert conv_1x1.unsupported(img, None, "img_c1_r1") is None
+        assert "pass image=False" in conv_1x1.unsupported(img, None, "buf_c4_r1")
+    assert _engine(cl_device, _weight(8, 64), image=True, image_limits=(1, 1),
+                   variant="img_c2_r1").forced_variant == "buf_c2_r1"
+
+
 def test_act_quant_needs_exact_division(cl_device):
     eng = _engine(cl_device, _weight(8, 16), act_quant="row")
     assert act_quant.unsupported(eng) is None

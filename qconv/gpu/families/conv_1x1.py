@@ -31,6 +31,8 @@ def unsupported(layer, problem=None, variant=None):
         return "it runs ungrouped 1x1 convs with stride 1 and no padding only"
     if variant is not None and variant.startswith("buf") and layer.image:
         return "it reads buffer weights; pass image=False"
+    if variant is not None and variant.startswith("img") and not layer.image:
+        return "it reads Image2D weights, and this layer's are in a buffer (image=False, or they do not fit)"
     return None
 
 
