@@ -60,11 +60,11 @@ LINEARS = [  # name, O, K, N
     ("GEMV 8192->28672", 28672, 8192, 1),   # weights larger than the L3 cache: DRAM streaming
 ]
 BIG = 1 << 26   # linears with more weights than this skip the float and int8-per-tensor baselines (GBs of floats)
-SCHEMES = [  # name, bits, block_size, symmetric, scale dtype
-    ("int8 per-channel sym", 8, 0, True, "float32"),
-    ("int4 block-32 asym", 4, 32, False, "float32"),
-    ("int4 block-32 asym f16", 4, 32, False, "float16"),
-    ("int4 per-channel sym", 4, 0, True, "float32"),
+SCHEMES = [  # name, bits, block_size, symmetric, scale dtype ("auto": quantize_weight's default stored form)
+    ("int8 per-channel sym", 8, 0, True, "auto"),
+    ("int4 block-32 asym", 4, 32, False, "auto"),
+    ("int4 block-32 asym f32", 4, 32, False, "float32"),
+    ("int4 per-channel sym", 4, 0, True, "auto"),
 ]
 STATIC = "int8 static (per-channel)"
 # same weight scheme, dynamically quantized activations: the peers each qconv scheme must beat (engine prefixes);
@@ -73,7 +73,7 @@ PEERS = {
     STATIC: ("onnxruntime QLinearConv",),
     "int8 per-channel sym": ("torch.ao dynamic", "onnxruntime ConvInteger", "onnxruntime MatMulInteger"),
     "int4 block-32 asym": ("onnxruntime MatMulNBits b32",),
-    "int4 block-32 asym f16": ("onnxruntime MatMulNBits b32",),
+    "int4 block-32 asym f32": ("onnxruntime MatMulNBits b32",),
     "int4 per-channel sym": ("onnxruntime MatMulNBits per-channel",),
 }
 
