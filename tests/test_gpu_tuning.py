@@ -274,6 +274,20 @@ def test_near_ties_go_to_the_earlier_candidate(cl_device, cache_dir, monkeypatch
     assert _select(cl_device, monkeypatch, [100.0, 95.0, 130.0], 0, 0.0, "clear") == "v1"  # 5%: not a tie
 
 
+def test_budget_never_skips_a_candidate(cl_device, cache_dir, monkeypatch):
+    """Past the time budget each remaining candidate is still timed at its first local size, so a slow compile
+    cannot leave the fastest kernel out (the old tuner timed only the first candidate here and kept it)."""
+    monkeypatch.setitem(tuning.BUDGET_S, "fast", 0.0)
+    calls = []
+    cands = _fake_candidates([100.0, 90.0, 60.0], "over budget")
+    for c in cands:
+        c.local_sizes = [(1, 1), (2, 2)]
+    monkeypatch.setattr(tuning, "launch_times", _noisy_timer([100.0, 90.0, 60.0], 0, 0.0, calls))
+    cand, lws, _ = tuning.select(gpu.resolve(cl_device)[1], None, cands, "fast")
+    assert (cand.variant, lws) == ("v2", (1, 1))
+    assert calls[:3] == ["v0", "v1", "v2"]
+
+
 def test_final_timing_adds_a_few_timings(cl_device, cache_dir, monkeypatch):
     """The re-timing costs ROUNDS timings of at most FINALISTS candidates on top of one per (candidate, size)."""
     calls = []

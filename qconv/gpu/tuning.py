@@ -19,7 +19,9 @@ process, or a later layer of the same shape, reuses it without timing anything.
 
 * ``QCONV_TUNE=none|fast|full`` (default ``fast``): ``none`` times nothing and touches no cache (the
   engine's heuristic choice); ``fast`` times a few variants x a few local sizes within ~2 s per problem;
-  ``full`` times every variant x every power-of-two local size within ~60 s. A ``full`` entry satisfies a
+  ``full`` times every variant x every power-of-two local size within ~60 s. Past the budget every
+  remaining candidate is still timed at its first (best-guess) local size, so which variants compete never
+  depends on how fast the machine compiles. A ``full`` entry satisfies a
   ``fast`` lookup, not the reverse.
 * Location: ``QCONV_CACHE_DIR``, else ``platformdirs.user_cache_dir("qconv")``.
 * A corrupt, unreadable or read-only cache gives a :class:`TuningCacheWarning` and tuning goes on in
@@ -343,9 +345,7 @@ def select(device, queue, candidates: list, level: str):
             lws = None if entry["lws"] is None else tuple(entry["lws"])
             results.append((entry["ns"], idx, cand, lws))
             continue
-        if results and time.perf_counter() - start > budget:
-            continue
-        best = None
+        best = None  # past the budget a candidate is still timed at its first (best-guess) local size
         complete = True
         for lws in cand.local_sizes:
             if best is not None and time.perf_counter() - start > budget:
