@@ -116,6 +116,12 @@ class Family(Protocol):
     def candidates(self, layer: Layer, problem: Problem) -> list: ...
 
 
+def device_limits(layer: Layer) -> tuple:
+    """``(max work-group size, max work-item sizes per dimension, local memory bytes)`` of the layer's device."""
+    dev = layer.device
+    return int(dev.max_work_group_size), dev.max_work_item_sizes, int(dev.local_mem_size)
+
+
 def scalars(*values) -> list:
     """int32 kernel arguments."""
     return [np.int32(v) for v in values]

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..context import import_pyopencl
 from ..launch import X, Y, Step, planned_candidate
-from .base import cdiv, io_options, pow2ceil, pow2floor, roundup, scalars
+from .base import cdiv, device_limits, io_options, pow2ceil, pow2floor, roundup, scalars
 
 program = "conv_1x1"
 fixed_local_size = False
@@ -51,10 +51,8 @@ def local_sizes(layer, g0, g2, kch, per_item) -> list:
     """Local sizes (l0, SPLIT): l0 output-channel groups x SPLIT slices of the input chunks."""
     if layer.forced_lws is not None:
         return [layer.forced_lws[:2]]
-    dev = layer.device
-    maxwg = int(dev.max_work_group_size)
-    mi = dev.max_work_item_sizes
-    local_floats = int(dev.local_mem_size) // 4 - 256
+    maxwg, mi, lmem = device_limits(layer)
+    local_floats = lmem // 4 - 256
     p0, pk = pow2ceil(g0), pow2floor(kch)
     if layer.tune == "full":
         sizes = [(a, b) for a in (1, 2, 4, 8, 16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64, 128)

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..context import import_pyopencl
 from ..launch import X, Y, Step, planned_candidate
-from .base import cdiv, io_options, pow2ceil, pow2floor, roundup, scalars
+from .base import cdiv, device_limits, io_options, pow2ceil, pow2floor, roundup, scalars
 
 program = "conv_general"
 variants = GENERAL_VARIANTS = {  # name -> (CB blocks of 4 output channels, HB rows, WB columns)
@@ -48,10 +48,8 @@ def local_sizes(layer, g0, g1, ic4=1, per_item=4) -> list:
     """Local sizes (l0, l1) or, with split-K over input channels, (l0, l1, SPLIT)."""
     if layer.forced_lws is not None:
         return [layer.forced_lws]
-    dev = layer.device
-    maxwg = int(dev.max_work_group_size)
-    mi = dev.max_work_item_sizes
-    local_floats = int(dev.local_mem_size) // 4 - 256
+    maxwg, mi, lmem = device_limits(layer)
+    local_floats = lmem // 4 - 256
     p0, p1 = pow2ceil(g0), pow2ceil(g1)
     if layer.tune == "full":
         sizes = [(a, b) for a in (1, 2, 4, 8, 16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..context import import_pyopencl
 from ..launch import X, Y, Step, planned_candidate
-from .base import cdiv, io_options, pow2ceil, pow2floor, roundup, scalars
+from .base import cdiv, device_limits, io_options, pow2ceil, pow2floor, roundup, scalars
 
 program = "conv_1x1"
 variants = GEMV_VARIANTS = {  # name -> U: 16-byte weight chunks per item loaded before any is used
@@ -41,10 +41,8 @@ def candidates(layer, problem) -> list:
 def local_sizes(layer, ocp, kch, ngr) -> list:
     if layer.forced_lws is not None:
         return [layer.forced_lws[:2]]
-    dev = layer.device
-    maxwg = int(dev.max_work_group_size)
-    mi = dev.max_work_item_sizes
-    local_floats = int(dev.local_mem_size) // 4 - 256 - ngr
+    maxwg, mi, lmem = device_limits(layer)
+    local_floats = lmem // 4 - 256 - ngr
     p0, pk = pow2ceil(ocp), pow2floor(kch)
     if layer.tune == "full":
         sizes = [(a, b) for a in (16, 32, 64, 128, 256) for b in (1, 2, 4, 8, 16, 32, 64)]

@@ -11,7 +11,7 @@ import numpy as np
 from ..context import import_pyopencl
 from ..launch import X, Y, Scratch, Step, planned_candidate
 from .act_quant import ROW_QUANT_OPTIONS
-from .base import cdiv, common_options, pow2ceil, pow2floor, scalars
+from .base import cdiv, device_limits, common_options, pow2ceil, pow2floor, scalars
 
 program = "gemv_a8"
 variants = A8_VARIANTS = {  # name -> (NC output channels per item, fused); the fused ones first: one launch,
@@ -108,7 +108,7 @@ def local_sizes(layer, nc, fused=False) -> list:
     """(l0, SPLIT, g) to time: local size (l0, SPLIT), g work-groups per compute unit (the grid is at most
     g * compute units groups, each looping over tiles of l0 * nc output channels); the fused variants also hold
     x's int8 words and group sums in local memory."""
-    dev, w = layer.device, layer.spec.weight
+    w = layer.spec.weight
     if layer.forced_lws is not None:
         sizes = [(*layer.forced_lws[:2], 1)]
     elif layer.tune == "full":
@@ -120,8 +120,8 @@ def local_sizes(layer, nc, fused=False) -> list:
     ocp = cdiv(w.out_channels, 4) * 4
     kc = layer.layout.ic_pack
     kch = cdiv(w.q.shape[1], kc)
-    maxwg = min(int(dev.max_work_group_size), 1024)
-    mi, lmem = dev.max_work_item_sizes, int(dev.local_mem_size)
+    maxwg, mi, lmem = device_limits(layer)
+    maxwg = min(maxwg, 1024)
     p0, pk = pow2ceil(cdiv(ocp, nc)), pow2floor(kch)
     if layer.forced_lws is None:  # powers of two (the prologue's reduction tree), clamped to the problem
         sizes = [(min(a, p0), min(b, pk), g) for a, b, g in sizes]
