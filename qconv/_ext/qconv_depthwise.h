@@ -363,10 +363,15 @@ void qc_dw_fill_row_body(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, f
         if (st == 1) memcpy(u, s, (size_t)W * sizeof(float));
         else for (int64_t i = 0; i < W; ++i) u[i] = s[4 * i];
     }
-    if (sw > 1)
-        for (int64_t i = 0; i < W; ++i) {
-            const int64_t ixp = i + pw;
-            dst[(ixp % sw) * wph + ixp / sw] = tmp[i];
+    if (sw > 1)   /* phase ph holds padded columns ph, ph + sw, ...: input columns i = ph - pw + k*sw */
+        for (int64_t ph = 0; ph < sw; ++ph) {
+            int64_t i = ph - pw, k = 0;
+            if (i < 0) {
+                k = (-i + sw - 1) / sw;
+                i += k * sw;
+            }
+            float *d = dst + ph * wph;
+            for (; i < W; i += sw, ++k) d[k] = tmp[i];
         }
 }
 
