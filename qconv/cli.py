@@ -159,9 +159,9 @@ def _inspect(args) -> int:
         print(line)
     gptq = [r for r in rows if r.get("calibration")]
     if gptq:
-        print(f"gptq schemes calibrated on {gptq[0]['calibration']}")
+        print(f"calibrated schemes (-gptq, -bc) calibrated on {gptq[0]['calibration']}")
     elif args.calibration:
-        print("--calibration is used by -gptq schemes only; none was measured", file=sys.stderr)
+        print("--calibration is used by -gptq and -bc schemes only; none was measured", file=sys.stderr)
     note = mr.calibration_note(rows)
     if note:
         print(note)
@@ -242,8 +242,8 @@ def main(argv=None) -> int:
     ins.add_argument("--act-block", type=int, default=0, help="channels per block for --act-quant block")
     ins.add_argument("--input", help="input tensor (.npy) or image (needs Pillow); default: seeded random")
     ins.add_argument("--calibration", nargs="+", metavar="INPUT",
-                     help="inputs (.npy or images) that -gptq schemes are calibrated on; the SQNR is measured on "
-                          "--input (default: --input itself, flagged in the output, or a random feed)")
+                     help="inputs (.npy or images) that -gptq and -bc schemes are calibrated on; the SQNR is measured "
+                          "on --input (default: --input itself, flagged in the output, or a random feed)")
     ins.add_argument("--input-shape", help="N,C,H,W for the random input (dynamic dims default to 1 and 256)")
     ins.add_argument("--engines", help="comma-separated engines to time (default: all fast engines)")
     ins.add_argument("--repeat", type=int, default=3, help="timed runs per layer (median)")

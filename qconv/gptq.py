@@ -1,4 +1,4 @@
-"""Calibrated weight quantization: GPTQ-style error feedback using real layer inputs.
+"""Calibrated weight quantization on real layer inputs: GPTQ error feedback, and bias correction.
 
 ``quantize_weight_calibrated(w, x, ...)`` quantizes the weight columns (OIHW-flattened order, so a
 block is a contiguous run of columns, as in :class:`~qconv.weights.QuantizedWeight`) one at a time and
@@ -10,6 +10,10 @@ measured worse on per-channel blocks). It minimises the layer's *output* error o
 weight error, so it needs real activations (``python -m qconv inspect`` captures them).
 
 Cost: one ``K x K`` Cholesky (K = I/groups*kh*kw) per group and ``K`` rank-1 updates of ``O x K``.
+
+``output_shift(w, qw, x, ...)`` is bias correction (Nagel et al., "Data-free quantization", 2019, empirical
+form): the mean, over the calibration inputs' output pixels, of ``conv(x, w_deq - w)`` per output channel, the
+systematic shift the weight rounding adds to the layer's output; subtracting it from the bias removes it.
 """
 from __future__ import annotations
 
@@ -63,42 +67,38 @@ def quantize_weight_calibrated(w, x, bits: int = 4, block_size: int = 0, symmetr
     block_len = (block_size or ipg) * w.shape[2] * w.shape[3]
     nb = k // block_len
     og = o // groups
-    q = np.empty((o, k), np.float64)
-    scales = np.empty((o, nb), np.float32)
-    offsets = None if symmetric else np.empty((o, nb), np.float32)
-    for g in range(groups):
-        rows = slice(g * og, (g + 1) * og)
-        wg = w.reshape(o, k)[rows].astype(np.float64)
-        qg, sg, og_ = _gptq_group(wg, cols[:, g, :], bits, block_len, bool(symmetric), range_method, damp)
-        q[rows], scales[rows] = qg, sg
-        if offsets is not None:
-            offsets[rows] = og_
+    wg = w.reshape(groups, og, k).astype(np.float64)
+    q, scales, offsets = _gptq_groups(wg, cols, bits, block_len, bool(symmetric), range_method, damp)
     return QuantizedWeight(q.astype(np.int8).reshape(w.shape), scales, offsets, bits, block_size, groups)
 
 
 def _hessian_inverse_factor(cols: np.ndarray, damp: float) -> np.ndarray:
-    """Upper Cholesky factor of ``(X^T X + damping)^-1`` for im2col ``cols (P, K)``."""
-    h = cols.T @ cols
-    diag = np.diag(h).copy()
-    dead = diag == 0
-    h[dead, dead] = 1.0
-    h[np.diag_indices_from(h)] += damp * max(float(np.mean(np.diag(h))), 1e-12)
+    """Upper Cholesky factors ``(G, K, K)`` of ``(X_g^T X_g + damping)^-1`` for im2col ``cols (P, G, K)``."""
+    xg = cols.transpose(1, 0, 2)
+    h = np.matmul(xg.transpose(0, 2, 1), xg)
+    diag = h[:, np.arange(h.shape[1]), np.arange(h.shape[1])]            # (G, K) copy
+    gi, ki = np.nonzero(diag == 0)
+    h[gi, ki, ki] = 1.0
+    mean = np.maximum(h[:, np.arange(h.shape[1]), np.arange(h.shape[1])].mean(axis=1), 1e-12)
+    h[:, np.arange(h.shape[1]), np.arange(h.shape[1])] += damp * mean[:, None]
     hinv = np.linalg.inv(h)
-    return np.linalg.cholesky((hinv + hinv.T) / 2).T
+    return np.linalg.cholesky((hinv + hinv.transpose(0, 2, 1)) / 2).transpose(0, 2, 1)
 
 
-def _gptq_group(w: np.ndarray, cols: np.ndarray, bits: int, block_len: int, symmetric: bool, range_method: str,
-                damp: float):
-    o, k = w.shape
+def _gptq_groups(w: np.ndarray, cols: np.ndarray, bits: int, block_len: int, symmetric: bool, range_method: str,
+                 damp: float):
+    """GPTQ of ``w (G, O/G, K)`` float64 on ``cols (P, G, K)``, every group at once (a depthwise layer is one
+    pass over its ``K`` columns, not ``G``). Returns ``(q (O, K), scales (O, nb), offsets or None)``."""
+    g, og, k = w.shape
     w = w.copy()
     u = _hessian_inverse_factor(cols, damp)
     nb = k // block_len
-    q = np.empty((o, k))
-    scales = np.empty((o, nb), np.float32)
-    offsets = np.empty((o, nb), np.float32)
+    q = np.empty((g, og, k))
+    scales = np.empty((g * og, nb), np.float32)
+    offsets = None if symmetric else np.empty((g * og, nb), np.float32)
     for b in range(nb):
         sl = slice(b * block_len, (b + 1) * block_len)
-        blk = w[:, sl].astype(np.float32)[:, None, :]
+        blk = w[:, :, sl].reshape(g * og, 1, block_len).astype(np.float32)
         if symmetric:
             lo, hi = None, np.abs(blk).max(axis=2)
         else:
@@ -110,10 +110,50 @@ def _gptq_group(w: np.ndarray, cols: np.ndarray, bits: int, block_len: int, symm
         if not symmetric:
             offsets[:, b] = off[:, 0]
         for i in range(sl.start, sl.stop):
-            col = w[:, i].astype(np.float32)[:, None, None]
+            col = w[:, :, i].reshape(g * og, 1, 1).astype(np.float32)
             qi, _, _ = _quantize_blocks(col, lo, hi, bits, symmetric)
-            q[:, i] = qi[:, 0, 0]
+            q[:, :, i] = qi[:, 0, 0].reshape(g, og)
             deq = qi[:, 0, 0].astype(np.float32) * s[:, 0] + (0 if symmetric else off[:, 0])
-            err = (w[:, i] - deq) / u[i, i]
-            w[:, i + 1:] -= np.outer(err, u[i, i + 1:])
-    return q, scales, (None if symmetric else offsets)
+            err = (w[:, :, i] - deq.reshape(g, og)) / u[:, i, i][:, None]
+            w[:, :, i + 1:] -= err[:, :, None] * u[:, None, i, i + 1:]
+    return q.reshape(g * og, k), scales, offsets
+
+
+def output_shift(w, qw: QuantizedWeight, x, stride=1, padding=0, dilation=1) -> np.ndarray:
+    """float64 ``(O,)``: per output channel, the mean over the output pixels of ``conv(x, qw.dequantize() - w)``.
+
+    ``w``: the float weight ``(O, I/groups, kh, kw)`` (or ``(O, K)``) that ``qw`` quantizes; ``x``: float NCHW
+    calibration input of the conv with the given geometry (``(N, K)`` for a linear weight), or a list of such
+    inputs (sizes may differ; every output pixel counts once). The mean of an im2col column is taken tap by
+    tap over strided views of the zero-padded input, so no im2col buffer is built. Bias correction is
+    ``bias - output_shift(...)``.
+    """
+    linear = isinstance(w, np.ndarray) and w.ndim == 2
+    w = V.float_array(w, "w", ndim=(2, 4))
+    w = w[:, :, None, None] if w.ndim == 2 else w
+    if w.shape != qw.q.shape:
+        raise ValueError(f"w has shape {w.shape}, the quantized weight {qw.q.shape}")
+    xs = list(x) if isinstance(x, (list, tuple)) else [x]
+    if not xs:
+        raise ValueError("x: give at least one calibration input")
+    spec = ConvSpec(qw, None, stride, padding, dilation, None, None)
+    (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
+    kh, kw = spec.kernel_size
+    total, pixels = np.zeros((w.shape[1] * qw.groups, kh, kw)), 0
+    for xi in xs:
+        xi = V.float_array(xi, "x", ndim=(2, 4) if linear else 4)
+        xi = xi[:, :, None, None] if xi.ndim == 2 else xi
+        if xi.shape[1] != spec.in_channels:
+            raise ValueError(f"x has {xi.shape[1]} channels, the weight expects {spec.in_channels}")
+        oh, ow = spec.out_hw(xi.shape[2], xi.shape[3])
+        up = np.pad(xi.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+        for ky in range(kh):
+            for kx in range(kw):
+                ys, xs_ = ky * dh, kx * dw
+                total[:, ky, kx] += up[:, :, ys: ys + sh * (oh - 1) + 1: sh, xs_: xs_ + sw * (ow - 1) + 1: sw].sum(
+                    axis=(0, 2, 3))
+        pixels += xi.shape[0] * oh * ow
+    g, o = qw.groups, qw.out_channels
+    mean_cols = (total / pixels).reshape(g, 1, -1)                        # (G, 1, I/groups*kh*kw)
+    dw_ = (qw.dequantize(np.float64) - w.astype(np.float64)).reshape(g, o // g, -1)
+    return (dw_ * mean_cols).sum(axis=2).reshape(o)

@@ -19,20 +19,23 @@ from ._timing import median_ms
 from .metrics import rtol_for, sqnr_db, tolerance
 from .weights import QuantizedWeight, quantize_weight
 
-_SCHEME_RE = re.compile(r"^int(4|8)-(ch|b\d+)(?:-(sym|asym))?(?:-(minmax|mse|gptq))?$")
+_SCHEME_RE = re.compile(r"^int(4|8)-(ch|b\d+)(?:-(sym|asym))?(?:-(minmax|mse|gptq))?(-bc)?$")
 
 
 @dataclass(frozen=True)
 class Scheme:
-    """A weight scheme: ``int4-b32-asym``, ``int8-ch-sym``, ``int4-b64-asym-mse`` or ``float``.
+    """A weight scheme: ``int4-b32-asym``, ``int8-ch-sym``, ``int4-b64-asym-mse``, ``int8-ch-sym-bc`` or ``float``.
 
     The method suffix: ``minmax`` (default), ``mse`` (clip-range search) or ``gptq`` (calibrated on real
-    layer inputs, see :mod:`qconv.gptq`; needs ``calib`` in :meth:`quantize`)."""
+    layer inputs, see :mod:`qconv.gptq`; needs ``calib`` in :meth:`quantize`). A final ``-bc`` adds bias
+    correction (:meth:`output_shift`, calibrated too): the weights are those of the scheme without it, the
+    layer's bias absorbs the mean output shift their rounding causes on the calibration inputs."""
 
     bits: int | None
     block_size: int = 0
     symmetric: bool = True
     method: str = "minmax"
+    bias_correction: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Scheme":
@@ -42,9 +45,9 @@ class Scheme:
         m = _SCHEME_RE.match(text)
         if not m:
             raise ValueError(f"scheme {text!r} not understood; examples: int4-b32-asym, int8-ch-sym, "
-                             "int4-b64-asym-mse, int4-b32-asym-gptq, float")
-        bits, blk, sym, method = m.groups()
-        return cls(int(bits), 0 if blk == "ch" else int(blk[1:]), sym != "asym", method or "minmax")
+                             "int4-b64-asym-mse, int4-b32-asym-gptq, int8-ch-sym-bc, float")
+        bits, blk, sym, method, bc = m.groups()
+        return cls(int(bits), 0 if blk == "ch" else int(blk[1:]), sym != "asym", method or "minmax", bool(bc))
 
     @property
     def label(self) -> str:
@@ -52,7 +55,13 @@ class Scheme:
             return "float"
         blk = f"b{self.block_size}" if self.block_size else "ch"
         meth = "" if self.method == "minmax" else f"-{self.method}"
-        return f"int{self.bits}-{blk}-{'sym' if self.symmetric else 'asym'}{meth}"
+        bc = "-bc" if self.bias_correction else ""
+        return f"int{self.bits}-{blk}-{'sym' if self.symmetric else 'asym'}{meth}{bc}"
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the scheme needs the layer's calibration inputs (``gptq`` or ``-bc``)."""
+        return self.method == "gptq" or self.bias_correction
 
     def block_for(self, in_per_group: int) -> int:
         """The block size used for a layer: the requested one when it divides the channels, else per channel."""
@@ -71,6 +80,18 @@ class Scheme:
             return quantize_weight_calibrated(w, calib, self.bits, block, self.symmetric, groups, **conv)
         return quantize_weight(w, self.bits, block, self.symmetric, groups, self.method)
 
+    def corrected_bias(self, w: np.ndarray, qw: QuantizedWeight | None, bias, calib=None, **conv):
+        """The layer's bias to use with ``qw``: ``bias`` itself (may be None) without ``-bc``; with it
+        ``bias - output_shift(w, qw, calib)`` (float32 ``(O,)``; see :func:`qconv.gptq.output_shift`), where
+        ``calib`` is the layer's NCHW input on the calibration feeds (an array or a list)."""
+        if not self.bias_correction or qw is None:
+            return bias
+        if calib is None:
+            raise ValueError(f"scheme {self.label} needs calibration inputs")
+        from .gptq import output_shift
+        shift = output_shift(w, qw, calib, **conv)
+        return ((0.0 if bias is None else np.asarray(bias, np.float64)) - shift).astype(np.float32)
+
 
 def engine_agrees(y, ref, x, qw, bias, act_quant, act_block=0, **conv) -> bool:
     """Whether an engine's output ``y`` is within the per-output tolerance of the oracle's ``ref`` (the rule
@@ -83,7 +104,8 @@ def measure_layer(layer, x_captured, scheme: Scheme, act_quant="tensor", act_blo
                   repeat: int = 3, x_calib=None) -> dict:
     """Quantize ``layer`` with ``scheme`` and measure it on its captured input (see the module docstring).
 
-    ``x_calib``: the layer's input on a calibration feed (or a list, one per feed), for ``gptq`` schemes."""
+    ``x_calib``: the layer's input on a calibration feed (or a list, one per feed), for calibrated schemes
+    (``gptq``, ``-bc``)."""
     import qconv
 
     x = layer.conv_input(x_captured)
@@ -94,6 +116,7 @@ def measure_layer(layer, x_captured, scheme: Scheme, act_quant="tensor", act_blo
     else:
         calib = [layer.conv_input(t) for t in (x_calib if isinstance(x_calib, (list, tuple)) else [x_calib])]
     qw = scheme.quantize(layer.weight, layer.groups, calib, **kw)
+    bias = scheme.corrected_bias(layer.weight, qw, layer.bias, calib, **kw)
     row = dict(layer=layer.name, op=layer.op, shape=layer.describe_shape(), groups=layer.groups,
                scheme=scheme.label, bytes_float=4 * layer.weight.size,
                bytes_packed=4 * layer.weight.size if qw is None else qw.nbytes,
@@ -101,18 +124,18 @@ def measure_layer(layer, x_captured, scheme: Scheme, act_quant="tensor", act_blo
     if qw is None:
         row.update(rel_err=0.0, sqnr_db=float("inf"))
         return row
-    y = reference.conv2d(x, qw, layer.bias, activation=None, act_quant=act_quant, act_block=act_block, **kw)
+    y = reference.conv2d(x, qw, bias, activation=None, act_quant=act_quant, act_block=act_block, **kw)
     row["rel_err"] = float(np.linalg.norm(y - y_float) / max(np.linalg.norm(y_float), 1e-30))
     row["sqnr_db"] = sqnr_db(y, y_float)
     for dev in engines:
         try:
-            conv = qconv.Conv2d(qw, layer.bias, device=dev, act_block=act_block,
+            conv = qconv.Conv2d(qw, bias, device=dev, act_block=act_block,
                                 act_quant=act_quant if dev in ("cpu", "reference") else "auto", **kw)
             ye = conv(x)
             aq = conv.spec.act_quant
-            ref = y if aq == act_quant else reference.conv2d(x, qw, layer.bias, act_quant=aq, act_block=act_block, **kw)
+            ref = y if aq == act_quant else reference.conv2d(x, qw, bias, act_quant=aq, act_block=act_block, **kw)
             row["engines"][dev] = dict(ms=median_ms(lambda: conv(x), repeat),
-                                       agrees=engine_agrees(ye, ref, x, qw, layer.bias, aq, act_block, **kw),
+                                       agrees=engine_agrees(ye, ref, x, qw, bias, aq, act_block, **kw),
                                        sqnr_db=sqnr_db(ye, y_float))
         except Exception as exc:  # report, do not hide the other engines
             row["engines"][dev] = dict(error=f"{type(exc).__name__}: {exc}")
@@ -191,9 +214,11 @@ def format_rows(rows, engines) -> str:
     head += [f"{d} ms" for d in engines]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["layer"][:28], r["op"], r["shape"], str(r["groups"]), r["scheme"] + ("" if r.get("block") != 0
-                 or "-b" not in r["scheme"] else " (ch)") + ("*" if r.get("calibrated_on_evaluation_input") else ""), f"{r['bytes_float']:,} -> {r['bytes_packed']:,}",
-                 f"{r['rel_err']:.2e}", f"{r['sqnr_db']:.1f}", f"{r.get('ort_ms', float('nan')):.3f}"]
+        fell_back = r.get("block") == 0 and Scheme.parse(r["scheme"]).block_size  # the block did not divide
+        scheme = r["scheme"] + (" (ch)" if fell_back else "") + ("*" if r.get("calibrated_on_evaluation_input") else "")
+        cells = [r["layer"][:28], r["op"], r["shape"], str(r["groups"]), scheme,
+                 f"{r['bytes_float']:,} -> {r['bytes_packed']:,}", f"{r['rel_err']:.2e}", f"{r['sqnr_db']:.1f}",
+                 f"{r.get('ort_ms', float('nan')):.3f}"]
         for d in engines:
             e = r["engines"].get(d, {})
             if "error" in e:
@@ -216,7 +241,7 @@ def summary_lines(rows) -> list[str]:
 
 
 def calibration_feeds(model, input_path=None, input_shape=None, seed: int = 0, calibration_paths=None):
-    """The feeds ``gptq`` schemes are calibrated on, and where they come from.
+    """The feeds calibrated schemes (``gptq``, ``-bc``) are calibrated on, and where they come from.
 
     Returns ``(feeds, source, on_evaluation_input)``: ``calibration_paths`` (one or more ``.npy`` / images)
     when given; else, with a user ``input_path``, that input itself (the only real data there is:
@@ -240,11 +265,11 @@ def calibration_feeds(model, input_path=None, input_shape=None, seed: int = 0, c
 
 
 def calibration_note(rows) -> str | None:
-    """A warning line when some ``gptq`` row was calibrated on the input its SQNR is measured on."""
+    """A warning line when some calibrated row was calibrated on the input its SQNR is measured on."""
     same = [r for r in rows if r.get("calibrated_on_evaluation_input")]
     if not same:
         return None
-    return (f"NOTE: {len(same)} gptq row(s) marked * were calibrated on {same[0]['calibration']}: their SQNR is "
+    return (f"NOTE: {len(same)} calibrated row(s) marked * were calibrated on {same[0]['calibration']}: their SQNR is "
             "measured on the calibration input (optimistic). Pass --calibration with other inputs to measure "
             "them on held-out data.")
 
@@ -254,8 +279,8 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
             calibration_paths=None):
     """Measure every layer of ``model_path`` under each scheme; returns the list of row dicts.
 
-    ``gptq`` schemes are calibrated on :func:`calibration_feeds` (``calibration_paths``: one or more inputs,
-    never the evaluation input unless listed); their rows say where (``calibration``,
+    Calibrated schemes (``gptq``, ``-bc``) are calibrated on :func:`calibration_feeds` (``calibration_paths``:
+    one or more inputs, never the evaluation input unless listed); their rows say where (``calibration``,
     ``calibrated_on_evaluation_input``)."""
     from .onnx_model import capture, default_input, load_input, load_layers, time_float_layer
 
@@ -265,7 +290,7 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
     feed = load_input(model, input_path, input_shape) if input_path else default_input(model, input_shape, seed)
     tensors = capture(model, layers, feed)
     calib, source, same = {}, None, False
-    if any(s.method == "gptq" for s in schemes):
+    if any(s.calibrated for s in schemes):
         feeds, source, same = calibration_feeds(model, input_path, input_shape, seed, calibration_paths)
         captured = [tensors if same and not calibration_paths else capture(model, layers, f) for f in feeds]
         calib = {name: [t[name] for t in captured] for name in captured[0]}
@@ -280,7 +305,7 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
         x = tensors[layer.input_name]
         row = measure_layer(layer, x, scheme, act_quant, act_block, engines, repeat,
                             calib.get(layer.input_name) if calib else None)
-        if scheme.method == "gptq":
+        if scheme.calibrated:
             row.update(calibration=source, calibrated_on_evaluation_input=same)
         if time_ort and not layer.is_linear and layer.name not in ort_ms:
             ort_ms[layer.name] = time_float_layer(layer, x, repeat)

@@ -72,3 +72,27 @@ def test_quantize_with_a_saved_plan(float_model, tmp_path, capsys):
     assert "quantized 1 layers" in text and "float: c2: float in the plan" in text
     q = onnx.load(out)
     assert [n.op_type for n in q.graph.node] == ["QConv", "Conv"]
+
+
+def test_quantize_with_bias_correction_and_block_activations(float_model, tmp_path, capsys):
+    """``--scheme ...-bc --calibration`` corrects the biases; ``--act-quant block --act-block N`` is recorded per
+    layer and is what ``run`` uses (``--act-quant none``: float activations)."""
+    import qconv.onnx as qo
+
+    rng = np.random.default_rng(1)
+    np.save(tmp_path / "c.npy", (rng.standard_normal((1, 3, 16, 16)) + 1).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(float_model), str(out), "--scheme", "int4-ch-sym-bc", "--calibration",
+                 str(tmp_path / "c.npy"), "--act-quant", "block", "--act-block", "4"]) == 0
+    assert "activations: block, blocks of [3, 4] input channels" in capsys.readouterr().out
+    q = onnx.load(out)
+    s = qo.model_summary(q)
+    assert s["act_quant"] == "block" and {n: e["act_block"] for n, e in s["layers"].items()} == {"c1": 3, "c2": 4}
+    assert {t.name for t in q.graph.initializer} >= {"c1.bias", "c2.bias"}  # the float model has no bias
+    js = tmp_path / "r.json"
+    for act in ("none", None):
+        assert main(["run", str(out), "--input", str(tmp_path / "c.npy"), "--repeat", "1", "--device", "reference",
+                     "--json", str(js), "--no-progress"] + (["--act-quant", act] if act else [])) == 0
+        assert json.loads(js.read_text())["act_quant"] == (None if act else "block")
+    with pytest.raises(ValueError, match="act_quant='block'"):
+        main(["quantize", str(float_model), str(out), "--act-block", "4"])

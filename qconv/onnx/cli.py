@@ -1,12 +1,12 @@
 """``python -m qconv quantize`` and ``python -m qconv run``: whole ONNX models from the command line.
 
-``quantize MODEL.onnx OUT.onnx (--scheme S | --plan PLAN.json) [--calibration INPUT ...]`` writes the quantized
-model and prints what became of each layer and the weight bytes. ``run MODEL.onnx --input INPUT [--reference
-FLOAT.onnx] [--repeat N] [--json OUT]`` runs it through :class:`qconv.onnx.InferenceSession` and prints the
-latency per run (median, p90), the peak RSS, the weight bytes as stored and, with ``--reference``, the SQNR of
-every output against the float model on the same input. Inputs: ``.npy`` tensors or images (as ``inspect``
-reads them: RGB in [0, 1], resized; ``--mean``/``--std`` normalise), ``NAME=PATH`` for a model input other than
-the first.
+``quantize MODEL.onnx OUT.onnx (--scheme S | --plan PLAN.json) [--calibration INPUT ...] [--act-quant MODE
+[--act-block N]]`` writes the quantized model and prints what became of each layer and the weight bytes.
+``run MODEL.onnx --input INPUT [--reference FLOAT.onnx] [--repeat N] [--json OUT]`` runs it through
+:class:`qconv.onnx.InferenceSession` and prints the latency per run (median, p90), the peak RSS, the weight
+bytes as stored and, with ``--reference``, the SQNR of every output against the float model on the same input.
+Inputs: ``.npy`` tensors or images (as ``inspect`` reads them: RGB in [0, 1], resized; ``--mean``/``--std``
+normalise), ``NAME=PATH`` for a model input other than the first.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def quantize_main(args) -> int:
         calib = [_feeds(model, [c], shape, _floats(args.mean), _floats(args.std)) for c in args.calibration]
     t0 = time.perf_counter()
     q = quantize_model(model, None if args.plan else args.scheme, plan=args.plan, calibration=calib,
-                       fuse=not args.no_fuse)
+                       fuse=not args.no_fuse, act_quant=args.act_quant, act_block=args.act_block)
     seconds = time.perf_counter() - t0
     onnx.save(q, args.output)
     s = model_summary(q)
@@ -79,6 +79,9 @@ def quantize_main(args) -> int:
         print(f"fused a following activation / bias Add into {fused} of them")
     for name, why in list(s["float"].items()) + list(s["skipped"].items()):
         print(f"float: {name}: {why}")
+    if s.get("act_quant"):
+        blocks = sorted({e["act_block"] for e in s["layers"].values() if "act_block" in e})
+        print(f"activations: {s['act_quant']}" + (f", blocks of {blocks} input channels" if blocks else ""))
     print(f"weights {nb['float']:,} bytes float -> {nb['stored']:,} stored ({nb['ratio']:.3f}x); "
           f"file {os.path.getsize(args.model):,} -> {os.path.getsize(args.output):,} bytes; wrote {args.output}")
     return 0
@@ -146,9 +149,16 @@ def add_subcommands(sub) -> None:
     q.add_argument("output", help="quantized .onnx to write")
     how = q.add_mutually_exclusive_group()
     how.add_argument("--scheme", default="int8-ch-sym",
-                     help="scheme for every layer, e.g. int8-ch-sym (default), int4-b32-asym-mse, int4-b64-asym-gptq")
+                     help="scheme for every layer, e.g. int8-ch-sym (default), int8-ch-sym-gptq-bc, int4-b32-asym-mse; "
+                          "-gptq and -bc (bias correction) schemes are calibrated on --calibration")
     how.add_argument("--plan", help="per-layer plan JSON from `inspect --target-sqnr T --save-plan PLAN.json`")
-    q.add_argument("--calibration", nargs="+", metavar="INPUT", help="inputs (.npy or images) for gptq schemes")
+    q.add_argument("--calibration", nargs="+", metavar="INPUT",
+                   help="inputs (.npy or images) for -gptq / -bc schemes (default: a random feed, useless for images)")
+    q.add_argument("--act-quant", choices=("tensor", "row", "block"),
+                   help="activation mode recorded in the model for `run` (default: the plan's, else the session's)")
+    q.add_argument("--act-block", type=int, default=0,
+                   help="with --act-quant block: input channels per activation block (per layer the largest divisor "
+                        "of its weight block <= N; default: the weight's block)")
     q.add_argument("--input-shape", help="N,C,H,W images are resized to (default: the model's, dynamic 256)")
     q.add_argument("--mean", help="image normalisation (x - mean) / std, e.g. 0.5 or 0.485,0.456,0.406")
     q.add_argument("--std", help="see --mean")

@@ -9,13 +9,19 @@ Fusions, where the producer's output feeds only that one node and is not a graph
 ``Relu`` -> ``activation="relu"``; ``Clip(0, 6)`` -> ``"relu6"``; ``Clip(0, none)`` -> ``"relu"``; for a MatMul
 without bias, a following ``Add`` of a constant broadcast along the last axis (shape ``(N,)``, ``(1, N)``, ...)
 becomes the node's bias (then Relu/Clip after it fuse too).
+
+Calibration: ``gptq`` and ``-bc`` (bias correction) schemes use each layer's input captured by running the
+float model on the calibration feeds. Activations: ``act_quant`` / ``act_block`` record in the model how the
+session quantizes each node's input (``act_block`` resolved per layer, see :func:`layer_act_block`).
 """
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 
+from .. import _validate as V
 from ..geometry import ConvSpec
 from ..model_report import CALIB_SEED, Plan, Scheme
 from .nodes import DOMAIN, OPSET, QCONV, QMATMUL, make_qnode
@@ -101,37 +107,54 @@ def _calibration_feeds(model, calibration):
 
 
 def _layer_calibration(model, layers, feeds, need):
-    """``{layer name: NCHW calibration input}`` for the layers in ``need`` (concatenated over the feeds)."""
+    """``{layer name: [NCHW calibration input per feed]}`` for the layers in ``need``."""
     from ..onnx_model import capture, default_input
 
     if not need:
         return {}
     if not feeds:
+        warnings.warn(f"{len(need)} layer(s) with a calibrated scheme (gptq, -bc) are calibrated on a random feed: "
+                      "pass real calibration inputs (quantize_model(calibration=...), --calibration)", stacklevel=3)
         feeds = [default_input(model, seed=CALIB_SEED)]
     captured = [capture(model, [la for la in layers if la.name in need], f) for f in feeds]
-    out = {}
-    for layer in layers:
-        if layer.name in need:
-            xs = [layer.conv_input(t[layer.input_name]) for t in captured]
-            same = all(x.shape[1:] == xs[0].shape[1:] for x in xs)
-            out[layer.name] = np.concatenate(xs) if same else xs[0]
-    return out
+    return {layer.name: [layer.conv_input(t[layer.input_name]) for t in captured] for layer in layers
+            if layer.name in need}
+
+
+def layer_act_block(weight, act_block: int) -> int:
+    """The activation block of one layer for a model-wide ``act_block``: the largest divisor of the weight's
+    block (its input channels per group when per-channel) that is ``<= act_block`` (0 stays 0: the weight's
+    block), so that every layer takes it (:class:`~qconv.geometry.ConvSpec` needs ``act_block`` to divide the
+    weight block or be a multiple of it)."""
+    if not act_block:
+        return 0
+    wb = weight.block_channels
+    return max(d for d in range(1, min(act_block, wb) + 1) if wb % d == 0)
 
 
 def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str | None = None, calibration=None,
-                   *, fuse: bool = True):
+                   *, fuse: bool = True, act_quant: str | None = None, act_block: int = 0):
     """Quantize the Conv / constant-weight MatMul / Gemm layers of an ONNX model into qconv nodes.
 
     ``model``: ``onnx.ModelProto`` (not modified) or a path. ``scheme``: a scheme label for every layer
     (``int8-ch-sym``, ``int4-b32-asym``, ``int4-b32-asym-mse``, ``int4-b64-asym-gptq``, ... see
     :class:`~qconv.model_report.Scheme`), or ``plan``: a :class:`~qconv.model_report.Plan` (or its JSON path,
     from ``inspect --target-sqnr T --save-plan P``) giving each layer's scheme; layers it does not name, and
-    ``float`` ones, stay float. ``calibration``: feeds for ``gptq`` schemes (a feed dict, an array for the first
-    input, or a list of those; default the seeded random feed ``inspect`` uses). ``fuse``: fold a following
-    Relu / Clip(0, 6) / bias Add into the node (see the module docstring).
+    ``float`` ones, stay float. ``calibration``: feeds for calibrated schemes, ``gptq`` and ``-bc`` (a feed
+    dict, an array for the first input, or a list of those; default the seeded random feed ``inspect`` uses,
+    which suits no image model: pass real inputs, held out from those you evaluate on). ``fuse``: fold a
+    following Relu / Clip(0, 6) / bias Add into the node (see the module docstring).
 
-    Returns a new ``onnx.ModelProto``; its metadata ``qconv.summary`` (JSON) lists each layer's scheme and the
-    layers left float with the reason. Raises ValueError when the model has no layer qconv can take.
+    ``act_quant``: the activation mode the session runs the nodes with (``"tensor"``, ``"row"``, ``"block"``;
+    None: the plan's, else the session's default); ``act_block``: with ``"block"``, the input channels per
+    activation block, per layer the largest divisor of its weight block that is ``<= act_block``
+    (:func:`layer_act_block`; 0 = the weight's block). Both are recorded in ``qconv.summary`` and are what
+    :class:`~qconv.onnx.InferenceSession` uses unless told otherwise. On PP-OCRv4 det the default per-tensor
+    activations cost far more accuracy than int8 weights (``qconv/onnx/README.md``).
+
+    Returns a new ``onnx.ModelProto``; its metadata ``qconv.summary`` (JSON) lists each layer's scheme (and
+    ``act_block``) and the layers left float with the reason. Raises ValueError when the model has no layer
+    qconv can take.
     """
     import onnx
 
@@ -140,6 +163,12 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
     m = _load(model)
     if plan is not None:
         plan = plan if isinstance(plan, Plan) else Plan.load(plan)
+    if act_quant is None and plan is not None:
+        act_quant = plan.act_quant
+    V.check_choice(act_quant, "act_quant", ("tensor", "row", "block", None))
+    act_block = V.check_int(act_block, "act_block", minimum=0)
+    if act_block and act_quant != "block":
+        raise ValueError(f"act_block={act_block} needs act_quant='block' (got {act_quant!r})")
     skipped: dict = {}
     layers = model_layers(m, skipped)
     if not layers:
@@ -158,7 +187,7 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         s = Scheme.parse(scheme)
         schemes = {la.name: s for la in layers}
     calib = _layer_calibration(m, layers, _calibration_feeds(m, calibration),
-                               {n for n, s in schemes.items() if s.method == "gptq"})
+                               {n for n, s in schemes.items() if s.calibrated})
 
     graph = m.graph
     consts = _constants(m)
@@ -186,13 +215,14 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         except ValueError as exc:
             summary["float"][layer.name] = f"{sch.label}: {exc}"
             continue
-        bias, activation, out_name, fused = layer.bias, None, layer.output_name, []
+        bias = sch.corrected_bias(layer.weight, qw, layer.bias, calib.get(layer.name), **kw)
+        activation, out_name, fused = None, layer.output_name, []
         if fuse:
             nxt, idx = single_consumer(out_name)
-            if nxt is not None and layer.is_linear and bias is None:
+            if nxt is not None and layer.is_linear and layer.bias is None:
                 b = _bias_add(nxt, out_name, consts, qw.out_channels)
                 if b is not None:
-                    bias, out_name = b, nxt.output[0]
+                    bias, out_name = b if bias is None else b + bias, nxt.output[0]
                     fused.append(idx)
                     nxt, idx = single_consumer(out_name)
             act = _activation_of(nxt, consts) if nxt is not None else None
@@ -214,7 +244,9 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         replacement[layer.node_index] = node
         new_inits += inits
         summary["layers"][layer.name] = dict(scheme=sch.label, op=layer.op, activation=activation or "",
-                                             fused_bias_add=layer.is_linear and layer.bias is None and bias is not None)
+                                             fused_bias_add=bool(fused) and nodes[fused[0]].op_type == "Add")
+        if act_block:
+            summary["layers"][layer.name]["act_block"] = layer_act_block(qw, act_block)
     if not replacement:
         raise ValueError(f"no layer of the model could be quantized: {summary['float'] or summary['skipped']}")
 
@@ -248,8 +280,8 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
     meta = [p for p in m.metadata_props if p.key != SUMMARY_KEY]
     del m.metadata_props[:]
     m.metadata_props.extend(meta)
-    if plan is not None and plan.act_quant:
-        summary["act_quant"] = plan.act_quant
+    if act_quant:
+        summary["act_quant"] = act_quant
     m.metadata_props.add(key=SUMMARY_KEY, value=json.dumps(summary))
     return m
 

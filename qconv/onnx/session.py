@@ -26,8 +26,9 @@ _NP_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(
              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
 
 
-def _runtime_graph(model, key_prefix: str, layer_options: dict) -> dict:
-    """Replace every qconv node of ``model`` (in place) by its ``X -> Y`` form; returns ``{key: kernel}``."""
+def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict) -> dict:
+    """Replace every qconv node of ``model`` (in place) by its ``X -> Y`` form; returns ``{key: kernel}``.
+    ``act_blocks``: ``{node name: act_block}`` overriding ``layer_options`` per node."""
     import onnx
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -39,7 +40,8 @@ def _runtime_graph(model, key_prefix: str, layer_options: dict) -> dict:
         key = f"{key_prefix}/{qn.name}"
         if key in kernels:
             raise ValueError(f"two qconv nodes are named {qn.name!r}")
-        kernels[key] = make_kernel(qn, **layer_options)
+        kernels[key] = make_kernel(qn, **(dict(layer_options, act_block=act_blocks[qn.name])
+                                          if qn.name in act_blocks else layer_options))
         drop.update(n for n in node.input[1:] if n)
         new = onnx.helper.make_node(node.op_type, [node.input[0]], [node.output[0]], name=node.name,
                                     domain=DOMAIN, **{KEY_ATTR: key})
@@ -65,7 +67,8 @@ class InferenceSession:
     process), with onnxruntime's spinning off (``session.intra_op.allow_spinning=0``) so that its idle workers do
     not hold the cores qconv's threads need, and its memory pattern off (``enable_mem_pattern=False``: lower peak
     memory, see the constructor). ``options``: ``act_quant`` (default ``"auto"``, see the module
-    docstring; a plan's ``act_quant`` when the model was quantized with one), ``act_block``, other qconv layer
+    docstring; the ``act_quant`` the model was quantized with, if any), ``act_block`` (default: each node's
+    from ``quantize_model(act_block=...)``, else the weight's block), other qconv layer
     options (``kernel``, ...) and any ``onnxruntime.SessionOptions`` attribute (``graph_optimization_level``,
     ``log_severity_level``, ...). ``providers`` defaults to the CPU execution provider.
 
@@ -98,11 +101,14 @@ class InferenceSession:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        act_quant = options.pop("act_quant", None) or model_summary(model).get("act_quant") or "auto"
+        summary = model_summary(model)
+        act_quant = options.pop("act_quant") if "act_quant" in options else summary.get("act_quant") or "auto"
+        act_blocks = {} if "act_block" in options else {  # quantize_model(act_block=...) resolved per layer
+            name: e["act_block"] for name, e in summary.get("layers", {}).items() if "act_block" in e}
         self.device, self.threads, self.act_quant = device, threads, act_quant
         self._id = f"s{next(_IDS)}"
         kernels = _runtime_graph(model, self._id, dict(device=device, threads=threads, act_quant=act_quant,
-                                                       **options))
+                                                       **options), act_blocks)
         self.kernels = list(kernels.values())
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
