@@ -22,7 +22,8 @@ import numpy as np
 from . import _validate as V
 from . import reference
 from .geometry import ConvSpec
-from .weights import METHODS, QuantizedWeight, _mse_range, _quantize_blocks, check_quantize_args
+from .weights import (METHODS, QuantizedWeight, _mse_range, _quantize_blocks, check_quantize_args, in_param_form,
+                      scale_dtype_name)
 
 
 def _columns(xs, out_channels: int, in_per_group: int, kernel, groups: int, stride, padding, dilation):
@@ -41,16 +42,19 @@ def _columns(xs, out_channels: int, in_per_group: int, kernel, groups: int, stri
 
 def quantize_weight_calibrated(w, x, bits: int = 4, block_size: int = 0, symmetric: bool = False,
                                groups: int = 1, stride=1, padding=0, dilation=1, range_method: str = "minmax",
-                               damp: float = 0.01, max_columns: int = 8192) -> QuantizedWeight:
+                               damp: float = 0.01, max_columns: int = 8192, scale_dtype="auto") -> QuantizedWeight:
     """GPTQ quantization of float ``w (O, I/groups, kh, kw)`` (or ``(O, K)``) calibrated on input ``x``
     (float NCHW, or ``(N, K)`` for a linear weight) of the conv with the given geometry; ``x`` may be a list
     of such inputs (several calibration images, sizes may differ): their im2col columns are pooled.
 
     ``range_method``: how each block's range is chosen (``"minmax"`` or ``"mse"``). ``damp``: diagonal
     damping of ``H`` as a fraction of its mean diagonal. ``max_columns``: im2col columns used (evenly
-    subsampled beyond that).
+    subsampled beyond that). ``scale_dtype``: the stored form of the scales and offsets, as in
+    :func:`~qconv.weights.quantize_weight` (default ``"auto"``: float16 values, fixed before the codes and the
+    error feedback, unless one leaves the normal float16 range).
     """
     V.check_choice(range_method, "range_method", METHODS)
+    form = scale_dtype_name(scale_dtype)
     linear = isinstance(w, np.ndarray) and w.ndim == 2
     w, bits, block_size, groups = check_quantize_args(w, bits, block_size, symmetric, groups)
     xs = list(x) if isinstance(x, (list, tuple)) else [x]
@@ -68,7 +72,8 @@ def quantize_weight_calibrated(w, x, bits: int = 4, block_size: int = 0, symmetr
     nb = k // block_len
     og = o // groups
     wg = w.reshape(groups, og, k).astype(np.float64)
-    q, scales, offsets = _gptq_groups(wg, cols, bits, block_len, bool(symmetric), range_method, damp)
+    q, scales, offsets = in_param_form(
+        form, lambda half: _gptq_groups(wg, cols, bits, block_len, bool(symmetric), range_method, damp, half))
     return QuantizedWeight(q.astype(np.int8).reshape(w.shape), scales, offsets, bits, block_size, groups)
 
 
@@ -86,7 +91,7 @@ def _hessian_inverse_factor(cols: np.ndarray, damp: float) -> np.ndarray:
 
 
 def _gptq_groups(w: np.ndarray, cols: np.ndarray, bits: int, block_len: int, symmetric: bool, range_method: str,
-                 damp: float):
+                 damp: float, half: bool):
     """GPTQ of ``w (G, O/G, K)`` float64 on ``cols (P, G, K)``, every group at once (a depthwise layer is one
     pass over its ``K`` columns, not ``G``). Returns ``(q (O, K), scales (O, nb), offsets or None)``."""
     g, og, k = w.shape
@@ -104,14 +109,14 @@ def _gptq_groups(w: np.ndarray, cols: np.ndarray, bits: int, block_len: int, sym
         else:
             lo, hi = blk.min(axis=2), blk.max(axis=2)
         if range_method == "mse":
-            lo, hi = _mse_range(blk, lo, hi, bits, symmetric)
-        _, s, off = _quantize_blocks(blk, lo, hi, bits, symmetric)
+            lo, hi = _mse_range(blk, lo, hi, bits, symmetric, half)
+        _, s, off = _quantize_blocks(blk, lo, hi, bits, symmetric, half)
         scales[:, b] = s[:, 0]
         if not symmetric:
             offsets[:, b] = off[:, 0]
         for i in range(sl.start, sl.stop):
             col = w[:, :, i].reshape(g * og, 1, 1).astype(np.float32)
-            qi, _, _ = _quantize_blocks(col, lo, hi, bits, symmetric)
+            qi, _, _ = _quantize_blocks(col, lo, hi, bits, symmetric, half)
             q[:, :, i] = qi[:, 0, 0].reshape(g, og)
             deq = qi[:, 0, 0].astype(np.float32) * s[:, 0] + (0 if symmetric else off[:, 0])
             err = (w[:, :, i] - deq.reshape(g, og)) / u[:, i, i][:, None]

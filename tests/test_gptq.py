@@ -45,3 +45,23 @@ def test_gptq_linear_weights_and_bad_arguments():
         quantize_weight_calibrated(w, x[:, :16], 4, 16)
     with pytest.raises(ValueError, match="range_method"):
         quantize_weight_calibrated(w, x, 4, 16, range_method="kmeans")
+
+
+def test_gptq_stores_parameters_in_the_default_form():
+    """GPTQ follows quantize_weight's stored form: float16 values by default (fixed before the codes and the
+    error feedback), float32 on request or when a scale leaves the normal float16 range."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32) * np.float32(0.2)
+    x = rng.standard_normal((2, 16, 6, 6)).astype(np.float32)
+    for sym in (True, False):
+        qw = quantize_weight_calibrated(w, x, bits=4, block_size=8, symmetric=sym, padding=1)
+        assert qw.half_exact
+        params = [qw.scales] + ([] if sym else [qw.offsets])
+        for p in params:
+            assert np.array_equal(p, p.astype(np.float16).astype(np.float32))
+        assert not quantize_weight_calibrated(w, x, bits=4, block_size=8, symmetric=sym, padding=1,
+                                              scale_dtype="float32").half_exact
+    tiny = w * np.float32(1e-6)   # scales below 2^-14: the whole weight keeps float32, no error
+    assert not quantize_weight_calibrated(tiny, x, bits=8, padding=1).half_exact
+    with pytest.raises(ValueError, match="float16"):
+        quantize_weight_calibrated(tiny, x, bits=8, padding=1, scale_dtype="float16")
