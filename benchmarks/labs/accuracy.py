@@ -13,7 +13,10 @@ Accuracy only: no timing (use ``bench_models.py`` on a quiet machine for that).
 
     .venv/bin/python benchmarks/labs/accuracy.py [--size 640] [--calibration 1] [--models det,rec] [--quick]
 
-``--quick``: det at 160, rec at 48x160, three rows (a smoke test).
+``--quick``: det at 160, rec at 48x160, three rows (a smoke test). ``--sensitivity N``: instead, how much the
+int8-ch-sym SQNR moves when every output channel of every weight is scaled by ``1 + u``, ``|u| <= 2^-11`` (the
+size of float16 scale rounding), float32 scales, N seeds: a model whose SQNR moves by dB under that is
+chaotic at that level, and one stored form's figure against another's says nothing finer.
 """
 from __future__ import annotations
 
@@ -100,18 +103,55 @@ def measure(path: str, x: np.ndarray, calib: list, rows) -> list:
     return out
 
 
+def sensitivity(path: str, x: np.ndarray, seeds: int) -> None:
+    import onnxruntime as ort
+
+    import qconv.model_report as mr
+    import qconv.onnx as qo
+    from qconv.metrics import sqnr_db
+
+    name = qo.InferenceSession(path).get_inputs()[0].name
+    ref, = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {name: x})
+    quantize = mr.quantize_weight
+
+    def sqnr(quantizer) -> float:
+        mr.quantize_weight = quantizer
+        try:
+            y, = qo.InferenceSession(qo.quantize_model(path, "int8-ch-sym"), threads=1).run(None, {name: x})
+        finally:
+            mr.quantize_weight = quantize
+        return sqnr_db(y, ref)
+
+    print(f"| int8-ch-sym, default stored form | {sqnr(quantize):.2f} |")
+    print(f"| int8-ch-sym, float32 scales | {sqnr(lambda *a: quantize(*a, scale_dtype='float32')):.2f} |")
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+
+        def perturbed(w, *a):
+            w = np.asarray(w, np.float32)
+            u = rng.uniform(-2.0 ** -11, 2.0 ** -11, (w.shape[0],) + (1,) * (w.ndim - 1))
+            return quantize(w * (1 + u).astype(np.float32), *a, scale_dtype="float32")
+        print(f"| int8-ch-sym, float32 scales, channels x (1 + u), seed {seed} | {sqnr(perturbed):.2f} |", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=640, help="det input size")
     ap.add_argument("--calibration", type=int, default=1, help="held-out calibration pictures (seeds 1..N)")
     ap.add_argument("--models", default="det,rec")
     ap.add_argument("--quick", action="store_true", help="small inputs, three rows")
+    ap.add_argument("--sensitivity", type=int, default=0, metavar="N", help="the SQNR's spread under float16-sized "
+                    "weight perturbations (N seeds) instead of the table")
     args = ap.parse_args(argv)
     size = 160 if args.quick else args.size
     found = models(size, args.quick)
     for model in args.models.split(","):
         path, x = found[model]
         print(f"\n{model} ({'x'.join(map(str, x.shape[2:]))}), calibrated on {args.calibration} held-out picture(s)")
+        if args.sensitivity:
+            print("| weights | SQNR dB |\n|---|---:|")
+            sensitivity(path, x, args.sensitivity)
+            continue
         print("| scheme | activations | SQNR dB |\n|---|---|---:|")
         measure(path, x, calibration(model, range(1, args.calibration + 1), size, x.shape[3]),
                 QUICK_ROWS if args.quick else ROWS)
