@@ -279,16 +279,18 @@ class Pipeline:
             raise ValueError("out shares its buffer with x; pass a separate output array")
 
     def kernel_times_ns(self, x, layout: str = "nchw", repeats: int = 20) -> list:
-        """OpenCL only (for benchmarks): ``[(kernel, ns)]`` of every planned launch for device array ``x`` (on a
-        profiling queue), each the median of its event time (start to end) over ``repeats`` forwards queued
+        """OpenCL only (for benchmarks): ``[(kernel, ns)]`` of every planned launch for device array ``x`` (timed on
+        the engines' profiling queue, not ``x``'s), each the median of its event time (start to end) over ``repeats`` forwards queued
         back to back. Their sum is the pipeline's kernel time."""
         import statistics
 
         if not self.opencl or not _is_cl_array(x):
             raise TypeError("kernel_times_ns takes a pyopencl.array.Array input of an OpenCL pipeline")
+        from .gpu.context import profiling_queue
+
         y = self(x, layout)
-        queue = x.queue if x.queue is not None else self.queue
-        queue.finish()
+        (x.queue if x.queue is not None else self.queue).finish()
+        queue = profiling_queue(self.ctx, self.queue.device)
         plan = self._plans[(tuple(x.shape), layout)]
         runs = []
         with plan.launch.lock:

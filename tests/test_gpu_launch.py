@@ -115,6 +115,27 @@ def test_prepared_calls_equal_the_first_tuned_call(cl_device, monkeypatch):
         np.testing.assert_array_equal(o.get(), y0, err_msg=name)
 
 
+def test_calls_run_on_a_queue_without_profiling(cl_device):
+    """Calls go to ``engine.queue`` (no profiling: cheaper enqueues on NVIDIA), tuning to ``engine.tune_queue``
+    (profiling); after tuning the kept plan holds no scratch of the tuner's queue; a caller's own profiling
+    queue still works and gives the same bits."""
+    rng = np.random.default_rng(5)
+    profiling = cl.command_queue_properties.PROFILING_ENABLE
+    for name, layer, shape, kw in _layers(cl_device, tune="fast"):
+        eng = layer.engine
+        assert not eng.queue.properties & profiling, name
+        assert eng.tune_queue.properties & profiling, name
+        xh = rng.standard_normal(shape).astype(np.float32)
+        y = layer(cla.to_device(eng.queue, xh))
+        assert y.queue is eng.queue, name
+        lp = next(iter(eng._prepared.values())).launch
+        assert eng.tune_queue.int_ptr not in lp._queues, f"{name}: the tuner's scratch is kept"
+        y2 = layer(cla.to_device(eng.tune_queue, xh))
+        assert y2.queue is eng.tune_queue, name
+        np.testing.assert_array_equal(y2.get(), y.get(), err_msg=name)
+        _check_oracle(name, layer, xh, y.get(), dict(kw))
+
+
 def test_shapes_changing_between_calls(cl_device):
     rng = np.random.default_rng(1)
     for name, layer, shape, kw in _layers(cl_device):

@@ -155,14 +155,28 @@ def resolve(device="opencl"):
                     f"got {type(device).__name__}")
 
 
+def call_queue(ctx, dev):
+    """One in-order command queue **without** profiling per (context, device), shared by the engines: the queue
+    of their calls (``engine.queue``). Profiling makes every enqueue dearer (NVIDIA's OpenCL on the H200: 11.7-14.2
+    us against 6.4 us an enqueue from Python, ``benchmarks/labs/enqueue_cost.py``), so only tuning and the
+    benchmarks' event timings use :func:`profiling_queue`."""
+    return _shared_queue(ctx, dev, profiling=False)
+
+
 def profiling_queue(ctx, dev):
-    """One in-order command queue with profiling per (context, device), shared by the engines."""
+    """One in-order command queue with profiling per (context, device), shared by the engines' tuners (events
+    with start/end times)."""
+    return _shared_queue(ctx, dev, profiling=True)
+
+
+def _shared_queue(ctx, dev, profiling: bool):
     cl = import_pyopencl()
-    key = (ctx.int_ptr, dev.int_ptr)
+    key = (ctx.int_ptr, dev.int_ptr, profiling)
     with _lock:
         q = _queues.get(key)
         if q is None:
-            q = _queues[key] = cl.CommandQueue(ctx, dev, properties=cl.command_queue_properties.PROFILING_ENABLE)
+            props = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
+            q = _queues[key] = cl.CommandQueue(ctx, dev, properties=props)
         return q
 
 
@@ -172,7 +186,7 @@ def memory_pool(ctx, dev):
     from pyopencl.tools import ImmediateAllocator, MemoryPool
 
     key = ("pool", ctx.int_ptr, dev.int_ptr)
-    queue = profiling_queue(ctx, dev)
+    queue = call_queue(ctx, dev)
     with _lock:
         pool = _queues.get(key)
         if pool is None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..layouts.opencl import OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLConvWeightLayout, OpenCLScaleLayout
 from . import families, tuning
-from .context import describe_device, import_pyopencl, memory_pool, profiling_queue, resolve
+from .context import call_queue, describe_device, import_pyopencl, memory_pool, profiling_queue, resolve
 from .errors import OpenCLUnavailableError, wrap_cl_error
 from .families import (act_quant, conv_1x1, conv_gemm, conv_general, conv_mma, gemv_1x1, gemv_a8, gemv_mma)
 from .families.base import Problem, WeightBuffers, cdiv, layer_options, roundup
@@ -192,7 +192,8 @@ class OpenCLEngine:
         why = act_quant.unsupported(self) if self.act_row else None
         if why:
             raise OpenCLUnavailableError(f"act_quant='row' cannot run on {self.device.name}: {why}")
-        self.queue = profiling_queue(self.ctx, self.device)
+        self.queue = call_queue(self.ctx, self.device)          # calls (no profiling: cheaper enqueues)
+        self.tune_queue = profiling_queue(self.ctx, self.device)  # the tuner's timings
         self._pool = memory_pool(self.ctx, self.device)
         self.tune = tuning.tune_level(tune)
         self.is_gpu = bool(self.device.type & cl.device_type.GPU)
@@ -419,14 +420,14 @@ class OpenCLEngine:
             c.info["state"]["bufs"] = (xbuf, ybuf)
         try:
             if self.tune != "none" and not (self.forced_lws is not None and len(cands) == 1):
-                if queue is not None and queue is not self.queue:
+                if queue is not None and queue is not self.tune_queue:
                     queue.finish()
                 elif wait_for:
                     cl.wait_for_events(wait_for)
                 try:
-                    cand, lws, ns = tuning.select(self.device, self.queue, cands, self.tune)
+                    cand, lws, ns = tuning.select(self.device, self.tune_queue, cands, self.tune)
                 finally:
-                    self.queue.finish()
+                    self.tune_queue.finish()
             else:
                 cand, lws, ns = cands[0], cands[0].local_sizes[0], None
         finally:
@@ -472,7 +473,7 @@ class OpenCLEngine:
                 try:
                     if x is None:
                         xbuf = cl.Buffer(self.ctx, rw, 4 * plan.in_elems)
-                        cl.enqueue_fill_buffer(self.queue, xbuf, np.float32(0), 0, 4 * plan.in_elems)
+                        cl.enqueue_fill_buffer(self.tune_queue, xbuf, np.float32(0), 0, 4 * plan.in_elems)
                         wait_for = None
                     else:
                         xbuf, wait_for = x.base_data, (list(x.events) or None)

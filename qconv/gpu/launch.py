@@ -165,11 +165,14 @@ class LaunchPlan:
         return first, ev
 
     def forget_buffers(self):
-        """Drop the references to the last bound x / y buffers (so a pool can reuse them)."""
+        """Drop the references to the last bound buffers (so a pool can reuse x / y) and every queue's scratch
+        (after tuning: the tuner's queue never runs this plan again; a call's queue allocates its own)."""
         with self.lock:
-            for j, (kernel, i, v) in enumerate(self._bindings):
-                if v < 2:
-                    self._bound[j] = None
+            self._bound = [None] * len(self._bindings)
+            if self._registry is not None:
+                for key in self._queues:
+                    self._registry.pop(key, None)
+            self._queues.clear()
 
     def describe(self) -> str:
         return " + ".join(f"{s.program}:{s.kernel}" for s in self.steps) + (f" ({self.label})" if self.label else "")
