@@ -270,9 +270,10 @@ def bench_ours(case, scheme, device, args, rng, variant=None):
     # kernel without timing anything)
     opts = dict(device=device, act_quant=act_quant, tune=args.tune if variant is None else "none", variant=variant)
     if kind == "gemv" and h == w == 1:
-        layer, xu = qconv.Linear(qw, spec.bias, **opts), cla.to_device(q, x.reshape(n, c))
+        layer, xu = qconv.Linear(qw, spec.bias, **opts), x.reshape(n, c)
     else:
-        layer, xu = qconv.Conv2d(qw, spec.bias, s, p, **opts), xd
+        layer, xu = qconv.Conv2d(qw, spec.bias, s, p, **opts), x
+    xu = cla.to_device(layer.engine.queue, xu)  # the input on the engines' call queue, as a user makes it
     row.update(user_costs(layer, xu, layer.engine.queue, args.calls))
     if args.check:
         ref = qconv.reference.conv2d(x, qw, spec.bias, s, p, 1, None, act_quant=act_quant)

@@ -30,6 +30,8 @@ if [ -z "${OCL_ICD_VENDORS:-}" ] && ! grep -qs nvidia /etc/OpenCL/vendors/*.icd;
     mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
 fi
 export QCONV_CACHE_DIR="$OUT/tune-cache" PYTHONUNBUFFERED=1
+# the qconv_device fixture's pytest plugin is an entry point of the installed package; load it by name here
+python3 -c "import importlib.metadata as m; m.distribution('qconv')" 2>/dev/null || export PYTEST_PLUGINS=qconv.testing.plugin
 t0=$SECONDS
 python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "build: $((SECONDS - t0)) s"
