@@ -13,7 +13,9 @@ the Paddle export's Constant-node weights into initializers: on the file as ship
 ``mnn-int8`` / ``mnn-int4-b32`` (``mnnconvert --weightQuantBits`` [+ ``--weightQuantAsymmetric
 --weightQuantBlock 32``], run with ``memory=low``), ``qconv-int8-ch`` (int8-ch-sym), ``qconv-plan25`` (the
 plan ``inspect --target-sqnr 25`` picks on the same image from int4-b32/b64-asym-mse, int8-ch-sym and float),
-``qconv-int4-b32-mse`` (int4-b32-asym-mse). Each row runs in its own process (peak RSS is that process's):
+``qconv-int4-b32-mse`` (int4-b32-asym-mse), ``qconv-int8-gptq-bc`` (the int8 per-channel accuracy recipe:
+int8-ch-sym-gptq-bc weights calibrated on one held-out picture of ``labs/accuracy.py``, ``act_quant="block"``
+with ``act_block`` 8). Each row runs in its own process (peak RSS is that process's):
 latency median / p90 over ``--repeat`` runs after one warm-up at ``--threads``, SQNR of the output against
 ``ort-float`` on the same input, file bytes / float file bytes, qconv's weight bytes ratio, peak RSS. A last
 row measures the custom operator's own overhead per node: a chain of 16 tiny QConv nodes run by the session
@@ -41,8 +43,8 @@ from qconv._timing import peak_rss_mb  # VmHWM: ru_maxrss carries the parent's p
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = os.environ.get("QCONV_BENCH_IMAGE", os.path.join(ROOT, "..", "shared", "data", "text_640.png"))
-ROWS = ("ort-float", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-int8-ch", "qconv-plan25",
-        "qconv-int4-b32-mse")
+ROWS = ("ort-float", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-int8-ch", "qconv-int8-gptq-bc",
+        "qconv-plan25", "qconv-int4-b32-mse")
 QCONV_SCHEMES = {"qconv-int8-ch": "int8-ch-sym", "qconv-int4-b32-mse": "int4-b32-asym-mse"}
 PLAN_CANDIDATES = "int4-b32-asym-mse,int4-b64-asym-mse,int8-ch-sym,float"
 
@@ -140,6 +142,10 @@ def make_artifact(row: str, path: str, x: np.ndarray, work: str):
     out = os.path.join(work, f"{name}.{row}.onnx")
     if row == "qconv-plan25":
         q = qo.quantize_model(path, plan=_plan(path, x))
+    elif row == "qconv-int8-gptq-bc":   # the accuracy recipe: calibrated on one held-out picture (labs/accuracy)
+        from labs.accuracy import calibration
+        calib = calibration("det" if x.shape[2] == x.shape[3] else "rec", [1], x.shape[2], x.shape[3])
+        q = qo.quantize_model(path, "int8-ch-sym-gptq-bc", calibration=calib, act_quant="block", act_block=8)
     else:
         q = qo.quantize_model(path, QCONV_SCHEMES[row])
     onnx.save(q, out)
