@@ -16,8 +16,8 @@ from qconv.gptq import output_shift  # noqa: E402
 from qconv.metrics import sqnr_db  # noqa: E402
 from qconv.model_report import Scheme  # noqa: E402
 from qconv.onnx.quantize import layer_act_block  # noqa: E402
+from model_support import model_and_picture  # noqa: E402
 
-TEXT_IMAGE = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text_640.png"
 
 
 @pytest.mark.parametrize("groups,stride,padding,dilation", [(1, 1, 1, 1), (2, 2, 0, 1), (6, 1, 2, 2), (1, 2, 1, 1)])
@@ -184,15 +184,10 @@ def test_int8_per_channel_recipe_on_the_text_detector():
     whole picture, calibrated on a rendered picture of other words: 32.3 dB vs 21.9 dB (benchmarks/labs/accuracy.py)."""
     from PIL import Image
 
-    from qconv.onnx_model import load_model, rapidocr_model
+    from qconv.onnx_model import load_model
 
-    if not TEXT_IMAGE.exists():
-        pytest.skip(f"{TEXT_IMAGE} not here (shared/data beside the repository)")
-    try:
-        path = rapidocr_model()
-    except ImportError as exc:
-        pytest.skip(f"PP-OCRv4 model not installed: {exc}")
-    img = Image.open(TEXT_IMAGE).convert("RGB")
+    path, picture = model_and_picture()
+    img = Image.open(picture).convert("RGB")
 
     def half(box):
         x = np.asarray(img.crop(box).resize((320, 160), Image.BILINEAR), np.float32).transpose(2, 0, 1)[None] / 255

@@ -14,6 +14,7 @@ pytest.importorskip("onnxruntime", reason="needs onnxruntime (test extra)")
 
 from qconv.model_report import Scheme, measure_layer  # noqa: E402
 from qconv.onnx_model import capture, default_input, load_layers, rapidocr_model  # noqa: E402
+from model_support import model_and_picture  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,6 @@ def test_mixed_precision_plan_meets_target_under_60_percent_of_int8(det_model):
     assert total <= 0.6 * int8, total / int8
 
 
-TEXT_IMAGE = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared" / "data" / "text_640.png"
 
 
 def test_whole_model_quantized_runs_end_to_end_in_onnxruntime():
@@ -87,14 +87,9 @@ def test_whole_model_quantized_runs_end_to_end_in_onnxruntime():
     from qconv.onnx_model import load_input, load_model
     from qconv.testing.asserts import sqnr_db
 
-    if not TEXT_IMAGE.exists():
-        pytest.skip(f"{TEXT_IMAGE} not here (shared/data beside the repository)")
-    try:
-        path = rapidocr_model()
-    except ImportError as exc:
-        pytest.skip(f"PP-OCRv4 model not installed: {exc}")
+    path, picture = model_and_picture()
     model = load_model(path)
-    feed = load_input(model, TEXT_IMAGE, (1, 3, 160, 160), mean=0.5, std=0.5)
+    feed = load_input(model, picture, (1, 3, 160, 160), mean=0.5, std=0.5)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     y_float, = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, feed)
@@ -119,17 +114,12 @@ def test_whole_recognizer_with_matmuls_quantized():
 
     import qconv.onnx as qo
 
-    if not TEXT_IMAGE.exists():
-        pytest.skip(f"{TEXT_IMAGE} not here (shared/data beside the repository)")
-    try:
-        path = rapidocr_model("ch_PP-OCRv4_rec_infer.onnx")
-    except (ImportError, FileNotFoundError) as exc:
-        pytest.skip(f"PP-OCRv4 rec model not installed: {exc}")
+    path, picture = model_and_picture("ch_PP-OCRv4_rec_infer.onnx")
     q = qo.quantize_model(path, "int8-ch-sym")
     layers = qo.model_summary(q)["layers"].values()
     assert sum(e["op"] == "MatMul" and e["fused_bias_add"] for e in layers) == 9
     assert sum(e["op"] == "Conv" for e in layers) == 38
-    line = Image.open(TEXT_IMAGE).convert("RGB").crop((28, 12, 420, 54)).resize((320, 48), Image.BILINEAR)
+    line = Image.open(picture).convert("RGB").crop((28, 12, 420, 54)).resize((320, 48), Image.BILINEAR)
     x = ((np.asarray(line, np.float32).transpose(2, 0, 1)[None] / 255 - 0.5) / 0.5).astype(np.float32)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2

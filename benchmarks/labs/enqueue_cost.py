@@ -19,6 +19,24 @@ def opencl_library():
     return ctypes.CDLL(libs[0])
 
 
+def costs_us(fn, queues, calls: int, warmup: int = 200):
+    """(median us for ``fn()`` to return, wall us per call with one finish of ``queues`` at the end) over
+    ``calls`` back-to-back calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    for q in queues:
+        q.finish()
+    ts = []
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    for q in queues:
+        q.finish()
+    return float(np.median(ts)) * 1e6, (time.perf_counter() - t0) / calls * 1e6
+
+
 def main(argv=None):
     import pyopencl as cl
     ap = argparse.ArgumentParser()
@@ -52,18 +70,8 @@ def main(argv=None):
              ("ctypes, event (released)", with_event)]
     print(f"# {ctx.devices[0].name.strip()} ({ctx.devices[0].platform.name})")
     for name, fn in cases * 2:
-        for _ in range(200):
-            fn()
-        q.finish()
-        ts = []
-        t0 = time.perf_counter()
-        for _ in range(args.calls):
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-        q.finish()
-        wall = (time.perf_counter() - t0) / args.calls
-        print(f"{name:36s} host median {np.median(ts) * 1e6:6.2f} us   wall/call {wall * 1e6:6.2f} us", flush=True)
+        host, wall = costs_us(fn, (q, qp_), args.calls)
+        print(f"{name:36s} host median {host:6.2f} us   wall/call {wall:6.2f} us", flush=True)
     a = np.empty(64, np.float32)
     cl.enqueue_copy(q, a, buf)
     qp_.finish()
@@ -77,30 +85,15 @@ def main(argv=None):
         for i in range(nargs):
             kk.set_arg(i, bufs[i] if i % 2 == 0 else np.int32(i))
         for gs, ls in (((64,), (64,)), ((256, 64, 4), (128, 4, 1))):
-            fn = lambda: cl.enqueue_nd_range_kernel(q, kk, gs, ls)  # noqa: E731
-            for _ in range(200):
-                fn()
-            q.finish()
-            ts = []
-            for _ in range(args.calls // 2):
-                t = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t)
-            q.finish()
-            # and re-binding two buffer arguments before each enqueue
-            def rebind():
+            def rebind():   # re-binding two buffer arguments before the enqueue
                 kk.set_arg(0, bufs[0])
                 if nargs > 2:
                     kk.set_arg(2, bufs[2])
                 cl.enqueue_nd_range_kernel(q, kk, gs, ls)
-            tr = []
-            for _ in range(args.calls // 2):
-                t = time.perf_counter()
-                rebind()
-                tr.append(time.perf_counter() - t)
-            q.finish()
-            print(f"args {nargs:2d} gsize {str(gs):14s} enqueue {np.median(ts) * 1e6:6.2f} us  "
-                  f"rebind 2 + enqueue {np.median(tr) * 1e6:6.2f} us", flush=True)
+            enq, _ = costs_us(lambda: cl.enqueue_nd_range_kernel(q, kk, gs, ls), (q,), args.calls // 2)
+            reb, _ = costs_us(rebind, (q,), args.calls // 2)
+            print(f"args {nargs:2d} gsize {str(gs):14s} enqueue {enq:6.2f} us  rebind 2 + enqueue {reb:6.2f} us",
+                  flush=True)
 
 
 if __name__ == "__main__":
