@@ -533,7 +533,8 @@ def report(rows, ceil, args):
         peers = _peer_rows(rows, r)
         p = peers[0] if peers else None
         if r["case"] in convs:
-            eff = f"{100 * r['gops'] / ceil['vnni_gops']:.0f}%"
+            # the peak probe is vpdpbusd's; without VNNI it is a scalar loop, no ceiling of the AVX2 kernel
+            eff = f"{100 * r['gops'] / ceil['vnni_gops']:.0f}%" if ceil["simd"] else "n/a (no VNNI)"
             if ceil.get("amx_gops"):   # and of the AMX peak
                 eff += f" / {100 * r['gops'] / ceil['amx_gops']:.0f}% AMX"
             one = [b for b in rows if b["case"] == r["case"] and b["scheme"] == r["scheme"]
@@ -676,7 +677,8 @@ def summarize(paths):
             static += [b["ms"] / q["ms"] for b in rows if b["case"] == q["case"] and "ms" in b
                        and b["engine"] == "onnxruntime QLinearConv static"]
             if r["case"] in {c[0] for c in CONVS}:
-                eff.append(100 * q["gops"] / run["ceilings"]["vnni_gops"])
+                if run["ceilings"]["simd"]:
+                    eff.append(100 * q["gops"] / run["ceilings"]["vnni_gops"])
                 one = [b for b in rows if b["case"] == q["case"] and b["scheme"] == q["scheme"]
                        and b["engine"] == "qconv cpu 1 thread" and "ms" in b]
                 if one:
