@@ -472,29 +472,22 @@ QC_TGT_VNNI static void qc_gemm_vnni4(const qc_gemm_args *g) { QC_VNNI_BITS(4); 
 static void qc_gemm_vnni(const qc_gemm_args *g) { if (g->bits == 8) qc_gemm_vnni8(g); else qc_gemm_vnni4(g); }
 
 /* ------------------------------------------------------------------------------------------------ */
-/* AVX2 kernel. vpmaddubsw would saturate (255*127*2 > 32767), so weights and inputs are widened to    */
-/* int16 and multiplied with vpmaddwd: each int32 lane holds a partial sum of 2 of a channel's 4        */
-/* values; the two partials are added in the epilogue. 8 channels x up to 4 columns per pass.          */
+/* AVX2 kernel, 8 channels x up to 4 columns per pass. int8 weights: vpmaddubsw could saturate its     */
+/* int16 pair sums (255*127*2 > 32767), so weights and inputs are widened to int16 and multiplied with  */
+/* vpmaddwd: each int32 lane holds a partial sum of 2 of a channel's 4 values; the two partials are     */
+/* added in the epilogue. int4 weights (stored q + 8, 0..15) x int8 inputs fit: |15*128*2| < 32767, so  */
+/* vpmaddubsw(w, x) then vpmaddwd with ones give each channel's 4-value sum in its own lane, exactly.   */
 /* ------------------------------------------------------------------------------------------------ */
 #define QC_TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define QC_AVX2_NC 4
 
-/* 32 values (8 channels x 4) of tile row `row` at wk, channels [8*p, 8*p+8), widened to two int16 vectors. */
+/* 32 int8 weights (8 channels x 4) of tile row `row` at wk, channels [8*p, 8*p+8), widened to two int16 vectors. */
 QC_TGT_AVX2 static inline __attribute__((always_inline))
-void qc_avx2_wrow(const uint8_t *wk, int64_t row, int p, int bits, __m256i *lo16, __m256i *hi16)
+void qc_avx2_wrow8(const uint8_t *wk, int64_t row, int p, __m256i *lo16, __m256i *hi16)
 {
-    __m256i v;
-    if (bits == 8) {
-        v = _mm256_loadu_si256((const __m256i *)(wk + 128 * row + 32 * p));
-        *lo16 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
-        *hi16 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-    } else {
-        const __m256i b = _mm256_loadu_si256((const __m256i *)(wk + 64 * row + 32 * (p & 1)));
-        v = p < 2 ? _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15))
-                  : _mm256_and_si256(b, _mm256_set1_epi8(15));
-        *lo16 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
-        *hi16 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
-    }
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(wk + 128 * row + 32 * p));
+    *lo16 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
+    *hi16 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
 }
 
 QC_TGT_AVX2 static inline __attribute__((always_inline))
@@ -520,13 +513,28 @@ void qc_avx2_cols(const qc_gemm_args *g, const int e0, const int NC)
                     const uint8_t *ap[QC_AVX2_NC];
 #pragma GCC unroll 4
                     for (int e = 0; e < NC; ++e) ap[e] = g->aptr[(int64_t)(e0 + e) * g->ldp + t] + koff;
+                    if (g->bits == 4) {
+                        const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+                        for (int l = 0; l < bq; ++l) {
+                            const __m256i b = _mm256_loadu_si256(
+                                (const __m256i *)(wk + 64 * ((int64_t)t * bq + l) + 32 * (p & 1)));
+                            const __m256i w = p < 2 ? _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)
+                                                    : _mm256_and_si256(b, m4);
+#pragma GCC unroll 4
+                            for (int e = 0; e < NC; ++e) {
+                                const __m256i av = _mm256_set1_epi32(qc_load_i32(ap[e] + 4 * l));
+                                acc[e][0] = _mm256_add_epi32(acc[e][0],
+                                                             _mm256_madd_epi16(_mm256_maddubs_epi16(w, av), ones));
+                            }
+                        }
+                        continue;
+                    }
                     for (int l = 0; l < bq; ++l) {
                         __m256i wl, wh;
-                        qc_avx2_wrow(wk, (int64_t)t * bq + l, p, g->bits, &wl, &wh);
+                        qc_avx2_wrow8(wk, (int64_t)t * bq + l, p, &wl, &wh);
 #pragma GCC unroll 4
                         for (int e = 0; e < NC; ++e) {
-                            const __m128i a4 = _mm_set1_epi32(qc_load_i32(ap[e] + 4 * l));
-                            const __m256i av = g->bits == 8 ? _mm256_cvtepu8_epi16(a4) : _mm256_cvtepi8_epi16(a4);
+                            const __m256i av = _mm256_cvtepu8_epi16(_mm_set1_epi32(qc_load_i32(ap[e] + 4 * l)));
                             acc[e][0] = _mm256_add_epi32(acc[e][0], _mm256_madd_epi16(av, wl));
                             acc[e][1] = _mm256_add_epi32(acc[e][1], _mm256_madd_epi16(av, wh));
                         }
@@ -547,9 +555,12 @@ void qc_avx2_cols(const qc_gemm_args *g, const int e0, const int NC)
                 }
 #pragma GCC unroll 4
                 for (int e = 0; e < NC; ++e) {
-                    /* lanes (c0a c0b c1a c1b | c2a c2b c3a c3b) and (c4.. c7): pairwise add -> c0..c7 */
-                    __m256i h = _mm256_hadd_epi32(acc[e][0], acc[e][1]);   /* c0 c1 c4 c5 | c2 c3 c6 c7 */
-                    h = _mm256_permute4x64_epi64(h, 0xD8);                  /* c0 c1 c2 c3 | c4 c5 c6 c7 */
+                    /* int8: lanes (c0a c0b c1a c1b | c2a c2b c3a c3b) and (c4.. c7): pairwise add -> c0..c7 */
+                    __m256i h = acc[e][0];                                  /* int4: c0 .. c7 already */
+                    if (g->bits == 8) {
+                        h = _mm256_hadd_epi32(acc[e][0], acc[e][1]);        /* c0 c1 c4 c5 | c2 c3 c6 c7 */
+                        h = _mm256_permute4x64_epi64(h, 0xD8);              /* c0 c1 c2 c3 | c4 c5 c6 c7 */
+                    }
                     const int32_t s = cs[(int64_t)e * g->lds + k];
                     const __m256i c8 = _mm256_set1_epi32(g->bits == 4 ? 8 * s : 0);
                     const __m256i iv = _mm256_sub_epi32(_mm256_sub_epi32(h, zc), c8);
