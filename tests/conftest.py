@@ -68,3 +68,13 @@ def pytest_sessionstart(session):
         pytest.exit(f"CI requires an OpenCL device and none is visible: {why}. Install one (scripts/setup.sh "
                     f"installs pocl-opencl-icd as root), or set QCONV_REQUIRE_OPENCL=0 to let the OpenCL "
                     f"tests skip.", returncode=3)
+
+
+@pytest.fixture(scope="module")
+def threaded_paths():
+    """CPU engine tests: small layers would otherwise run on one thread (``SERIAL_MACS``,
+    ``SERIAL_QUANT_VALUES``); with this fixture every call takes the threaded paths."""
+    from qconv.cpu import serial_thresholds
+
+    with serial_thresholds(macs=0, quant_values=0):
+        yield

@@ -201,15 +201,8 @@ def _pair(spec, tile_cols, threads, amx_min=1, **kw):
     return amx, vnni
 
 
-@st.composite
-def engine_cases(draw):
-    geo = draw(qst.conv_geometries(groups=True, max_spatial=10, max_channels=40, max_out_channels=40))
-    weight = draw(qst.quantized_weights(geo))
-    x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    bias = rng.standard_normal(geo.o).astype(np.float32) if draw(st.booleans()) else None
-    act = draw(st.sampled_from([None, "relu", "relu6"]))
-    return geo, weight, x, bias, act
+def engine_cases():
+    return qst.conv_problems(max_channels=40)
 
 
 @needs_amx

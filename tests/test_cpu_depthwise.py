@@ -25,10 +25,7 @@ KERNELS = [k for k in KERNEL_NAMES if _cpu.kernel_supported(k) and k != "amx"]
 P4 = NC4HW4(4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _threaded_paths():
-    with serial_thresholds(macs=0, quant_values=0):
-        yield
+pytestmark = pytest.mark.usefixtures("threaded_paths")
 
 
 @st.composite

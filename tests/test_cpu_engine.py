@@ -22,22 +22,8 @@ KERNELS = [k for k in KERNEL_NAMES if _cpu.kernel_supported(k)]
 P4 = NC4HW4(4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _threaded_paths():
-    """Small test layers would otherwise run on one thread (``SERIAL_MACS``, ``SERIAL_QUANT_VALUES``)."""
-    with serial_thresholds(macs=0, quant_values=0):
-        yield
-
-
-@st.composite
-def conv_cases(draw, **geo_kwargs):
-    geo = draw(qst.conv_geometries(groups=True, max_spatial=10, max_channels=20, max_out_channels=40, **geo_kwargs))
-    weight = draw(qst.quantized_weights(geo))
-    x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    bias = rng.standard_normal(geo.o).astype(np.float32) if draw(st.booleans()) else None
-    act = draw(st.sampled_from([None, "relu", "relu6"]))
-    return geo, weight, x, bias, act
+pytestmark = pytest.mark.usefixtures("threaded_paths")
+conv_cases = qst.conv_problems
 
 
 def _engine(weight, bias, geo, act, aq, **kw):
