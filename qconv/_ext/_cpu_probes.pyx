@@ -10,8 +10,8 @@ from qconv._ext._cpu cimport _alloc, qc_kernel_supported, QC_KERNEL_AMX
 
 
 cdef extern from "qconv_probe.h" nogil:
-    int32_t qc_probe_vnni(int64_t n)
-    int32_t qc_probe_amx(int64_t n)
+    int32_t qc_probe_vnni(int64_t n) noexcept
+    int32_t qc_probe_amx(int64_t n) noexcept
     uint64_t qc_probe_read(const uint8_t *p, int64_t nbytes)
     int qc_probe_simd()
 
@@ -19,46 +19,41 @@ cdef extern from "qconv_probe.h" nogil:
 # ----------------------------------------------------------------------------------------------------
 # machine ceilings (for the benchmark's "% of peak" columns; not used by the engine)
 # ----------------------------------------------------------------------------------------------------
-def probe_vnni_gops(int threads=1, double seconds=0.25):
-    """Peak int8 multiply-add rate in GOP/s (2 ops per multiply-add): ``threads`` threads each issue independent
-    512-bit ``vpdpbusd`` (12 accumulators) for about ``seconds``. Without AVX-512 VNNI a scalar loop runs
-    (:func:`probe_simd` says which)."""
+ctypedef int32_t (*_probe_fn)(int64_t) noexcept nogil
+
+
+cdef double _steps_per_second(_probe_fn probe, int threads, double seconds, int64_t n):
+    """Rounds per second of ``probe(n)`` on ``threads`` threads, ``n`` grown until one timing lasts ``seconds``."""
     import time
-    cdef int64_t n = 20000, i
+    cdef int64_t i
     cdef int32_t sink = 0
     cdef double t = 0
     while True:
         t0 = time.perf_counter()
         with nogil:
             for i in prange(threads, num_threads=threads, schedule="static"):
-                sink += qc_probe_vnni(n)
+                sink += probe(n)
         t = time.perf_counter() - t0
         if t >= seconds or n > (1 << 40):
             break
         n = <int64_t> (n * min(16.0, 1.2 * seconds / max(t, 1e-6)))
-    # 12 vpdpbusd x 64 multiply-adds per step (the scalar loop counts the same number of additions)
-    return threads * n * 12 * 64 * 2 / t / 1e9 + 0 * sink
+    return threads * n / t + 0 * sink
+
+
+def probe_vnni_gops(int threads=1, double seconds=0.25):
+    """Peak int8 multiply-add rate in GOP/s (2 ops per multiply-add): ``threads`` threads each issue independent
+    512-bit ``vpdpbusd`` (12 accumulators) for about ``seconds``. Without AVX-512 VNNI a scalar loop runs
+    (:func:`probe_simd` says which)."""
+    # 12 vpdpbusd x 64 multiply-adds per round (the scalar loop counts the same number of additions)
+    return _steps_per_second(qc_probe_vnni, threads, seconds, 20000) * 12 * 64 * 2 / 1e9
 
 
 def probe_amx_gops(int threads=1, double seconds=0.25):
     """Peak AMX-INT8 multiply-add rate in GOP/s (2 ops per multiply-add): ``threads`` threads each issue rounds of
     4 independent ``tdpbusd`` (16 x 16 x 64 multiply-adds each) for about ``seconds``; None without AMX."""
-    import time
-    cdef int64_t n = 2000, i
-    cdef int32_t sink = 0
-    cdef double t = 0
     if not qc_kernel_supported(QC_KERNEL_AMX):
         return None
-    while True:
-        t0 = time.perf_counter()
-        with nogil:
-            for i in prange(threads, num_threads=threads, schedule="static"):
-                sink += qc_probe_amx(n)
-        t = time.perf_counter() - t0
-        if t >= seconds or n > (1 << 40):
-            break
-        n = <int64_t> (n * min(16.0, 1.2 * seconds / max(t, 1e-6)))
-    return threads * n * 4 * 16 * 16 * 64 * 2 / t / 1e9 + 0 * sink
+    return _steps_per_second(qc_probe_amx, threads, seconds, 2000) * 4 * 16 * 16 * 64 * 2 / 1e9
 
 
 def probe_simd():

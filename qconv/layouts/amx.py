@@ -102,14 +102,6 @@ class AmxWeightLayout(BlockedWeightCodes):
         return (self.groups, self.oc_tiles, self.n_blocks, 2, self.block_bytes // self.src_unit, self.tile_n,
                 self.src_unit)
 
-    @property
-    def packed_dtype(self):
-        return np.dtype(np.int8) if self.bits == 8 else np.dtype(np.uint8)
-
-    @property
-    def nbytes(self) -> int:
-        return self.groups * self.group_stride
-
     def byte_offset(self, o, c, kpos):
         """Byte offset in the packed array of weight ``(o, c, kpos)``: output channel ``o`` (all groups), input
         channel ``c`` of its group, tap ``kpos`` (arrays broadcast)."""

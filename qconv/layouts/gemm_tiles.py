@@ -78,6 +78,16 @@ class BlockedWeightCodes:
         """Output channels per group rounded up to UNIT."""
         return self.oc_tiles * self.unit
 
+    @property
+    def packed_dtype(self):
+        """int8 codes (8 bits) or bytes of two nibbles / of ``q + 8`` (4 bits)."""
+        return np.dtype(np.int8) if self.bits == 8 else np.dtype(np.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed weights: ``groups * group_stride`` (each spec defines its ``group_stride``)."""
+        return self.groups * self.group_stride
+
     def _check_logical(self, q: np.ndarray) -> np.ndarray:
         q = np.asarray(q)
         if q.dtype != np.int8:
@@ -208,14 +218,6 @@ class TiledWeightLayout(BlockedWeightCodes):
         tail = (self.unit, self.src_unit) if self.bits == 8 else (self.unit * self.src_unit // 2,)
         mid = (self.n_blocks, self.oc_tiles) if self.order == "block" else (self.oc_tiles, self.n_blocks)
         return (self.groups,) + mid + (self.block_l,) + tail
-
-    @property
-    def packed_dtype(self):
-        return np.dtype(np.int8) if self.bits == 8 else np.dtype(np.uint8)
-
-    @property
-    def nbytes(self) -> int:
-        return self.groups * self.group_stride
 
     @property
     def logical_shape_tail(self) -> int:
