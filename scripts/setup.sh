@@ -13,7 +13,8 @@
 # Environment: PYTHON (interpreter that makes the venv, default python3), QCONV_VENV (default .venv),
 # QCONV_FORCE_INSTALL=1 (re-run pip even when nothing changed), QCONV_SKIP_SANITIZE=1 (test without the
 # sanitizer job), QCONV_SKIP_MEMCHECK=1 (test without the Oclgrind job), QCONV_SANITIZE_TESTS (test files of the sanitizer job), QCONV_ASAN_OPTIONS /
-# QCONV_UBSAN_OPTIONS (appended), QCONV_TEST_TIMEOUT (seconds per pytest run, default 1500),
+# QCONV_UBSAN_OPTIONS (appended), QCONV_TEST_TIMEOUT (seconds per pytest run, default 1500), QCONV_TEST_WORKERS
+# (pytest-xdist workers of the main suite, default 2; 0 runs it in one process),
 # PYTEST_ADDOPTS (extra pytest options, read by pytest itself). Under CI (CI=true) a missing OpenCL ICD or
 # oclgrind is an error, and the test session fails when no OpenCL device is visible (tests/conftest.py).
 set -euo pipefail
@@ -418,7 +419,9 @@ memcheck_job() {
 
 cmd_test() {
     local t=$SECONDS
-    run_pytest suite "$ROOT" --ignore="$MEMCHECK_TESTS" "$@"
+    # two pytest-xdist workers: on a fresh machine most of the suite's time is PoCL compiling the OpenCL programs
+    # of the property tests, one program at a time per process (1067 s serial, 574 s on 2 workers, 2 cores)
+    run_pytest suite "$ROOT" -n "${QCONV_TEST_WORKERS:-2}" --ignore="$MEMCHECK_TESTS" "$@"
     log "suite: $((SECONDS - t)) s"
     if [ -f examples/downstream_test.py ]; then
         run_pytest downstream "$ROOT" examples/downstream_test.py

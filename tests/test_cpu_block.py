@@ -83,12 +83,13 @@ def test_block_columns_integer_parts_exact(kernel, case):
     bcp = lay.block_icl
     # A rows: (P, G*nf, taps, BCp); oracle columns in OIHW order: (P, G, nf, fb, taps)
     a = A.reshape(p, g, nf, taps, bcp)
-    got = (a[..., :fb].astype(np.int16) - (128 if weight.bits == 8 else 0)) if weight.bits == 8 else \
-        a[..., :fb].view(np.int8).astype(np.int16)
+    # int8 weights store xq + 128, unless in the AVX2 sign form (signed xq, as int4 weights)
+    unsigned = weight.bits == 8 and not eng.geometry.signed_input
+    got = a[..., :fb].astype(np.int16) - 128 if unsigned else a[..., :fb].view(np.int8).astype(np.int16)
     want = vq.reshape(p, g, nf, fb, taps).transpose(0, 1, 2, 4, 3)
     np.testing.assert_array_equal(got, want)
     pad = a[..., fb:]
-    assert (pad == (128 if weight.bits == 8 else 0)).all()
+    assert (pad == (128 if unsigned else 0)).all()
     _, s_ref, dx_ref = reference.block_integer_parts(x, weight, geo.stride, geo.padding, geo.dilation, ab)
     np.testing.assert_array_equal(S.reshape(p, g * nf), s_ref.transpose(0, 2, 3, 1, 4).reshape(p, g * nf))
     dxf = np.repeat(dx.reshape(p, g, -1), spec.act_block // fb, axis=2).reshape(p, g * nf)

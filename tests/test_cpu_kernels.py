@@ -187,17 +187,24 @@ _FIELDS = ("in_channels", "out_channels", "groups", "n_blocks", "block_channels"
 
 
 # --- GEMM micro-kernels -------------------------------------------------------------------------------------
-def _gemm_case(rng, ncols, nblocks, blq, bits, asym):
+def _gemm_case(rng, ncols, nblocks, blq, bits, asym, asigned=False):
+    """A random micro-kernel call and its float64 reference. ``asigned``: int8 weights without -128 reading A
+    as signed bytes (the AVX2 sign form); A and q are then drawn with extra weight on the extremes (-128 / 127
+    inputs against -127 / 127 weights: the largest vpmaddubsw pair sums, 2*128*127)."""
     lb = blq * 4   # block = taps runs of 4*bq bytes: the L order is the same flat order either way
     A = rng.integers(0, 256, (ncols, nblocks * lb)).astype(np.uint8)
-    # int8 weights read A as unsigned (xq + 128), int4 weights as signed (xq)
-    Ai = A.view(np.int8).astype(np.int64) if bits == 4 else A.astype(np.int64)
-    qlo, qhi = (-8, 7) if bits == 4 else (-128, 127)
+    if asigned:
+        A = np.where(rng.random(A.shape) < 0.3, rng.choice(np.array([0x80, 0x7F], np.uint8), A.shape), A)
+    # int8 weights read A as unsigned (xq + 128) unless asigned, int4 weights as signed (xq)
+    Ai = A.view(np.int8).astype(np.int64) if bits == 4 or asigned else A.astype(np.int64)
+    qlo, qhi = (-8, 7) if bits == 4 else (-127, 127) if asigned else (-128, 127)
     q = rng.integers(qlo, qhi + 1, (32, nblocks, lb)).astype(np.int8)
+    if asigned:
+        q = np.where(rng.random(q.shape) < 0.3, rng.choice(np.array([-127, 127], np.int8), q.shape), q)
     from qconv.layouts.gemm_tiles import TiledWeightLayout
     lay = TiledWeightLayout(32, nblocks * lb, 1, nblocks, bits)
     w = lay.pack_array(q.reshape(32, -1)).reshape(-1).view(np.uint8)
-    zpu = int(rng.integers(-128, 128)) if bits == 4 else int(rng.integers(0, 256))
+    zpu = int(rng.integers(-128, 128)) if bits == 4 or asigned else int(rng.integers(0, 256))
     if rng.integers(0, 4) == 0:
         zpu = 0
     u = Ai.reshape(ncols, nblocks, lb) - zpu
@@ -216,14 +223,21 @@ def _gemm_case(rng, ncols, nblocks, blq, bits, asym):
     return A, w, lay.block_stride, S, wsx, scale, off, dx, bias, zpu, ref
 
 
+# weight forms: int8 read unsigned (xq + 128), int8 in the sign form (signed xq), int4
+FORMS = {"i8": (8, False), "i8-sign": (8, True), "i4": (4, False)}
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
-@given(st.integers(1, 17), st.integers(1, 3), st.integers(1, 4), st.integers(1, 12), st.sampled_from([8, 4]),
+@given(st.integers(1, 17), st.integers(1, 3), st.integers(1, 4), st.integers(1, 12), st.sampled_from(list(FORMS)),
        st.booleans(), st.sampled_from([None, "relu", "relu6"]), st.integers(0, 2**31))
-def test_gemm_kernel(kernel, ncols, nblocks, taps, bq, bits, asym, act, seed):
+def test_gemm_kernel(kernel, ncols, nblocks, taps, bq, form, asym, act, seed):
     rng = np.random.default_rng(seed)
-    A, w, bstride, S, wsx, scale, off, dx, bias, zpu, ref = _gemm_case(rng, ncols, nblocks, taps * bq, bits, asym)
+    bits, asigned = FORMS[form]
+    A, w, bstride, S, wsx, scale, off, dx, bias, zpu, ref = _gemm_case(rng, ncols, nblocks, taps * bq, bits, asym,
+                                                                       asigned)
     lo, hi = {None: (-np.inf, np.inf), "relu": (0, np.inf), "relu6": (0, 6)}[act]
-    out = _cpu_testing._test_gemm(A, w, bstride, S, wsx, scale, off, dx, bias, nblocks, taps, bq, bits, zpu, lo, hi, kernel)
+    out = _cpu_testing._test_gemm(A, w, bstride, S, wsx, scale, off, dx, bias, nblocks, taps, bq, bits, zpu, lo, hi, kernel,
+                                  asigned=asigned)
     # float rounding scales with the magnitude before the clamp (relu6 can clamp values in the thousands)
     tol = 1e-5 * max(1.0, float(np.abs(ref).max()))
     ref = np.clip(ref, lo, hi)
@@ -236,28 +250,31 @@ def test_gemm_kernel(kernel, ncols, nblocks, taps, bq, bits, asym, act, seed):
             _cpu_testing._test_gemm(np.ascontiguousarray(A[:, k * lb:(k + 1) * lb]), w[k * bstride:], bstride,
                             np.ascontiguousarray(S[:, k:k + 1]), wsx[k:k + 1], scale[k:k + 1],
                             None if off is None else off[k:k + 1], dx, bias, 1, taps, bq, bits, zpu, lo, hi, kernel,
-                            first=int(k == 0), last=int(k == nblocks - 1), out=part)
+                            first=int(k == 0), last=int(k == nblocks - 1), out=part, asigned=asigned)
         assert np.array_equal(part, out)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 5), st.integers(1, 3), st.integers(1, 6),
-       st.sampled_from([8, 4]), st.booleans(), st.integers(0, 2**31))
-def test_gemm_kernel_many_tiles(kernel, ncols, ntiles, nblocks, taps, bq, bits, asym, seed):
+       st.sampled_from(list(FORMS)), st.booleans(), st.integers(0, 2**31))
+def test_gemm_kernel_many_tiles(kernel, ncols, ntiles, nblocks, taps, bq, form, asym, seed):
     """Several channel tiles per call (the one- and two-column paths pair tiles up)."""
     rng = np.random.default_rng(seed)
-    cases = [_gemm_case(np.random.default_rng(seed + t), ncols, nblocks, taps * bq, bits, asym) for t in range(ntiles)]
+    bits, asigned = FORMS[form]
+    cases = [_gemm_case(np.random.default_rng(seed + t), ncols, nblocks, taps * bq, bits, asym, asigned)
+             for t in range(ntiles)]
     A, zpu = cases[0][0], cases[0][9]
     refs = []
     for t, c in enumerate(cases):       # same A and zero point for every tile: recompute the reference
         _, w, bstride, _, wsx, scale, off, dx, bias, _, _ = c
         refs.append(_cpu_testing._test_gemm(A, w, bstride, cases[0][3], wsx, scale, off, cases[0][7], bias, nblocks, taps, bq,
-                                    bits, zpu, -np.inf, np.inf, "scalar"))
+                                    bits, zpu, -np.inf, np.inf, "scalar", asigned=asigned))
     w_all = np.concatenate([c[1] for c in cases])
     cat = lambda i: np.ascontiguousarray(np.concatenate([c[i] for c in cases], axis=-1))  # noqa: E731
     off = None if not asym else cat(6)
     out = _cpu_testing._test_gemm(A, w_all, cases[0][2], cases[0][3], cat(4), cat(5), off, cases[0][7], cat(8), nblocks, taps,
-                          bq, bits, zpu, -np.inf, np.inf, kernel, ntiles=ntiles, w_tstride=cases[0][1].size)
+                          bq, bits, zpu, -np.inf, np.inf, kernel, ntiles=ntiles, w_tstride=cases[0][1].size,
+                          asigned=asigned)
     ref = np.concatenate(refs, axis=1)
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
     del rng
@@ -278,6 +295,14 @@ def test_gemm_kernel_extremes():
         out = _cpu_testing._test_gemm(A, w, 0, S, wsx, np.ones((1, 32), np.float32), None, np.ones(ncols, np.float32),
                               np.zeros(32, np.float32), 1, 1, blq, 8, zpu, -np.inf, np.inf, kernel)
         assert (out == np.float32(-255 * 128 * blq * 4)).all(), kernel
+        # the sign form's largest pairs: xq = -128 against q = -127 (|xq| = 128 unsigned, q*sign(xq) = 127)
+        A = np.full((ncols, blq * 4), 0x80, np.uint8)
+        w = lay.pack_array(np.full((32, blq * 4), -127, np.int8)).reshape(-1).view(np.uint8)
+        S = np.full((ncols, 1), -128 * blq * 4, np.int32)
+        out = _cpu_testing._test_gemm(A, w, 0, S, np.full((1, 32), -127 * blq * 4, np.int32), np.ones((1, 32), np.float32),
+                                      None, np.ones(ncols, np.float32), np.zeros(32, np.float32), 1, 1, blq, 8, 0,
+                                      -np.inf, np.inf, kernel, asigned=True)
+        assert (out == np.float32(128 * 127 * blq * 4)).all(), kernel
 
 
 def test_gemm_bad_args():

@@ -42,6 +42,7 @@ cdef extern from "qconv_kernels.h" nogil:
         int32_t nvalid
         int32_t first, last
         int32_t zpu
+        int32_t asigned
         float lo, hi
         const uint8_t *wa
         int64_t wa_bstride, wa_tstride
@@ -68,7 +69,8 @@ cdef struct ConvJob:
     int64_t N, H, W, OH, OW, OHW, P
     int C, O, G, Og, NB, BC, BCp, K, KH, KW, sh, sw, ph, pw, dh, dw
     int GNB, OCU, OCp, bits, variant, tile_cols
-    int abias              # stored activation bytes are xq + abias: 128 (u8, int8 weights) or 0 (s8, int4)
+    int abias              # stored activation bytes are xq + abias: 128 (u8, int8 weights) or 0 (s8: int4 weights,
+                           # or int8 weights in the AVX2 sign form, ConvGeometry.signed_input)
     int64_t Ltot1          # bytes per pixel of the quantized input Q = GNB * BCp
     int64_t ldo            # floats per out-scratch row = G * OCp
     # weights and fused tables (prepared once per layer)
@@ -141,7 +143,7 @@ cdef struct QuantJob:
 cdef class ConvGeometry:
     cdef readonly int in_channels, out_channels, groups, n_blocks, block_channels, block_icl
     cdef readonly int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w
-    cdef readonly int oc_tiles, bits, tile_cols, block_mode, act_block
+    cdef readonly int oc_tiles, bits, tile_cols, block_mode, act_block, signed_input
     cdef readonly int64_t w_tile_stride, w_block_stride, w_group_stride
     cdef readonly float lo, hi
 

@@ -345,6 +345,12 @@ cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP,
     cdef bint rowok
     cdef const uint8_t **ap
     cdef int32_t *s
+    if K == 1 and sh == 1 and sw == 1 and ph == 0 and pw == 0:
+        # pointwise, stride 1, no padding: column p reads pixel p, its block sums are the pixel's
+        for e in range(ncols):
+            AP[e] = Q + (p0 + e) * Ltot1
+        memcpy(S, PS + p0 * GNB, ncols * GNB * sizeof(int32_t))
+        return
     n = p0 // j.OHW
     oy = (p0 % j.OHW) // OW
     ox = p0 % OW
@@ -498,6 +504,7 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     a.ncols = ncols
     a.bits = j.bits
     a.zpu = j.zpu
+    a.asigned = j.abias == 0
     a.lo = j.lo
     a.hi = j.hi
     a.wa = (j.wa + g * j.wa_gstride + k0 * j.wa_bstride + t0 * j.wa_tstride) if j.wa != NULL else NULL
@@ -709,7 +716,7 @@ cdef class ConvGeometry:
                  int block_icl, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w,
                  int dilation_h, int dilation_w, int oc_tiles, int bits, int tile_cols, int64_t w_tile_stride,
                  int64_t w_block_stride, int64_t w_group_stride, float lo, float hi, int block_mode=0,
-                 int act_block=0):
+                 int act_block=0, int signed_input=0):
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups),
                         ("n_blocks", n_blocks), ("block_channels", block_channels), ("kernel_h", kernel_h),
                         ("kernel_w", kernel_w), ("stride_h", stride_h), ("stride_w", stride_w),
@@ -719,6 +726,8 @@ cdef class ConvGeometry:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         if bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {bits}")
+        if signed_input not in (0, 1) or (signed_input and bits != 8):
+            raise ValueError("signed_input must be 0 or 1, and 1 only with int8 weights")
         if pad_h < 0 or pad_w < 0 or act_block < 0 or w_tile_stride < 0 or w_block_stride < 0 or w_group_stride < 0:
             raise ValueError("paddings, act_block and strides must be >= 0")
         if in_channels % groups or out_channels % groups or (in_channels // groups) != n_blocks * block_channels:
@@ -738,6 +747,7 @@ cdef class ConvGeometry:
         self.w_tile_stride, self.w_block_stride, self.w_group_stride = w_tile_stride, w_block_stride, w_group_stride
         self.lo, self.hi = lo, hi
         self.block_mode, self.act_block = block_mode, act_block
+        self.signed_input = signed_input
 
     @property
     def taps(self):
@@ -764,7 +774,7 @@ cdef class ConvGeometry:
         names = ("in_channels", "out_channels", "groups", "n_blocks", "block_channels", "block_icl", "kernel_h",
                  "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "oc_tiles", "bits",
                  "tile_cols", "w_tile_stride", "w_block_stride", "w_group_stride", "lo", "hi", "block_mode",
-                 "act_block")
+                 "act_block", "signed_input")
         return "ConvGeometry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
 
 
@@ -782,7 +792,7 @@ cdef void _geometry_into(ConvGeometry geo, ConvJob *j):
     j.OCp = geo.oc_tiles * QC_UNIT
     j.bits = geo.bits
     j.tile_cols = geo.tile_cols
-    j.abias = 128 if j.bits == 8 else 0
+    j.abias = 128 if j.bits == 8 and not geo.signed_input else 0
     j.Ltot1 = <int64_t> j.GNB * j.BCp
     j.ldo = <int64_t> j.G * j.OCp
     j.w_tstride, j.w_bstride, j.w_gstride = geo.w_tile_stride, geo.w_block_stride, geo.w_group_stride

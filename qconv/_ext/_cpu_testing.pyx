@@ -90,7 +90,7 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
                const int32_t[:, ::1] wsx, const float[:, ::1] scale, offset, const float[::1] dx,
                const float[::1] bias, int nblocks, int taps, int bq, int bits, int zpu, float lo, float hi, str kernel,
                int first=1, int last=1, out=None, int ntiles=1, int64_t w_tstride=0, bint half=False,
-               wa=None, int64_t wa_bstride=0, int64_t wa_tstride=0, int kp=0, int amx_min=1):
+               wa=None, int64_t wa_bstride=0, int64_t wa_tstride=0, int kp=0, int amx_min=1, bint asigned=False):
     """One micro-kernel call on a materialised A: ``A`` uint8 ``(ncols, nblocks*taps*bq*4)`` (block-major, each
     block ``taps`` runs of ``4*bq`` bytes, read through an indirection table like the engine's), ``w`` the
     tiles of ``ntiles`` 32-channel tiles (tile ``t``, block ``k`` at ``t*w_tstride + k*w_bstride``), ``S`` int32
@@ -98,7 +98,8 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
     ``(32*ntiles,)``. ``half``: pass ``scale``/``offset`` to the kernel as float16 tables (they must be float16
     values). ``wa``: the same weights as AMX tiles (uint8, :class:`~qconv.layouts.amx.AmxWeightLayout`, block ``k``
     of tile ``t`` at ``t*wa_tstride + k*wa_bstride``, ``kp`` bytes per padded block), read by the ``amx`` kernel
-    when ``ncols >= amx_min``. Returns (or accumulates into ``out``) float32 ``(ncols, 32*ntiles)``."""
+    when ``ncols >= amx_min``. ``asigned``: int8 weights read ``A`` as signed bytes ``xq`` (the AVX2 sign form; the
+    other kernels then run the scalar one). Returns (or accumulates into ``out``) float32 ``(ncols, 32*ntiles)``."""
     cdef qc_gemm_args a
     cdef int ncols = A.shape[0]
     cdef const float[:, ::1] off
@@ -167,6 +168,7 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
     a.out = &o[0, 0]
     a.ldo = width
     a.nblocks, a.taps, a.bq, a.ncols, a.bits, a.zpu = nblocks, taps, bq, ncols, bits, zpu
+    a.asigned = asigned
     a.lo, a.hi = lo, hi
     cdef const uint8_t[::1] wav
     a.wa = NULL

@@ -351,10 +351,15 @@ class CpuEngine:
             stride_w=sw, pad_h=ph, pad_w=pw, dilation_h=dh, dilation_w=dw, oc_tiles=lay.oc_tiles, bits=w.bits,
             tile_cols=self.tile_cols, w_tile_stride=lay.oc_tile_stride, w_block_stride=lay.block_stride,
             w_group_stride=lay.group_stride, lo=lo, hi=hi, block_mode=int(self._block_mode),
-            act_block=spec.act_block if self._block_mode else 0)
+            act_block=spec.act_block if self._block_mode else 0, signed_input=int(self._sign_form(w)))
         self.geometry = geo
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
                                    self._chpos, geo, _cpu.KERNELS[self.kernel])
+
+    def _sign_form(self, w) -> bool:
+        """True when the AVX2 kernel multiplies these int8 weights in its exact ``vpmaddubsw`` sign form (signed
+        input bytes; needs no -128 among the weights, e.g. every symmetric int8 scheme), else it widens to int16."""
+        return self.kernel == "avx2" and w.bits == 8 and int(w.q.min()) > -128
 
     def _depthwise_plan(self):
         """The depthwise path (:class:`qconv._ext._depthwise.DepthwisePlan`: groups == in_channels) or None.
