@@ -2,12 +2,12 @@
 # Build qconv in place, run the OpenCL tests on the GPU and/or the GPU benchmark, on a machine with an NVIDIA
 # GPU (the H200 results in docs/benchmarks_gpu.md came from it). From the repository root:
 #
-#   [RUNS=2] [TAG=run] [TESTS="tests/..."] bash benchmarks/gpu_machine.sh [tests|bench|all|lab] [args...]
+#   [RUNS=2] [TAG=run] [TESTS="tests/..."] [LAB=variants] bash benchmarks/gpu_machine.sh [tests|bench|all|lab] [args...]
 #
 #   tests  the OpenCL tests (tests/test_gpu_*.py tests/test_opencl_layouts.py, or $TESTS) on the first device
 #   bench  benchmarks/bench_gpu.py --baselines [args] ($RUNS times, one tuning cache: run 2 shows it at work)
 #   all    tests, then bench
-#   lab    python -m benchmarks.labs.variants [args]
+#   lab    python -m benchmarks.labs.$LAB --device DEV [args] (LAB: variants by default, or host_cost)
 #
 # Needs a C compiler, NVIDIA's OpenCL driver (libnvidia-opencl.so.1) and python3 with numpy, pyopencl, pytest,
 # hypothesis, platformdirs, tqdm, Cython and setuptools (torch with CUDA for the --baselines columns).
@@ -44,7 +44,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
         ${TESTS:-tests/test_gpu_*.py tests/test_opencl_layouts.py} 2>&1 | tail -15
 fi
 if [ "$what" = lab ]; then
-    timeout 500 python3 -m benchmarks.labs.variants --device "$dev" "$@" 2>&1 | tee "$OUT/lab.txt"
+    timeout 500 python3 -m "benchmarks.labs.${LAB:-variants}" --device "$dev" "$@" 2>&1 | tee "$OUT/lab.txt"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     for i in $(seq 1 "${RUNS:-1}"); do

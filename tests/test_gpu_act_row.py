@@ -139,9 +139,14 @@ def test_row_quantization_is_bit_exact(cl_device):
     assert_matches_reference(y2, ties2, eye, act_quant="row", rtol=RTOL_FLOAT)
 
 
+@pytest.mark.parametrize("one_group", [True, False])
 @pytest.mark.parametrize("layout", ["nchw", "nc4hw4"])
-def test_other_shapes_run_on_quantized_rows(cl_device, layout):
-    """Convs and batched 1x1 layers: per-sample quantization (NC4HW4 padding lanes left out, even NaN)."""
+def test_other_shapes_run_on_quantized_rows(cl_device, layout, one_group, monkeypatch):
+    """Convs and batched 1x1 layers: per-sample quantization (NC4HW4 padding lanes left out, even NaN), in one
+    launch per sample's work-group (small samples) or after row_amax's partial maxima (large ones)."""
+    from qconv.gpu.families import act_quant
+
+    monkeypatch.setattr(act_quant, "ONE_GROUP_MAX", act_quant.ONE_GROUP_MAX if one_group else 0)
     rng = np.random.default_rng(12)
     x = rng.standard_normal((3, 5, 7, 6)).astype(np.float32)
     x[1] *= 40  # samples with different ranges: one scale each
@@ -153,7 +158,7 @@ def test_other_shapes_run_on_quantized_rows(cl_device, layout):
             xp = P4.pack_array(x)
             xp[-1, ..., 1:] = np.nan
             y = P4.unpack_array(eng.forward(xp, "nc4hw4"), w.out_channels)
-        assert "quant_rows" in eng.describe()
+        assert "quant_rows" in eng.describe() and ("row_amax" in eng.describe()) != one_group, eng.describe()
         assert_matches_reference(y, x, w, None, 1, pad, 1, "relu", act_quant="row", rtol=RTOL_FLOAT)
         x2 = -x[:, :, ::-1].copy()  # a second call reuses the plan's scratch buffer
         y2 = eng.forward(x2) if layout == "nchw" else P4.unpack_array(eng.forward(P4.pack_array(x2), "nc4hw4"),

@@ -126,7 +126,9 @@ cases = [(13, 7, 3, 2, 1, 2, 8, 0, False, 1, 2, 9, 8, aq, {"variant": v})
     (20, 96, 1, 1, 0, 1, 8, 0, True, 1, 1, 1, 1, None, {"variant": "gemv_mma", "local_size": (32, 2, 1), **B}),
 ]
 programs = set()
-for (o, i, k, s, p, d, bits, block, sym, groups, n, h, w, aq, opts) in cases:
+
+
+def run(o, i, k, s, p, d, bits, block, sym, groups, n, h, w, aq, opts):
     qw = qconv.quantize_weight(rng.standard_normal((o, i // groups, k, k)).astype(np.float32), bits=bits,
                                block_size=block, symmetric=sym, groups=groups)
     b = rng.standard_normal(o).astype(np.float32)
@@ -139,6 +141,15 @@ for (o, i, k, s, p, d, bits, block, sym, groups, n, h, w, aq, opts) in cases:
         plan = next(iter(eng.plans.values()))
         programs.add(f"{plan.cand.program}:{aq or 'float'}")
         assert np.abs(y - ref).max() <= 1e-3 * (np.abs(ref).max() + 1), (plan.cand.program, np.abs(y - ref).max())
+
+
+for case in cases:
+    run(*case)
+# samples past act_quant.ONE_GROUP_MAX take row_amax's partial maxima first (forced here on small ones)
+from qconv.gpu.families import act_quant
+act_quant.ONE_GROUP_MAX = 0
+for case in (cases[1], cases[-4]):   # conv_general and conv_mma with act_quant="row"
+    run(*case)
 # past the int32 bound: gemv_a8's folded lane sums (A8_WIDE), 4 output channels (conv_mma's fold past 4096 steps
 # takes minutes here: tests/test_gpu_bounds.py runs it on PoCL)
 for ic, k, v, o in ((140_000, 1, "gemv_a8_c1", 4),):

@@ -26,6 +26,25 @@ def _mma_engine(weight, bias=None, stride=1, padding=0, dilation=1, activation=N
     return gpu.OpenCLEngine(spec, device=device, **opts)
 
 
+@pytest.mark.parametrize("layout", ["nchw", "nc4hw4"])
+def test_conv_mma_quantizes_in_one_or_two_launches(cl_device, layout, monkeypatch):
+    """Samples quantized by one work-group each (one launch) or after row_amax (two): the same bits."""
+    from qconv.gpu.families import act_quant
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 37, 6, 5)).astype(np.float32)
+    x[1] *= 50
+    weight = _weight(rng, 20, 37, 3, 8, 0, True)
+    ys = []
+    for limit in (act_quant.ONE_GROUP_MAX, 0):
+        monkeypatch.setattr(act_quant, "ONE_GROUP_MAX", limit)
+        eng = _mma_engine(weight, None, 1, 1, 1, None, cl_device, variant="mma_64x32")
+        ys.append(_forward(eng, x, layout))
+        assert ("row_amax" in eng.describe()) == (limit == 0), eng.describe()
+    assert np.array_equal(ys[0], ys[1])
+    assert_matches_reference(ys[0], x, weight, None, 1, 1, 1, None, act_quant="row")
+
+
 @settings(_PROP, max_examples=14)
 @given(data=st.data())
 def test_conv_mma_matches_reference(cl_device, data):
@@ -87,7 +106,7 @@ def test_quant_rows_i8_is_the_oracles_quantization(cl_device):
         eng = _mma_engine(weight, device=cl_device, variant="mma_32x64")
         _forward(eng, x, layout)
         state = eng.plans[(layout, 3, 2, 3)].cand.info["state"]
-        xq_buf, dx_buf, _ = state["scratch"][eng.queue.int_ptr]
+        xq_buf, dx_buf = state["scratch"][eng.queue.int_ptr][:2]  # (+ row_amax's partials for large samples)
         words = np.empty(2 * 3 * 2 * 3 * 8, np.uint32)
         dx = np.empty(3, np.float32)
         cl.enqueue_copy(eng.queue, words, xq_buf)

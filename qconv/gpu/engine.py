@@ -648,9 +648,8 @@ class OpenCLEngine:
         acts = "int8 activations per row" if self.act_row else "float activations"
         lay = f"{self.path} int{w.bits} {store}, scales {self.scale_layout.dtype}, {acts}"
         plan = self._last_plan.describe() if self._last_plan is not None else "kernel tuned at the first call"
-        if self.act_row and self._last_plan is not None:
-            first = {"gemv_a8": "", "conv_mma": "act_quant:row_amax+quant_rows_i8 + "}
-            plan = first.get(self._last_plan.cand.program, "act_quant:quant_rows + ") + plan
+        if self._last_plan is not None and self._last_plan.launch is not None:  # the launches before the kernel
+            plan = "".join(f"{st.program}:{st.kernel} + " for st in self._last_plan.launch.steps[:-1]) + plan
         try:
             dev = describe_device(self.device)
         except Exception:  # pragma: no cover - descriptive only

@@ -1,7 +1,7 @@
-"""Activation quantization (``kernels/act_quant.cl``) for ``act_quant="row"``: ``row_amax`` (partial maxima of
-``|x|`` per sample) and ``quant_rows`` (x quantized to int8 per sample exactly as the oracle does, then
-dequantized into a scratch buffer for the float kernels) or ``quant_rows_i8`` (int8 words for
-:mod:`.conv_mma`). Not a kernel family of its own candidates: :func:`wrap` puts its launches in front of the
+"""Activation quantization (``kernels/act_quant.cl``) for ``act_quant="row"``: ``quant_rows`` (x quantized to
+int8 per sample exactly as the oracle does, then dequantized into a scratch buffer for the float kernels) or
+``quant_rows_i8`` (int8 words for :mod:`.conv_mma`), after ``row_amax`` (partial maxima of ``|x|`` per sample)
+for samples of more than :data:`ONE_GROUP_MAX` elements, in one launch otherwise. Not a kernel family of its own candidates: :func:`wrap` puts its launches in front of the
 float families' candidates (``gemv_a8`` and ``conv_mma`` quantize x themselves)."""
 from __future__ import annotations
 
@@ -25,22 +25,34 @@ def unsupported(layer, problem=None, variant=None):
     return None
 
 
-def row_amax(layer, problem):
-    """The first launch of act_quant="row": ``(opts, args, G, L, step)`` where ``step(part)`` is the
-    :class:`~qconv.gpu.launch.Step` of row_amax (G partial maxima per sample into Scratch ``part``, 4*N*G bytes;
-    local size L); ``args``: (E elements per sample, N, C, HW) as the quantizing kernels take them too."""
+# samples of at most this many elements are quantized in one launch by one work-group each (ONE_GROUP): on the
+# H200 a launch costs ~16 us of host time, more than one group's two passes over 256 KiB
+ONE_GROUP_MAX = 1 << 16
+
+
+def row_quant(layer, problem, kernel: str, outs: tuple, work: int):
+    """The launches of act_quant="row" in front of a kernel: ``(steps, scratch)``, ``steps`` the
+    :class:`~qconv.gpu.launch.Step` list of ``kernel`` (``quant_rows`` or ``quant_rows_i8``) with its output
+    arguments ``outs`` (Scratch / buffers), preceded by ``row_amax`` (G partial maxima per sample into a
+    Scratch, then part of ``scratch``) unless the sample has at most :data:`ONE_GROUP_MAX` elements (one
+    work-group per sample then takes the max itself, one launch). ``work``: 32-bit items of ``kernel`` per sample
+    (its groups per sample: ceil(work / (4 L)), at most 4096)."""
     cl = import_pyopencl()
     c, n, hw = layer.spec.in_channels, problem.n, problem.h * problem.w
     per_sample = (c if problem.layout == "nchw" else cdiv(c, 4) * 4) * hw
     ql = min(256, pow2floor(int(layer.device.max_work_group_size)))
-    g_amax = max(1, min(64, cdiv(per_sample, 8 * ql)))
     opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if problem.layout == "nchw" else ())
     args = (np.int32(per_sample), np.int32(n), np.int32(c), np.int32(hw))
-
-    def step(part):
-        return Step(program, opts, "row_amax", (X, part, cl.LocalMemory(4 * ql), *args), (g_amax * ql, n), (ql, 1))
-
-    return opts, args, g_amax, ql, step
+    red = cl.LocalMemory(4 * ql)
+    if per_sample <= ONE_GROUP_MAX:
+        return [Step(program, opts + ("-DONE_GROUP",), kernel, (X, X, np.int32(0), red, *outs, *args), (ql, n),
+                     (ql, 1))], ()
+    g_amax = max(1, min(64, cdiv(per_sample, 8 * ql)))
+    g_quant = max(1, min(4096, cdiv(work, 4 * ql)))
+    part = Scratch(4 * n * g_amax, "partial amax")
+    return [Step(program, opts, "row_amax", (X, part, red, *args), (g_amax * ql, n), (ql, 1)),
+            Step(program, opts, kernel, (X, part, np.int32(g_amax), red, *outs, *args), (g_quant * ql, n),
+                 (ql, 1))], (part,)
 
 
 def wrap(layer, problem, cands) -> list:
@@ -50,22 +62,19 @@ def wrap(layer, problem, cands) -> list:
     times all three launches. Float activations, or candidates that quantize x themselves: as they are."""
     if not layer.act_row:
         return cands
-    opts, qargs, g_amax, ql, amax_step = row_amax(layer, problem)
-    n = problem.n
-    in_elems = n * int(qargs[0])
-    g_quant = max(1, min(4096, cdiv(int(qargs[0]), 4 * ql)))
+    c, hw = layer.spec.in_channels, problem.h * problem.w
+    per_sample = (c if problem.layout == "nchw" else cdiv(c, 4) * 4) * hw
 
     def wrapped(cand):
         inner = cand.info["steps"]
-        xd, part = Scratch(4 * in_elems, "quantized x"), Scratch(4 * n * g_amax, "partial amax")
+        xd = Scratch(4 * problem.n * per_sample, "quantized x")
+        quant, scratch = row_quant(layer, problem, "quant_rows", (xd,), per_sample)
 
         def steps(lws):
-            return [amax_step(part),
-                    Step(program, opts, "quant_rows", (X, part, np.int32(g_amax), xd, *qargs),
-                         (g_quant * ql, n), (ql, 1))] + remap(inner(lws), {X: xd})
+            return quant + remap(inner(lws), {X: xd})
 
         return planned_candidate(layer.ctx, cand.variant, cand.program,
-                                 cand.options + ("act_quant=row: row_amax + quant_rows first",),  # own cache key
-                                 cand.signature, cand.local_sizes, steps, scratch=(xd, part))
+                                 cand.options + ("act_quant=row: quant_rows first",),  # own cache key
+                                 cand.signature, cand.local_sizes, steps, scratch=(xd,) + scratch)
 
     return [cand if cand.program in QUANTIZING else wrapped(cand) for cand in cands]

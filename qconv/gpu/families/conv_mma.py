@@ -1,14 +1,12 @@
 """``conv_mma`` (``kernels/conv_mma.cl``): with ``act_quant="row"``, ungrouped convs and batched linear layers as
 an implicit GEMM on int8 tensor cores (``mma_<TM>x<TN>``; PTX ``mma.sync`` on NVIDIA sm_80+, the tuner's first
-choice there; elsewhere only when forced, as an emulation), after ``row_amax`` + ``quant_rows_i8``
-(:mod:`.act_quant`); weights in :class:`~qconv.layouts.opencl.OpenCLMMAWeightLayout`. Its "local sizes" are
+choice there; elsewhere only when forced, as an emulation), after ``quant_rows_i8`` (:mod:`.act_quant`; with
+``row_amax`` first for large samples); weights in :class:`~qconv.layouts.opencl.OpenCLMMAWeightLayout`. Its "local sizes" are
 ``(NTH, KSUB)``: KSUB layout steps per stage is a build option the tuner picks."""
 from __future__ import annotations
 
-import numpy as np
-
 from ...layouts.opencl import OpenCLMMAWeightLayout
-from ..launch import X, Y, Scratch, Step, planned_candidate
+from ..launch import Y, Scratch, Step, planned_candidate
 from . import act_quant
 from .base import cdiv, geometry, scalars
 
@@ -73,7 +71,7 @@ def ksubs(layer, name) -> list:
 
 
 def _candidate(layer, problem, name):
-    """row_amax and quant_rows_i8 (act_quant.cl), then conv_mma (NDRange (ceil(P/TN) * NTH, ceil(O/TM)), local
+    """quant_rows_i8 (act_quant.cl, after row_amax for large samples), then conv_mma (NDRange (ceil(P/TN) * NTH, ceil(O/TM)), local
     (NTH, 1))."""
     s, wt = layer.spec, layer.spec.weight
     n, h, w, oh, ow = problem[1:]
@@ -94,24 +92,19 @@ def _candidate(layer, problem, name):
     opts += [f"-DG_{k}={v}" for k, v in geometry(s)]
     opts += [f"-DWM={wm}", f"-DWN={wn}", f"-DMT={mt}", f"-DNT={nt}"]
     opts = tuple(opts)
-    qopts, qargs, g_amax, ql, amax_step = act_quant.row_amax(layer, problem)
     xq_bytes = cdiv(s.in_channels, 32) * 32 * n * h * w
-    g_quant = max(1, min(4096, cdiv(xq_bytes // (4 * n), 4 * ql)))  # quantizing groups per sample
+    xq, dx = Scratch(xq_bytes, "xq words"), Scratch(4 * n, "dx")
+    quant, qscratch = act_quant.row_quant(layer, problem, "quant_rows_i8", (xq, dx), xq_bytes // (4 * n))
     gsize = (cdiv(n * oh * ow, tn) * nth, cdiv(wt.out_channels, tm))
     scal, b = scalars(n, h, w, oh, ow), layer.buffers
     sizes = [(nth, k) for k in ksubs(layer, name)]
     if layer.tune != "full":
         sizes = sizes[:2]
-    # scratch per queue (launches on one queue run in order), in this order in info["state"]["scratch"]
-    xq, dx, part = Scratch(xq_bytes, "xq words"), Scratch(4 * n, "dx"), Scratch(4 * n * g_amax, "partial amax")
-
     def steps(lws):
         ksub = (lws or sizes[0])[1]
-        return [amax_step(part),
-                Step(act_quant.program, qopts, "quant_rows_i8", (X, part, np.int32(g_amax), xq, dx, *qargs),
-                     (g_quant * ql, n), (ql, 1)),
-                Step(program, opts + (f"-DKSUB={ksub}",), program,
-                     (xq, dx, wbuf, b.scales, b.offsets, b.bias, Y, *scal), gsize, (nth, 1))]
+        return quant + [Step(program, opts + (f"-DKSUB={ksub}",), program,
+                             (xq, dx, wbuf, b.scales, b.offsets, b.bias, Y, *scal), gsize, (nth, 1))]
 
+    # scratch per queue (launches on one queue run in order), in this order in info["state"]["scratch"]
     return planned_candidate(layer.ctx, name, program, opts, gsize + (n, h, w, oh, ow), sizes, steps,
-                             scratch=(xq, dx, part))
+                             scratch=(xq, dx) + qscratch)

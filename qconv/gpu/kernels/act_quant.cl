@@ -1,10 +1,12 @@
 /* Dynamic activation quantization on the device (act_quant="row"; quant_row / row_params in common.cl).
  *
- * Build options: IN_NCHW (else NC4HW4).
+ * Build options: IN_NCHW (else NC4HW4); ONE_GROUP: quant_rows / quant_rows_i8 run one work-group per sample
+ * (NDRange (L, N)), which takes the sample's max |x| itself (one launch, no row_amax; part and G unused);
+ * without it they read the G partial maxima row_amax wrote (two launches, many work-groups per sample).
  */
 
 /* quant_rows: NDRange (G2 * L, N), local (L, 1): x -> dequantize(quantize_row(x)) per sample (the float kernels
- * then read it), amax the max of row_amax's G partials (below). NCHW: the sample is E = C*H*W contiguous
+ * then read it), amax the max of row_amax's G partials (below) or, with ONE_GROUP (G2 = 1), the group's own. NCHW: the sample is E = C*H*W contiguous
  * floats at n*E. NC4HW4 ([C4][N][HW][4], HW = E4 / (4 * C4)): lane c of block c4 is at
  * ((c4*N + n)*HW + p)*4 + lane; padding lanes (channel >= C) are left out of the max and written as 0. */
 #ifdef IN_NCHW
@@ -16,48 +18,63 @@
 #define QR_VALID(i) (((i) / (HW * 4)) * 4 + (i) % 4 < C)
 #endif
 
-inline float2 row_params_of(__global const float *part, int n, int G) {
+/* max |x| over sample n's slots first, first + step, ... (padding lanes left out) */
+inline float slots_amax(__global const float *x, int n, int first, int step, const int E, const int nsamples,
+                        const int C, const int HW) {
+    float m = 0.0f;
+    for (int i = first; i < E; i += step)
+        if (QR_VALID(i))
+            m = fmax(m, fabs(x[QR_INDEX(i)]));
+    return m;
+}
+
+/* (1/scale, scale) of sample n: from row_amax's G partials, or (ONE_GROUP) from the work-group's own pass */
+inline float2 sample_params(__global const float *x, __global const float *part, const int G, __local float *red,
+                            int n, const int E, const int nsamples, const int C, const int HW) {
+#ifdef ONE_GROUP
+    const int lid = get_local_id(0), nloc = get_local_size(0);
+    return row_params(work_group_amax(red, slots_amax(x, n, lid, nloc, E, nsamples, C, HW), lid, nloc));
+#else
     float m = 0.0f;
     for (int g = 0; g < G; g++)
         m = fmax(m, part[n * G + g]);
     return row_params(m);
+#endif
 }
 
-__kernel void quant_rows(__global const float *x, __global const float *part, const int G, __global float *xd,
-                         const int E, const int nsamples, const int C, const int HW) {
+__kernel void quant_rows(__global const float *x, __global const float *part, const int G, __local float *red,
+                         __global float *xd, const int E, const int nsamples, const int C, const int HW) {
     const int n = get_group_id(1), G2 = get_num_groups(0);
-    const float2 qd = row_params_of(part, n, G);
+    const float2 qd = sample_params(x, part, G, red, n, E, nsamples, C, HW);
     for (int i = get_group_id(0) * get_local_size(0) + get_local_id(0); i < E; i += G2 * get_local_size(0))
         xd[QR_INDEX(i)] = QR_VALID(i) ? (float)quant_row(x[QR_INDEX(i)], qd.x) * qd.y : 0.0f;
 }
 
-/* act_quant="row" in two launches over many work-groups (one per sample would leave most of a GPU idle):
- * row_amax, then quant_rows (float kernels) or quant_rows_i8 (conv_mma).
+/* act_quant="row" of large samples in two launches over many work-groups (one per sample would leave most of a
+ * GPU idle): row_amax, then quant_rows (float kernels) or quant_rows_i8 (conv_mma); small samples in one
+ * ONE_GROUP launch (a launch costs more host time than one group's two passes over them).
  * row_amax: NDRange (G * L, N), local (L, 1): work-group (g, n) writes the max |x| over its share of sample
  * n's E slots to part[n * G + g]. */
 __kernel void row_amax(__global const float *x, __global float *part, __local float *red, const int E,
                        const int nsamples, const int C, const int HW) {
     const int n = get_group_id(1), G = get_num_groups(0);
     const int lid = get_local_id(0), nloc = get_local_size(0);
-    float m = 0.0f;
-    for (int i = get_group_id(0) * nloc + lid; i < E; i += G * nloc)
-        if (QR_VALID(i))
-            m = fmax(m, fabs(x[QR_INDEX(i)]));
-    m = work_group_amax(red, m, lid, nloc);
+    const float m = work_group_amax(red, slots_amax(x, n, get_group_id(0) * nloc + lid, G * nloc, E, nsamples, C, HW),
+                                    lid, nloc);
     if (lid == 0)
         part[n * G + get_group_id(0)] = m;
 }
 
 /* quant_rows_i8: NDRange (G2 * L, N), local (L, 1): x -> its int8 quantization per sample (amax: the max of
- * row_amax's G partials) in NC4HW4 with a pack of 32 (qconv.layouts.NC4HW4(32) over int8: [CH32][N][HW][32]
+ * row_amax's G partials, or with ONE_GROUP (G2 = 1) the group's own) in NC4HW4 with a pack of 32 (qconv.layouts.NC4HW4(32) over int8: [CH32][N][HW][32]
  * bytes, channels >= C are 0; as 32-bit words [CH32][N][HW][8], word j holding channels 4j .. 4j+3 of the
  * chunk, byte e = channel 4j + e) and dx[n] = amax/127 (1 when amax is 0). */
-__kernel void quant_rows_i8(__global const float *x, __global const float *part, const int G,
+__kernel void quant_rows_i8(__global const float *x, __global const float *part, const int G, __local float *red,
                             __global uint *xq, __global float *dx, const int E, const int nsamples, const int C,
                             const int HW) {
     const int n = get_group_id(1), G2 = get_num_groups(0);
     const int lid = get_local_id(0), nloc = get_local_size(0);
-    const float2 qd = row_params_of(part, n, G);
+    const float2 qd = sample_params(x, part, G, red, n, E, nsamples, C, HW);
     if (get_group_id(0) == 0 && lid == 0)
         dx[n] = qd.y;
     /* word (c32, j, p), p fastest: neighbouring items read neighbouring pixels of one channel */
