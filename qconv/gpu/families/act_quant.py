@@ -25,17 +25,19 @@ def unsupported(layer, problem=None, variant=None):
     return None
 
 
-# samples of at most this many elements are quantized in one launch by one work-group each (ONE_GROUP): on the
-# H200 a launch costs ~16 us of host time, more than one group's two passes over 256 KiB
-ONE_GROUP_MAX = 1 << 16
+# inputs of at most this many elements (all samples) are quantized in one launch by one work-group per sample
+# (ONE_GROUP): on the H200 (2026-12-01) a launch costs ~16 us of host time, more than a group's two passes over
+# 50 Ki elements (batch-1 3x3 256@14: 3 launches 48.6 us to return, 2 launches 31.4 us; kernels 42.4 -> 44.2 us);
+# larger inputs keep row_amax's many groups (batch 32 of the same in one group per sample: 53 -> 68 us of kernels)
+ONE_GROUP_MAX = 1 << 17
 
 
 def row_quant(layer, problem, kernel: str, outs: tuple, work: int):
     """The launches of act_quant="row" in front of a kernel: ``(steps, scratch)``, ``steps`` the
     :class:`~qconv.gpu.launch.Step` list of ``kernel`` (``quant_rows`` or ``quant_rows_i8``) with its output
     arguments ``outs`` (Scratch / buffers), preceded by ``row_amax`` (G partial maxima per sample into a
-    Scratch, then part of ``scratch``) unless the sample has at most :data:`ONE_GROUP_MAX` elements (one
-    work-group per sample then takes the max itself, one launch). ``work``: 32-bit items of ``kernel`` per sample
+    Scratch, then part of ``scratch``) unless the input has at most :data:`ONE_GROUP_MAX` elements (one
+    work-group of up to 1024 items per sample then takes the max itself, one launch). ``work``: 32-bit items of ``kernel`` per sample
     (its groups per sample: ceil(work / (4 L)), at most 4096)."""
     cl = import_pyopencl()
     c, n, hw = layer.spec.in_channels, problem.n, problem.h * problem.w
@@ -43,10 +45,11 @@ def row_quant(layer, problem, kernel: str, outs: tuple, work: int):
     ql = min(256, pow2floor(int(layer.device.max_work_group_size)))
     opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if problem.layout == "nchw" else ())
     args = (np.int32(per_sample), np.int32(n), np.int32(c), np.int32(hw))
+    if n * per_sample <= ONE_GROUP_MAX:
+        l1 = min(1024, pow2floor(int(layer.device.max_work_group_size)))
+        return [Step(program, opts + ("-DONE_GROUP",), kernel,
+                     (X, X, np.int32(0), cl.LocalMemory(4 * l1), *outs, *args), (l1, n), (l1, 1))], ()
     red = cl.LocalMemory(4 * ql)
-    if per_sample <= ONE_GROUP_MAX:
-        return [Step(program, opts + ("-DONE_GROUP",), kernel, (X, X, np.int32(0), red, *outs, *args), (ql, n),
-                     (ql, 1))], ()
     g_amax = max(1, min(64, cdiv(per_sample, 8 * ql)))
     g_quant = max(1, min(4096, cdiv(work, 4 * ql)))
     part = Scratch(4 * n * g_amax, "partial amax")
