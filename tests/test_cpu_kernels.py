@@ -347,6 +347,23 @@ def test_store(kernel, n, og, oh, ow, nc4hw4, int8, seed):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+def test_int8_output_rounding(kernel):
+    """The static path's requantization (qc_requant) on ties, clamps, huge values, inf and NaN: round half away
+    from zero on the float32 quotient, +-1000 then [-128, 127]; NaN gives -128."""
+    scale, zp = 0.07, 3
+    ties = (np.arange(-40, 40) + 0.5).astype(np.float32) * np.float32(scale)
+    special = np.array([0, -0.0, 1e30, -1e30, np.inf, -np.inf, np.nan, 3.4e38, 1e-40, -1e-40], np.float32)
+    vals = np.concatenate([ties, special, np.nextafter(ties, np.float32(np.inf))])
+    OUT = np.zeros((vals.size, 32), np.float32)
+    OUT[:, 0] = vals
+    y = _cpu_testing._test_store(OUT, np.zeros(1, np.int32), 0, 1, 1, 1, vals.size, 0, 1, 32, scale, zp, kernel)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = np.clip(round_half_away((vals / np.float32(scale)).astype(np.float32)), -1000, 1000)
+    want = np.where(np.isnan(q), -128, np.clip(np.nan_to_num(q) + zp, -128, 127)).astype(np.int8)
+    np.testing.assert_array_equal(y.reshape(-1), want)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @given(st.integers(1, 14), st.integers(1, 3), st.integers(1, 4), st.integers(1, 3), st.integers(1, 6),
        st.sampled_from([8, 4]), st.booleans(), st.integers(0, 2**31))
 def test_gemm_kernel_half_tables(kernel, ncols, ntiles, nblocks, taps, bq, bits, asym, seed):

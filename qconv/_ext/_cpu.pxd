@@ -57,6 +57,9 @@ cdef extern from "qconv_kernels.h" nogil:
     float qc_absmax(const float *x, int64_t n, int variant)
     void qc_transpose_u8(const uint8_t *src, int64_t rows, int64_t cols, int64_t src_stride, uint8_t *dst,
                          int64_t dst_stride)
+    void qc_requant(float *v, int64_t n, float scale, int32_t zp, int variant)
+    void qc_store_nchw_i8(const float *OUT, int64_t ldo, int G, int Og, int OCp, int8_t *yimg, int64_t ohw, int ncols,
+                          int variant)
     void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg, int64_t ohw, int ncols,
                        int variant)
     int qc_kernel_supported(int variant)
@@ -156,7 +159,7 @@ cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil
 cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP, int32_t *S) noexcept nogil
 cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const uint8_t **AP, int32_t *S,
                      float *DXB) noexcept nogil
-cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noexcept nogil
+cdef void _store(const ConvJob *j, float *OUT, int64_t p0, int ncols) noexcept nogil
 cdef void _fill_quant(QuantJob *q, x, int nchw_input, int C, const float[::1] qs, const int32_t[::1] z, int qlo,
                       int qhi, const int32_t[::1] chpos, int64_t Ltot1, int64_t GNB, int64_t BCp, int variant,
                       uint8_t *Q, int32_t *PS, int contiguous=*, int abias=*, int64_t serial_values=*) except *

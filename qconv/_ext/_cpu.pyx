@@ -522,27 +522,15 @@ cdef inline void _gemm_range(const ConvJob *j, const uint8_t **AP, const int32_t
     _gemm(j, AP, S, dxc, OUT, ncols, g, 0, j.NB, t0, nt)
 
 
-cdef inline int8_t _requant(float v, float scale, int zp) noexcept nogil:
-    cdef int32_t q
-    cdef float r = roundf(v / scale)
-    if r > 1000.0:
-        r = 1000.0
-    if r < -1000.0:
-        r = -1000.0
-    q = <int32_t> r + zp
-    if q < -128:
-        q = -128
-    if q > 127:
-        q = 127
-    return <int8_t> q
-
-
-cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noexcept nogil:
-    """Scatter ``OUT`` rows (columns ``p0 ..``) into the NCHW or NC4HW4 output (float32, or int8 requantized)."""
+cdef void _store(const ConvJob *j, float *OUT, int64_t p0, int ncols) noexcept nogil:
+    """Scatter ``OUT`` rows (columns ``p0 ..``) into the NCHW or NC4HW4 output (float32, or int8: ``OUT`` is
+    requantized in place first, ``qc_requant``)."""
     cdef int o, e, so, run, i
     cdef int64_t n, pix, idx
     cdef float *yf = <float *> j.y
     cdef int8_t *yi = <int8_t *> j.y
+    if j.out_int8:
+        qc_requant(OUT, ncols * j.ldo, j.oscale, j.ozp, j.variant)
     if not j.out_nc4hw4 and not j.out_int8 and j.OHW == 1:
         # (N, O, 1, 1): column p is output row p
         for e in range(ncols):
@@ -564,7 +552,7 @@ cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noex
             for e in range(ncols):
                 idx = ((o >> 2) * j.P + p0 + e) * 4 + (o & 3)
                 if j.out_int8:
-                    yi[idx] = _requant(OUT[e * j.ldo + so], j.oscale, j.ozp)
+                    yi[idx] = <int8_t> OUT[e * j.ldo + so]
                 else:
                     yf[idx] = OUT[e * j.ldo + so]
         return
@@ -578,11 +566,8 @@ cdef void _store(const ConvJob *j, const float *OUT, int64_t p0, int ncols) noex
             qc_store_nchw(OUT + e * j.ldo, j.ldo, j.G, j.Og, j.OCp, yf + n * j.O * j.OHW + pix, j.OHW, run,
                           j.variant)
         else:
-            for o in range(j.O):
-                so = j.oidx[o]
-                idx = (n * j.O + o) * j.OHW + pix
-                for i in range(run):
-                    yi[idx + i] = _requant(OUT[(e + i) * j.ldo + so], j.oscale, j.ozp)
+            qc_store_nchw_i8(OUT + e * j.ldo, j.ldo, j.G, j.Og, j.OCp, yi + n * j.O * j.OHW + pix, j.OHW, run,
+                             j.variant)
         e += run
 
 

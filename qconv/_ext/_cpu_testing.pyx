@@ -183,9 +183,11 @@ def _test_gemm(const uint8_t[:, ::1] A, const uint8_t[::1] w, int64_t w_bstride,
     return out
 
 
-def _test_store(const float[:, ::1] OUT, const int32_t[::1] oidx, int64_t p0, int N, int O, int OH, int OW,
+def _test_store(OUT_in, const int32_t[::1] oidx, int64_t p0, int N, int O, int OH, int OW,
                 int nc4hw4, int G, int OCp, oscale=None, int ozp=0, str kernel="scalar"):
-    """Scatter ``OUT (ncols, G*OCp)`` (columns ``p0 ..``) into a zeroed NCHW / NC4HW4 output and return it."""
+    """Scatter ``OUT (ncols, G*OCp)`` float32 (columns ``p0 ..``; a copy, which int8 output requantizes in place)
+    into a zeroed NCHW / NC4HW4 output and return it."""
+    cdef float[:, ::1] OUT = np.array(OUT_in, np.float32, order="C", copy=True)
     cdef ConvJob j
     memset(&j, 0, sizeof(ConvJob))
     j.O, j.OH, j.OW, j.G, j.OCp = O, OH, OW, G, OCp

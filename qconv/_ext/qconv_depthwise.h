@@ -21,7 +21,7 @@
  *   epilogue, per output: the GEMM kernels' formula and order (bitwise the same results):
  *          F = fma(scale, I, offset*S) [* dx_pixel];  y = clamp(fma(dx, F, bias), lo, hi)
  *          (the scalar variant: F = scale*I; F += offset*S; ...; y = dx*F + bias, as qc_gemm_scalar).
- *          int8 output: clip(roundf(y/oscale) + ozp, -128, 127) (the engine's _requant).
+ *          int8 output: clip(roundf(y/oscale) + ozp, -128, 127) (qc_requant of qconv_kernels.h).
  *
  * vec = 1 runs the AVX2 + FMA code (target attributes, picked at run time by the caller), vec = 0 portable C.
  */
@@ -314,17 +314,6 @@ static inline void qc_dw_sum(const qc_dw_job *j, const float *const *src, const 
         for (int64_t i = 0; i < n; ++i) acc[r * lda + i] = (float)isum[r * lda + i];
 }
 
-static inline int8_t qc_dw_requant(float v, float scale, int32_t zp)
-{
-    float r = roundf(v / scale);
-    r = r > 1000.0f ? 1000.0f : r;
-    r = r < -1000.0f ? -1000.0f : r;
-    int32_t q = (int32_t)r + zp;
-    q = q < -128 ? -128 : q;
-    q = q > 127 ? 127 : q;
-    return (int8_t)q;
-}
-
 /* padded row iy (image coordinates; outside the image: zeros) of channel c, sample n, into dst (RS floats);
  * tmp: 3 * QC_DW_UP(W) floats (the unpadded row; kind 0 also the gathered floats and the quantized bytes) */
 static inline __attribute__((always_inline))
@@ -466,7 +455,8 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
                 const int64_t st = j->out_nc4hw4 ? 4 : 1;
                 if (j->out_int8) {
                     int8_t *yi = (int8_t *)j->y + idx;
-                    for (int64_t i = 0; i < OW; ++i) yi[i * st] = qc_dw_requant(yrow[i], j->oscale, j->ozp);
+                    qc_requant(yrow, OW, j->oscale, j->ozp, j->vec ? QC_KERNEL_AVX2 : QC_KERNEL_SCALAR);
+                    for (int64_t i = 0; i < OW; ++i) yi[i * st] = (int8_t)yrow[i];
                 } else {
                     float *yf = (float *)j->y + idx;
                     for (int64_t i = 0; i < OW; ++i) yf[i * st] = yrow[i];

@@ -986,6 +986,24 @@ QC_TGT_AVX2 static void qc_store8_nchw_avx2(const float *OUT, int64_t ldo, int G
             for (int i = 0; i < m; ++i) _mm256_storeu_ps(yimg + ((int64_t)g * Og + cc + i) * ohw, r[i]);
         }
 }
+
+/* the same for int8 NCHW output, OUT already requantized (qc_requant: integer values in [-128, 127]) */
+QC_TGT_AVX2 static void qc_store8_nchw_i8_avx2(const float *OUT, int64_t ldo, int G, int Og, int OCp, int8_t *yimg,
+                                               int64_t ohw)
+{
+    __m256 r[8];
+    for (int g = 0; g < G; ++g)
+        for (int cc = 0; cc < Og; cc += 8) {
+            for (int e = 0; e < 8; ++e) r[e] = _mm256_loadu_ps(OUT + e * ldo + (int64_t)g * OCp + cc);
+            qc_tr8(r);
+            const int m = Og - cc < 8 ? Og - cc : 8;
+            for (int i = 0; i < m; ++i) {
+                const __m256i v = _mm256_cvtps_epi32(r[i]);
+                const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                _mm_storel_epi64((__m128i *)(yimg + ((int64_t)g * Og + cc + i) * ohw), _mm_packs_epi16(w, w));
+            }
+        }
+}
 #endif
 
 /* ---- reductions (a NaN anywhere makes the result NaN, so callers can reject the input) ---- */
@@ -1122,6 +1140,53 @@ static inline void qc_quant(const float *x, int64_t n, float qs, int32_t z, int3
     qc_quant_scalar(x, n, qs, z, qlo, qhi, abias, dst);
 }
 
+/* ---- int8 output (the static path): v[i] <- the int8 value clip(clip(roundf(v[i] / scale), +-1000) + zp, -128, 127),
+ * held as a float, in place (round half away from zero on the float32 quotient; NaN gives -128) ---- */
+static void qc_requant_scalar(float *v, int64_t n, float scale, int32_t zp)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        float r = roundf(v[i] / scale);
+        int32_t q;
+        if (r > 1000.0f) r = 1000.0f;
+        if (r < -1000.0f) r = -1000.0f;
+        q = r == r ? (int32_t)r + zp : -128;
+        v[i] = (float)(q < -128 ? -128 : q > 127 ? 127 : q);
+    }
+}
+
+#ifdef QC_HAVE_X86
+QC_TGT_AVX2 static void qc_requant_avx2(float *v, int64_t n, float scale, int32_t zp)
+{
+    const __m256 sc = _mm256_set1_ps(scale), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256 lim = _mm256_set1_ps(1000.0f), nlim = _mm256_set1_ps(-1000.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256 z = _mm256_set1_ps((float)zp);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 d = _mm256_div_ps(_mm256_loadu_ps(v + i), sc);       /* the scalar division, bit for bit */
+        const __m256 a = _mm256_andnot_ps(sign, d), t = _mm256_floor_ps(a);
+        /* |d| - floor(|d|) is exact: +1 at a fraction >= 0.5 is roundf's half away from zero */
+        const __m256 r = _mm256_or_ps(_mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(a, t), half,
+                                                                                    _CMP_GE_OQ), one)),
+                                      _mm256_and_ps(sign, d));
+        /* min/max return their second operand on NaN: the constants go first, so NaN stays NaN */
+        const __m256 c = _mm256_max_ps(nlim, _mm256_min_ps(lim, r));
+        const __m256 q = _mm256_max_ps(lo, _mm256_min_ps(hi, _mm256_add_ps(c, z)));   /* integers: exact */
+        _mm256_storeu_ps(v + i, _mm256_blendv_ps(q, lo, _mm256_cmp_ps(d, d, _CMP_UNORD_Q)));
+    }
+    qc_requant_scalar(v + i, n - i, scale, zp);
+}
+#endif
+
+static inline void qc_requant(float *v, int64_t n, float scale, int32_t zp, int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant >= QC_KERNEL_AVX2) { qc_requant_avx2(v, n, scale, zp); return; }
+#endif
+    (void)variant;
+    qc_requant_scalar(v, n, scale, zp);
+}
+
 static inline void qc_block_sums(const uint8_t *Q, int64_t npix, int64_t ltot, int64_t gnb, int64_t bcp,
                                  int32_t zpu, int32_t flip, int32_t *ps, int variant)
 {
@@ -1150,6 +1215,24 @@ static inline void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, i
             float *yo = yimg + ((int64_t)g * Og + c) * ohw;
             const float *src = OUT + (int64_t)g * OCp + c;
             for (int i = e; i < ncols; ++i) yo[i] = src[i * ldo];
+        }
+}
+
+/* qc_store_nchw for int8 output: OUT holds requantized values (qc_requant), y[(n*O + o)*ohw + pix] int8 */
+static inline void qc_store_nchw_i8(const float *OUT, int64_t ldo, int G, int Og, int OCp, int8_t *yimg, int64_t ohw,
+                                    int ncols, int variant)
+{
+    int e = 0;
+#ifdef QC_HAVE_X86
+    if (variant >= QC_KERNEL_AVX2)
+        for (; e + 8 <= ncols; e += 8) qc_store8_nchw_i8_avx2(OUT + e * ldo, ldo, G, Og, OCp, yimg + e, ohw);
+#endif
+    (void)variant;
+    for (int g = 0; g < G; ++g)
+        for (int c = 0; c < Og; ++c) {
+            int8_t *yo = yimg + ((int64_t)g * Og + c) * ohw;
+            const float *src = OUT + (int64_t)g * OCp + c;
+            for (int i = e; i < ncols; ++i) yo[i] = (int8_t)src[i * ldo];
         }
 }
 
