@@ -1,0 +1,55 @@
+"""Latency ratio of a qconv session to onnxruntime float on PP-OCRv4 det, both sessions in one process and their
+runs interleaved (run f, run q, run f, ...), so that the speed changes of a shared VM hit both alike: medians and
+the median of the per-pair ratios (with p10 / p90). Public API only (``qconv.onnx``).
+
+    python -m benchmarks.labs.interleaved [--runs 20] [--scheme int8-ch-sym] [--size 640] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def main(argv=None):
+    import onnx
+    import onnxruntime as ort
+
+    import qconv.onnx as qo
+    from benchmarks.bench_models import det_input
+    from qconv.onnx_model import rapidocr_model
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--scheme", default="int8-ch-sym")
+    ap.add_argument("--size", type=int, default=640)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    path = rapidocr_model("ch_PP-OCRv4_det_infer.onnx")
+    x = det_input(args.size)
+    q = qo.InferenceSession(qo.quantize_model(onnx.load(path), scheme=args.scheme), threads=args.threads)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = args.threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    f = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    feed = {f.get_inputs()[0].name: x}
+    for _ in range(3):
+        q.run(None, feed)
+        f.run(None, feed)
+    tq, tf = np.empty(args.runs), np.empty(args.runs)
+    for i in range(args.runs):
+        t = time.perf_counter()
+        f.run(None, feed)
+        tf[i] = time.perf_counter() - t
+        t = time.perf_counter()
+        q.run(None, feed)
+        tq[i] = time.perf_counter() - t
+    r = tq / tf
+    print(f"det {args.size}: onnxruntime float {np.median(tf) * 1e3:.1f} ms, qconv {args.scheme} "
+          f"{np.median(tq) * 1e3:.1f} ms; qconv / float per pair: median {np.median(r):.2f} "
+          f"(p10 {np.percentile(r, 10):.2f}, p90 {np.percentile(r, 90):.2f})")
+
+
+if __name__ == "__main__":
+    main()
