@@ -58,10 +58,8 @@ cdef extern from "qconv_kernels.h" nogil:
     void qc_transpose_u8(const uint8_t *src, int64_t rows, int64_t cols, int64_t src_stride, uint8_t *dst,
                          int64_t dst_stride)
     void qc_requant(float *v, int64_t n, float scale, int32_t zp, int variant)
-    void qc_store_nchw_i8(const float *OUT, int64_t ldo, int G, int Og, int OCp, int8_t *yimg, int64_t ohw, int ncols,
-                          int variant)
-    void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg, int64_t ohw, int ncols,
-                       int variant)
+    void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yf, int8_t *yi, int64_t ohw,
+                       int ncols, int variant)
     int qc_kernel_supported(int variant)
     int qc_best_kernel()
 

@@ -563,11 +563,11 @@ cdef void _store(const ConvJob *j, float *OUT, int64_t p0, int ncols) noexcept n
         pix = p0 + e - n * j.OHW
         run = <int> (ncols - e if ncols - e < j.OHW - pix else j.OHW - pix)
         if not j.out_int8:
-            qc_store_nchw(OUT + e * j.ldo, j.ldo, j.G, j.Og, j.OCp, yf + n * j.O * j.OHW + pix, j.OHW, run,
+            qc_store_nchw(OUT + e * j.ldo, j.ldo, j.G, j.Og, j.OCp, yf + n * j.O * j.OHW + pix, NULL, j.OHW, run,
                           j.variant)
         else:
-            qc_store_nchw_i8(OUT + e * j.ldo, j.ldo, j.G, j.Og, j.OCp, yi + n * j.O * j.OHW + pix, j.OHW, run,
-                             j.variant)
+            qc_store_nchw(OUT + e * j.ldo, j.ldo, j.G, j.Og, j.OCp, NULL, yi + n * j.O * j.OHW + pix, j.OHW, run,
+                          j.variant)
         e += run
 
 

@@ -974,22 +974,8 @@ QC_TGT_AVX2 static inline void qc_tr8(__m256 r[8])
 }
 
 /* 8 columns of one image (pixels pix0..pix0+7), float NCHW: y[(n*O + o)*ohw + pix] */
-QC_TGT_AVX2 static void qc_store8_nchw_avx2(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg,
-                                            int64_t ohw)
-{
-    __m256 r[8];
-    for (int g = 0; g < G; ++g)
-        for (int cc = 0; cc < Og; cc += 8) {
-            for (int e = 0; e < 8; ++e) r[e] = _mm256_loadu_ps(OUT + e * ldo + (int64_t)g * OCp + cc);
-            qc_tr8(r);
-            const int m = Og - cc < 8 ? Og - cc : 8;
-            for (int i = 0; i < m; ++i) _mm256_storeu_ps(yimg + ((int64_t)g * Og + cc + i) * ohw, r[i]);
-        }
-}
-
-/* the same for int8 NCHW output, OUT already requantized (qc_requant: integer values in [-128, 127]) */
-QC_TGT_AVX2 static void qc_store8_nchw_i8_avx2(const float *OUT, int64_t ldo, int G, int Og, int OCp, int8_t *yimg,
-                                               int64_t ohw)
+QC_TGT_AVX2 static void qc_store8_nchw_avx2(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yf,
+                                            int8_t *yi, int64_t ohw)
 {
     __m256 r[8];
     for (int g = 0; g < G; ++g)
@@ -998,9 +984,14 @@ QC_TGT_AVX2 static void qc_store8_nchw_i8_avx2(const float *OUT, int64_t ldo, in
             qc_tr8(r);
             const int m = Og - cc < 8 ? Og - cc : 8;
             for (int i = 0; i < m; ++i) {
-                const __m256i v = _mm256_cvtps_epi32(r[i]);
-                const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-                _mm_storel_epi64((__m128i *)(yimg + ((int64_t)g * Og + cc + i) * ohw), _mm_packs_epi16(w, w));
+                const int64_t at = ((int64_t)g * Og + cc + i) * ohw;
+                if (yi) {   /* requantized values: integers in [-128, 127] */
+                    const __m256i v = _mm256_cvtps_epi32(r[i]);
+                    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                    _mm_storel_epi64((__m128i *)(yi + at), _mm_packs_epi16(w, w));
+                } else {
+                    _mm256_storeu_ps(yf + at, r[i]);
+                }
             }
         }
 }
@@ -1197,42 +1188,29 @@ static inline void qc_block_sums(const uint8_t *Q, int64_t npix, int64_t ltot, i
     qc_block_sums_scalar(Q, npix, ltot, gnb, bcp, zpu, flip, ps);
 }
 
-/* ncols columns of one image (pixels pix0 .., yimg = y + n*O*ohw + pix0), float NCHW: y[(n*O + o)*ohw + pix]
- * (o = g*Og + c from OUT[e*ldo + g*OCp + c]); 16 (AVX-512) or 8 (AVX2) columns at a time through a transpose */
-static inline void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yimg, int64_t ohw,
-                                 int ncols, int variant)
+/* ncols columns of one image into NCHW y[(n*O + o)*ohw + pix] (o = g*Og + c from OUT[e*ldo + g*OCp + c]): float
+ * (yf = y + n*O*ohw + pix0) or, when yi is not NULL, int8 from an OUT that qc_requant requantized (yi likewise);
+ * 16 (AVX-512, float) or 8 (AVX2) columns at a time through a transpose */
+static inline void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yf, int8_t *yi,
+                                 int64_t ohw, int ncols, int variant)
 {
     int e = 0;
 #ifdef QC_HAVE_X86
-    if (variant >= QC_KERNEL_AVX512VNNI)
-        for (; e + 16 <= ncols; e += 16) qc_store16_nchw_avx512(OUT + e * ldo, ldo, G, Og, OCp, yimg + e, ohw);
+    if (variant >= QC_KERNEL_AVX512VNNI && !yi)
+        for (; e + 16 <= ncols; e += 16) qc_store16_nchw_avx512(OUT + e * ldo, ldo, G, Og, OCp, yf + e, ohw);
     if (variant >= QC_KERNEL_AVX2)
-        for (; e + 8 <= ncols; e += 8) qc_store8_nchw_avx2(OUT + e * ldo, ldo, G, Og, OCp, yimg + e, ohw);
+        for (; e + 8 <= ncols; e += 8)
+            qc_store8_nchw_avx2(OUT + e * ldo, ldo, G, Og, OCp, yi ? NULL : yf + e, yi ? yi + e : NULL, ohw);
 #endif
     (void)variant;
     for (int g = 0; g < G; ++g)
         for (int c = 0; c < Og; ++c) {
-            float *yo = yimg + ((int64_t)g * Og + c) * ohw;
+            const int64_t at = ((int64_t)g * Og + c) * ohw;
             const float *src = OUT + (int64_t)g * OCp + c;
-            for (int i = e; i < ncols; ++i) yo[i] = src[i * ldo];
-        }
-}
-
-/* qc_store_nchw for int8 output: OUT holds requantized values (qc_requant), y[(n*O + o)*ohw + pix] int8 */
-static inline void qc_store_nchw_i8(const float *OUT, int64_t ldo, int G, int Og, int OCp, int8_t *yimg, int64_t ohw,
-                                    int ncols, int variant)
-{
-    int e = 0;
-#ifdef QC_HAVE_X86
-    if (variant >= QC_KERNEL_AVX2)
-        for (; e + 8 <= ncols; e += 8) qc_store8_nchw_i8_avx2(OUT + e * ldo, ldo, G, Og, OCp, yimg + e, ohw);
-#endif
-    (void)variant;
-    for (int g = 0; g < G; ++g)
-        for (int c = 0; c < Og; ++c) {
-            int8_t *yo = yimg + ((int64_t)g * Og + c) * ohw;
-            const float *src = OUT + (int64_t)g * OCp + c;
-            for (int i = e; i < ncols; ++i) yo[i] = (int8_t)src[i * ldo];
+            if (yi)
+                for (int i = e; i < ncols; ++i) yi[at + i] = (int8_t)src[i * ldo];
+            else
+                for (int i = e; i < ncols; ++i) yf[at + i] = src[i * ldo];
         }
 }
 
