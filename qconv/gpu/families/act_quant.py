@@ -1,8 +1,9 @@
 """Activation quantization (``kernels/act_quant.cl``) for ``act_quant="row"``: ``quant_rows`` (x quantized to
 int8 per sample exactly as the oracle does, then dequantized into a scratch buffer for the float kernels) or
-``quant_rows_i8`` (int8 words for :mod:`.conv_mma`), after ``row_amax`` (partial maxima of ``|x|`` per sample)
-for samples of more than :data:`ONE_GROUP_MAX` elements, in one launch otherwise. Not a kernel family of its own candidates: :func:`wrap` puts its launches in front of the
-float families' candidates (``gemv_a8`` and ``conv_mma`` quantize x themselves)."""
+``quant_rows_i8`` (int8 words for :mod:`.conv_mma`); in one launch for inputs of at most :data:`ONE_GROUP_MAX`
+elements, after ``row_amax`` (partial maxima of ``|x|`` per sample) above. Not a kernel family of its own
+candidates: :func:`wrap` puts its launches in front of the float families' candidates (``gemv_a8`` and
+``conv_mma`` quantize x themselves)."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,25 +27,30 @@ def unsupported(layer, problem=None, variant=None):
 
 
 # inputs of at most this many elements (all samples) are quantized in one launch by one work-group per sample
-# (ONE_GROUP): on the H200 (2026-12-01) a launch costs ~16 us of host time, more than a group's two passes over
-# 50 Ki elements (batch-1 3x3 256@14: 3 launches 48.6 us to return, 2 launches 31.4 us; kernels 42.4 -> 44.2 us);
-# larger inputs keep row_amax's many groups (batch 32 of the same in one group per sample: 53 -> 68 us of kernels)
+# (ONE_GROUP): on the H200 (2026-12-01) a launch costs ~16 us of host time, more than a 1024-item group's two passes
+# over 50 Ki elements (batch-1 3x3 256@14 +a8: 48.6 -> 24.8-31.4 us to return, kernels 50.1 -> 30.8 us); larger
+# inputs keep row_amax's many groups (batch 32 of the same in 256-item groups per sample: kernels 53 -> 68 us)
 ONE_GROUP_MAX = 1 << 17
+
+
+def sample_elements(layer, problem) -> int:
+    """Elements of one sample as the quantizing kernels see it (NC4HW4: padding lanes included)."""
+    c, hw = layer.spec.in_channels, problem.h * problem.w
+    return (c if problem.layout == "nchw" else cdiv(c, 4) * 4) * hw
 
 
 def row_quant(layer, problem, kernel: str, outs: tuple, work: int):
     """The launches of act_quant="row" in front of a kernel: ``(steps, scratch)``, ``steps`` the
     :class:`~qconv.gpu.launch.Step` list of ``kernel`` (``quant_rows`` or ``quant_rows_i8``) with its output
-    arguments ``outs`` (Scratch / buffers), preceded by ``row_amax`` (G partial maxima per sample into a
-    Scratch, then part of ``scratch``) unless the input has at most :data:`ONE_GROUP_MAX` elements (one
-    work-group of up to 1024 items per sample then takes the max itself, one launch). ``work``: 32-bit items of ``kernel`` per sample
-    (its groups per sample: ceil(work / (4 L)), at most 4096)."""
+    arguments ``outs`` (Scratch / buffers), preceded by ``row_amax`` (G partial maxima per sample into a Scratch,
+    then part of ``scratch``) unless the input has at most :data:`ONE_GROUP_MAX` elements (one work-group of up
+    to 1024 items per sample then takes the max itself, one launch). ``work``: 32-bit items of ``kernel`` per
+    sample (its groups per sample: ceil(work / (4 L)), at most 4096)."""
     cl = import_pyopencl()
-    c, n, hw = layer.spec.in_channels, problem.n, problem.h * problem.w
-    per_sample = (c if problem.layout == "nchw" else cdiv(c, 4) * 4) * hw
+    n, per_sample = problem.n, sample_elements(layer, problem)
     ql = min(256, pow2floor(int(layer.device.max_work_group_size)))
     opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if problem.layout == "nchw" else ())
-    args = (np.int32(per_sample), np.int32(n), np.int32(c), np.int32(hw))
+    args = (np.int32(per_sample), np.int32(n), np.int32(layer.spec.in_channels), np.int32(problem.h * problem.w))
     if n * per_sample <= ONE_GROUP_MAX:
         l1 = min(1024, pow2floor(int(layer.device.max_work_group_size)))
         return [Step(program, opts + ("-DONE_GROUP",), kernel,
@@ -59,14 +65,13 @@ def row_quant(layer, problem, kernel: str, outs: tuple, work: int):
 
 
 def wrap(layer, problem, cands) -> list:
-    """act_quant="row" for the float kernels: each candidate's launch first runs ``row_amax`` and ``quant_rows``
-    (x quantized and dequantized per sample) into a scratch buffer of its plan's, one per queue (launches on
-    one queue run in order, so they never share it at the same time), then the float kernel on it. The tuner
-    times all three launches. Float activations, or candidates that quantize x themselves: as they are."""
+    """act_quant="row" for the float kernels: each candidate's launch first runs :func:`row_quant`'s launches
+    (``quant_rows``: x quantized and dequantized per sample) into a scratch buffer of its plan's, one per queue
+    (launches on one queue run in order, so they never share it at the same time), then the float kernel on it.
+    The tuner times every launch. Float activations, or candidates that quantize x themselves: as they are."""
     if not layer.act_row:
         return cands
-    c, hw = layer.spec.in_channels, problem.h * problem.w
-    per_sample = (c if problem.layout == "nchw" else cdiv(c, 4) * 4) * hw
+    per_sample = sample_elements(layer, problem)
 
     def wrapped(cand):
         inner = cand.info["steps"]

@@ -1,8 +1,8 @@
 """``conv_mma`` (``kernels/conv_mma.cl``): with ``act_quant="row"``, ungrouped convs and batched linear layers as
 an implicit GEMM on int8 tensor cores (``mma_<TM>x<TN>``; PTX ``mma.sync`` on NVIDIA sm_80+, the tuner's first
 choice there; elsewhere only when forced, as an emulation), after ``quant_rows_i8`` (:mod:`.act_quant`; with
-``row_amax`` first for large samples); weights in :class:`~qconv.layouts.opencl.OpenCLMMAWeightLayout`. Its "local sizes" are
-``(NTH, KSUB)``: KSUB layout steps per stage is a build option the tuner picks."""
+``row_amax`` first for large inputs); weights in :class:`~qconv.layouts.opencl.OpenCLMMAWeightLayout`. Its
+"local sizes" are ``(NTH, KSUB)``: KSUB layout steps per stage is a build option the tuner picks."""
 from __future__ import annotations
 
 from ...layouts.opencl import OpenCLMMAWeightLayout
@@ -71,8 +71,8 @@ def ksubs(layer, name) -> list:
 
 
 def _candidate(layer, problem, name):
-    """quant_rows_i8 (act_quant.cl, after row_amax for large samples), then conv_mma (NDRange (ceil(P/TN) * NTH, ceil(O/TM)), local
-    (NTH, 1))."""
+    """quant_rows_i8 (act_quant.cl, after row_amax for large inputs), then conv_mma (NDRange
+    (ceil(P/TN) * NTH, ceil(O/TM)), local (NTH, 1))."""
     s, wt = layer.spec, layer.spec.weight
     n, h, w, oh, ow = problem[1:]
     wm, wn, mt, nt = MMA_VARIANTS[name]

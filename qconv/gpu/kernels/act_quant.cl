@@ -6,9 +6,9 @@
  */
 
 /* quant_rows: NDRange (G2 * L, N), local (L, 1): x -> dequantize(quantize_row(x)) per sample (the float kernels
- * then read it), amax the max of row_amax's G partials (below) or, with ONE_GROUP (G2 = 1), the group's own. NCHW: the sample is E = C*H*W contiguous
- * floats at n*E. NC4HW4 ([C4][N][HW][4], HW = E4 / (4 * C4)): lane c of block c4 is at
- * ((c4*N + n)*HW + p)*4 + lane; padding lanes (channel >= C) are left out of the max and written as 0. */
+ * then read it), amax the max of row_amax's G partials (below) or, with ONE_GROUP (G2 = 1), the group's own.
+ * NCHW: the sample is E = C*H*W contiguous floats at n*E. NC4HW4 ([C4][N][HW][4], HW = E4 / (4 * C4)): lane c
+ * of block c4 is at ((c4*N + n)*HW + p)*4 + lane; padding lanes (channel >= C) are left out of the max and written as 0. */
 #ifdef IN_NCHW
 #define QR_INDEX(i) (n * E + (i))
 #define QR_VALID(i) true
@@ -66,9 +66,10 @@ __kernel void row_amax(__global const float *x, __global float *part, __local fl
 }
 
 /* quant_rows_i8: NDRange (G2 * L, N), local (L, 1): x -> its int8 quantization per sample (amax: the max of
- * row_amax's G partials, or with ONE_GROUP (G2 = 1) the group's own) in NC4HW4 with a pack of 32 (qconv.layouts.NC4HW4(32) over int8: [CH32][N][HW][32]
- * bytes, channels >= C are 0; as 32-bit words [CH32][N][HW][8], word j holding channels 4j .. 4j+3 of the
- * chunk, byte e = channel 4j + e) and dx[n] = amax/127 (1 when amax is 0). */
+ * row_amax's G partials, or with ONE_GROUP (G2 = 1) the group's own) in NC4HW4 with a pack of 32
+ * (qconv.layouts.NC4HW4(32) over int8: [CH32][N][HW][32] bytes, channels >= C are 0; as 32-bit words
+ * [CH32][N][HW][8], word j holding channels 4j .. 4j+3 of the chunk, byte e = channel 4j + e) and dx[n] = amax/127
+ * (1 when amax is 0). */
 __kernel void quant_rows_i8(__global const float *x, __global const float *part, const int G, __local float *red,
                             __global uint *xq, __global float *dx, const int E, const int nsamples, const int C,
                             const int HW) {
