@@ -10,7 +10,10 @@ import os
 
 import numpy as np
 
-ACTIVATIONS = (None, "relu", "relu6")
+# activation -> the code the OpenCL kernels' ACT build option and the CPU epilogues use. hardswish is
+# (v * min(max(v + 3, 0), 6)) / 6 in float32 op by op, PyTorch's x * relu6(x + 3) / 6.
+ACTIVATION_CODES = {None: 0, "relu": 1, "relu6": 2, "hardswish": 3}
+ACTIVATIONS = tuple(ACTIVATION_CODES)
 
 
 def as_pair(value, name: str, *, minimum: int) -> tuple[int, int]:

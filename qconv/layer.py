@@ -86,7 +86,8 @@ class Conv2d:
     """A prepared weight-quantized 2-D convolution.
 
     ``weight``: :class:`QuantizedWeight` ``(O, I/groups, kh, kw)``; ``bias``: float ``(O,)`` or None;
-    ``stride``, ``padding``, ``dilation``: int or ``(h, w)``; ``activation``: None, ``"relu"``, ``"relu6"``;
+    ``stride``, ``padding``, ``dilation``: int or ``(h, w)``; ``activation``: None, ``"relu"``, ``"relu6"``,
+    ``"hardswish"``;
     ``act_quant``: ``"auto"``, ``"tensor"``, ``"row"``, ``"block"`` or None (see the module docstring);
     ``threads``: CPU threads (None = all cores); ``act_block``: channels per activation block of
     ``act_quant="block"`` (0 = the weight's block). Extra keyword arguments go to the engine (e.g. ``input_qparams``,

@@ -166,6 +166,9 @@ def apply_activation(y: np.ndarray, activation) -> np.ndarray:
         return np.maximum(y, 0)
     if activation == "relu6":
         return np.clip(y, 0, 6)
+    if activation == "hardswish":   # float32 op by op, as PyTorch's x * relu6(x + 3) / 6
+        y = np.asarray(y, np.float32)
+        return (y * np.clip(y + np.float32(3), np.float32(0), np.float32(6))) / np.float32(6)
     return y
 
 

@@ -117,7 +117,93 @@ def test_fused_activation_and_bias_really_apply():
     y2, = qo.InferenceSession(q_unfused, threads=1).run(None, {"x": x})
     np.testing.assert_allclose(y, y2, rtol=0.05, atol=0.05 * np.abs(y).max())  # same math, other rounding
     summary = qo.model_summary(qo.quantize_model(linear_graph()[0]))
-    assert summary["layers"]["mm"] == dict(scheme="int8-ch-sym", op="MatMul", activation="relu", fused_bias_add=True)
+    assert summary["layers"]["mm"] == dict(scheme="int8-ch-sym", op="MatMul", activation="relu", folded=["Add"])
+
+
+def test_affine_ops_after_a_layer_fold_into_its_weight_and_bias():
+    """Conv -> Mul (per channel) -> Add (scalar) -> BatchNormalization -> Div (scalar) -> Relu becomes one node
+    (weights scaled per channel before quantization); a Mul by a spatial map, and one whose operand is computed,
+    do not fold. The session matches the float model, and equals the same qconv layer on the folded float
+    weight."""
+    w1, b1, w2 = _w(8, 4, 3, 3), _w(8), _w(6, 8, 1, 1)
+    a = (RNG.standard_normal((1, 8, 1, 1)) + 2).astype(np.float32)
+    bn = [(RNG.random(8) + 0.5).astype(np.float32), _w(8), _w(8), (RNG.random(8) + 0.5).astype(np.float32)]
+    consts = dict(w1=w1, b1=b1, w2=w2, a=a, c=np.array(0.3, np.float32), s=bn[0], sh=bn[1], mu=bn[2], var=bn[3],
+                  d=np.array([4.0], np.float32), spatial=(RNG.random((1, 1, 6, 6)) + 0.5).astype(np.float32))
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["a", "c1"], ["m1"], name="m1"),
+             helper.make_node("Add", ["m1", "c"], ["a1"], name="a1"),
+             helper.make_node("BatchNormalization", ["a1", "s", "sh", "mu", "var"], ["n1"], name="bn",
+                              epsilon=1e-3),
+             helper.make_node("Div", ["n1", "d"], ["v1"], name="div"),
+             helper.make_node("Relu", ["v1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="c2"),
+             helper.make_node("Mul", ["c2", "spatial"], ["m2"], name="spatial_mul"),
+             helper.make_node("Mul", ["m2", "m2"], ["y"], name="square")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])], ["y"], consts)
+    q = qo.quantize_model(model)
+    layers = qo.model_summary(q)["layers"]
+    assert layers["c1"]["folded"] == ["Mul", "Add", "BatchNormalization", "Div"] and layers["c1"]["activation"] == "relu"
+    assert layers["c2"]["folded"] == []
+    assert [n.op_type for n in q.graph.node if n.domain != "ai.qconv"] == ["Mul", "Mul"]
+    x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    with qo.InferenceSession(q, threads=2) as sess:
+        y, = sess.run(None, {"x": x})
+    y_float, = _float_run(model, {"x": x})
+    assert sqnr_db(y, y_float) >= 25, sqnr_db(y, y_float)
+    # the node is the qconv layer of the folded float weight: a*(W x + b1) + b, a and b from the chain
+    f64 = [v.astype(np.float64) for v in bn]
+    s_bn = f64[0] / np.sqrt(f64[3] + 1e-3)
+    scale, shift = a.reshape(-1).astype(np.float64), b1 * a.reshape(-1).astype(np.float64)   # Mul
+    shift = shift + np.float64(np.float32(0.3))                                               # Add
+    scale, shift = scale * s_bn, shift * s_bn + (f64[1] - f64[2] * s_bn)                      # BatchNormalization
+    scale, shift = scale * 0.25, shift * 0.25                                                 # Div
+    wf = (w1.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(np.float32)
+    layer = qconv.Conv2d(qconv.quantize_weight(wf), shift.astype(np.float32), padding=1, activation="relu", threads=2)
+    r1 = layer(x)
+    layer2 = qconv.Conv2d(qconv.quantize_weight(w2), threads=2)
+    m2 = layer2(r1) * consts["spatial"]
+    np.testing.assert_array_equal(y, m2 * m2)
+
+
+def test_hardswish_patterns_fuse():
+    """Conv -> Mul (folded) -> x * Clip(x + 3, 0, 6) / 6 in either order of the product and the division, and
+    Conv -> HardSwish, each become one node with activation="hardswish", equal to the qconv layers one by one; a
+    pattern whose Add is not +3 stays apart."""
+    w1, b1, w2, w3, w4 = _w(8, 4, 3, 3, scale=4.0), _w(8), _w(6, 8, 1, 1, scale=4.0), _w(6, 6, 1, 1, scale=4.0), \
+        _w(5, 6, 1, 1)
+    f = np.float32
+    consts = dict(w1=w1, b1=b1, w2=w2, w3=w3, w4=w4, k=np.array([1.5], f), three=np.array(3, f),
+                  zero=np.array(0, f), six=np.array(6, f), two=np.array(2, f))
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+             node("Mul", ["c1", "k"], ["m1"], name="m1"),
+             node("Add", ["m1", "three"], ["t1"]), node("Clip", ["t1", "zero", "six"], ["t2"]),
+             node("Mul", ["m1", "t2"], ["t3"]), node("Div", ["t3", "six"], ["h1"]),          # (x * t) / 6
+             node("Conv", ["h1", "w2"], ["c2"], name="c2"),
+             node("Add", ["three", "c2"], ["s1"]), node("Clip", ["s1", "zero", "six"], ["s2"]),
+             node("Div", ["s2", "six"], ["s3"]), node("Mul", ["s3", "c2"], ["h2"]),          # x * (t / 6)
+             node("Conv", ["h2", "w3"], ["c3"], name="c3"),
+             node("HardSwish", ["c3"], ["h3"]),
+             node("Conv", ["h3", "w4"], ["c4"], name="c4"),
+             node("Add", ["c4", "two"], ["u1"]), node("Clip", ["u1", "zero", "six"], ["u2"]),
+             node("Mul", ["u2", "c4"], ["u3"]), node("Div", ["u3", "six"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 7])], ["y"], consts,
+                   opset=14)
+    q = qo.quantize_model(model)
+    layers = qo.model_summary(q)["layers"]
+    assert [layers[n]["activation"] for n in ("c1", "c2", "c3", "c4")] == ["hardswish"] * 3 + [""]
+    assert [n.op_type for n in q.graph.node if n.domain != "ai.qconv"] == ["Add", "Clip", "Mul", "Div"]
+    x = (RNG.standard_normal((1, 4, 7, 7)) * 2).astype(np.float32)
+    with qo.InferenceSession(q, threads=2) as sess:
+        y, = sess.run(None, {"x": x})
+    y_float, = _float_run(model, {"x": x})
+    assert sqnr_db(y, y_float) >= 25, sqnr_db(y, y_float)
+    l1 = qconv.Conv2d(qconv.quantize_weight((w1 * f(1.5))), (b1.astype(np.float64) * 1.5).astype(f), padding=1,
+                      activation="hardswish", threads=2)
+    l2, l3 = (qconv.Conv2d(qconv.quantize_weight(w), activation="hardswish", threads=2) for w in (w2, w3))
+    c4 = qconv.Conv2d(qconv.quantize_weight(w4), threads=2)(l3(l2(l1(x))))
+    np.testing.assert_array_equal(y, (c4 * np.clip(c4 + f(2), f(0), f(6))) / f(6))
 
 
 def test_conv_with_a_computed_weight_stays_float():

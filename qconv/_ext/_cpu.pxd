@@ -58,6 +58,7 @@ cdef extern from "qconv_kernels.h" nogil:
     void qc_transpose_u8(const uint8_t *src, int64_t rows, int64_t cols, int64_t src_stride, uint8_t *dst,
                          int64_t dst_stride)
     void qc_requant(float *v, int64_t n, float scale, int32_t zp, int variant)
+    void qc_hardswish(float *v, int64_t n, int variant)
     void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yf, int8_t *yi, int64_t ohw,
                        int ncols, int variant)
     int qc_kernel_supported(int variant)
@@ -85,6 +86,7 @@ cdef struct ConvJob:
     const float *bias      # (G, OCp)
     const int32_t *oidx    # (O,) row position of output channel o in the out scratch
     float lo, hi
+    int hswish             # activation="hardswish": applied to the out scratch before the store
     # AMX weights (AmxWeightLayout, tile-major like w), or NULL until bound; calls of fewer than amx_min columns
     # (and every call of another kernel) use w
     const uint8_t *wa
@@ -144,7 +146,7 @@ cdef struct QuantJob:
 cdef class ConvGeometry:
     cdef readonly int in_channels, out_channels, groups, n_blocks, block_channels, block_icl
     cdef readonly int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w
-    cdef readonly int oc_tiles, bits, tile_cols, block_mode, act_block, signed_input
+    cdef readonly int oc_tiles, bits, tile_cols, block_mode, act_block, signed_input, hardswish
     cdef readonly int64_t w_tile_stride, w_block_stride, w_group_stride
     cdef readonly float lo, hi
 

@@ -331,16 +331,18 @@ cdef inline void _next_pixel(int64_t *n, int64_t *oy, int64_t *ox, int64_t OH, i
 cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP, int32_t *S) noexcept nogil:
     """Indirection table of columns ``p0 .. p0+ncols-1``: ``AP[e*K + tap]`` is the ``Q`` pixel row the tap reads
     (stride, padding and dilation applied) or ``zrow`` for out-of-image taps; ``S[e*GNB + b]`` the column's
-    block sums (sums of ``PS`` over its in-image taps)."""
+    block sums (sums of ``PS`` over its in-image taps). Columns whose window lies inside the image (most of
+    them) take a loop without bounds checks."""
     # locals: the stores below may alias *j as far as the compiler knows (-fno-strict-aliasing)
-    cdef int e, ky, kx, b
+    cdef int e, ky, kx, b, t
     cdef int KH = j.KH, KW = j.KW, K = j.K, GNB = j.GNB
     cdef int64_t H = j.H, W = j.W, OH = j.OH, OW = j.OW, sh = j.sh, sw = j.sw, ph = j.ph, pw = j.pw
     cdef int64_t dh = j.dh, dw = j.dw, Ltot1 = j.Ltot1
+    cdef int64_t ylast = (KH - 1) * dh, xlast = (KW - 1) * dw, dhW = dh * W
     cdef const uint8_t *Q = j.Q
     cdef const uint8_t *zrow = j.zrow
     cdef const int32_t *PS = j.PS
-    cdef int64_t n, oy, ox, iy, ix, iy0, ix0, row
+    cdef int64_t n, oy, ox, iy, ix, iy0, ix0, row, rb
     cdef int32_t acc
     cdef bint rowok
     cdef const uint8_t **ap
@@ -359,6 +361,21 @@ cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP,
         s = S + e * GNB
         iy0 = oy * sh - ph
         ix0 = ox * sw - pw
+        if GNB == 1 and iy0 >= 0 and ix0 >= 0 and iy0 + ylast < H and ix0 + xlast < W:
+            # interior column, one block
+            acc = 0
+            rb = (n * H + iy0) * W + ix0
+            t = 0
+            for ky in range(KH):
+                for kx in range(KW):
+                    row = rb + kx * dw
+                    acc = acc + PS[row]
+                    ap[t] = Q + row * Ltot1
+                    t = t + 1
+                rb = rb + dhW
+            s[0] = acc
+            _next_pixel(&n, &oy, &ox, OH, OW)
+            continue
         acc = 0
         if GNB > 1:
             for b in range(GNB):
@@ -529,6 +546,8 @@ cdef void _store(const ConvJob *j, float *OUT, int64_t p0, int ncols) noexcept n
     cdef int64_t n, pix, idx
     cdef float *yf = <float *> j.y
     cdef int8_t *yi = <int8_t *> j.y
+    if j.hswish:
+        qc_hardswish(OUT, ncols * j.ldo, j.variant)
     if j.out_int8:
         qc_requant(OUT, ncols * j.ldo, j.oscale, j.ozp, j.variant)
     if not j.out_nc4hw4 and not j.out_int8 and j.OHW == 1:
@@ -692,7 +711,8 @@ cdef class ConvGeometry:
     (output columns per column tile); ``w_tile_stride``/``w_block_stride``/``w_group_stride`` (bytes between the
     weight tiles' channel tiles, blocks and groups); ``lo``/``hi`` (float activation clamp); ``block_mode`` (1 for
     ``act_quant="block"``) and ``act_block`` (input channels per activation block there, a multiple of
-    ``block_channels``; 0 = ``block_channels``).
+    ``block_channels``; 0 = ``block_channels``); ``signed_input`` (1: the AVX2 sign form); ``hardswish`` (1:
+    ``(v * min(max(v + 3, 0), 6)) / 6`` after the clamp, applied to each tile before its store).
 
     Derived (properties): ``taps``, ``group_out_channels``, ``gemm_blocks`` (groups * n_blocks), ``oc_padded``.
     """
@@ -701,7 +721,7 @@ cdef class ConvGeometry:
                  int block_icl, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w,
                  int dilation_h, int dilation_w, int oc_tiles, int bits, int tile_cols, int64_t w_tile_stride,
                  int64_t w_block_stride, int64_t w_group_stride, float lo, float hi, int block_mode=0,
-                 int act_block=0, int signed_input=0):
+                 int act_block=0, int signed_input=0, int hardswish=0):
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups),
                         ("n_blocks", n_blocks), ("block_channels", block_channels), ("kernel_h", kernel_h),
                         ("kernel_w", kernel_w), ("stride_h", stride_h), ("stride_w", stride_w),
@@ -711,6 +731,8 @@ cdef class ConvGeometry:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         if bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {bits}")
+        if hardswish not in (0, 1):
+            raise ValueError("hardswish must be 0 or 1")
         if signed_input not in (0, 1) or (signed_input and bits != 8):
             raise ValueError("signed_input must be 0 or 1, and 1 only with int8 weights")
         if pad_h < 0 or pad_w < 0 or act_block < 0 or w_tile_stride < 0 or w_block_stride < 0 or w_group_stride < 0:
@@ -733,6 +755,7 @@ cdef class ConvGeometry:
         self.lo, self.hi = lo, hi
         self.block_mode, self.act_block = block_mode, act_block
         self.signed_input = signed_input
+        self.hardswish = hardswish
 
     @property
     def taps(self):
@@ -759,7 +782,7 @@ cdef class ConvGeometry:
         names = ("in_channels", "out_channels", "groups", "n_blocks", "block_channels", "block_icl", "kernel_h",
                  "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "oc_tiles", "bits",
                  "tile_cols", "w_tile_stride", "w_block_stride", "w_group_stride", "lo", "hi", "block_mode",
-                 "act_block", "signed_input")
+                 "act_block", "signed_input", "hardswish")
         return "ConvGeometry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
 
 
@@ -782,6 +805,7 @@ cdef void _geometry_into(ConvGeometry geo, ConvJob *j):
     j.ldo = <int64_t> j.G * j.OCp
     j.w_tstride, j.w_bstride, j.w_gstride = geo.w_tile_stride, geo.w_block_stride, geo.w_group_stride
     j.lo, j.hi = geo.lo, geo.hi
+    j.hswish = geo.hardswish
     j.block_mode = geo.block_mode
     j.AB = geo.act_block
     j.a_bs = (<int64_t> j.K * j.BCp) if j.block_mode else j.BCp

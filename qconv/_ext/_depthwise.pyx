@@ -43,6 +43,7 @@ cdef extern from "qconv_depthwise.h" nogil:
         const float *offset
         const float *bias
         float lo, hi
+        int32_t hswish
         int32_t out_nc4hw4, out_int8, ozp
         float oscale
         void *y
@@ -118,7 +119,7 @@ cdef class DepthwisePlan:
     cdef readonly int M, variant, vec
     cdef object wq, scale, offset, bias, input_qparams, output_qparams
     cdef object qs, z, dx, _shape_key, _shape_val
-    cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp
+    cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp, hswish
     cdef float lo, hi, oscale
     # (quantization threads, conv threads) of the last forward call; quantization threads always 0: no separate
     # quantization pass runs (each conv thread quantizes the input rows it reads)
@@ -154,6 +155,7 @@ cdef class DepthwisePlan:
         act = spec.activation
         self.lo = 0.0 if act in ("relu", "relu6") else -np.inf
         self.hi = 6.0 if act == "relu6" else np.inf
+        self.hswish = act == "hardswish"
         self.out_int8 = output_qparams is not None
         self.oscale = output_qparams[0] if output_qparams is not None else 1.0
         self.ozp = output_qparams[1] if output_qparams is not None else 0
@@ -271,6 +273,7 @@ cdef class DepthwisePlan:
             ofv = self.offset
             j.offset = &ofv[0]
         j.lo, j.hi = self.lo, self.hi
+        j.hswish = self.hswish
         j.out_nc4hw4 = nc4hw4_output
         j.out_int8, j.oscale, j.ozp = self.out_int8, self.oscale, self.ozp
         j.y = <void *> &yb[0]

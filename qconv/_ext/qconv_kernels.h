@@ -1178,6 +1178,42 @@ static inline void qc_requant(float *v, int64_t n, float scale, int32_t zp, int 
     qc_requant_scalar(v, n, scale, zp);
 }
 
+/* ---- activation="hardswish", in place: v[i] <- (v[i] * min(max(v[i] + 3, 0), 6)) / 6, the float32 operations of
+ * PyTorch's x * relu6(x + 3) / 6 in that order (NaN stays NaN, as numpy's clip keeps it) ---- */
+static void qc_hardswish_scalar(float *v, int64_t n)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        float t = v[i] + 3.0f;
+        t = t < 0.0f ? 0.0f : t;
+        t = t > 6.0f ? 6.0f : t;
+        v[i] = (v[i] * t) / 6.0f;
+    }
+}
+
+#ifdef QC_HAVE_X86
+QC_TGT_AVX2 static void qc_hardswish_avx2(float *v, int64_t n)
+{
+    const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(v + i);
+        /* max/min return the second operand when one is NaN: the value goes second, so NaN propagates */
+        const __m256 t = _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(x, three)));
+        _mm256_storeu_ps(v + i, _mm256_div_ps(_mm256_mul_ps(x, t), six));
+    }
+    qc_hardswish_scalar(v + i, n - i);
+}
+#endif
+
+static inline void qc_hardswish(float *v, int64_t n, int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant >= QC_KERNEL_AVX2) { qc_hardswish_avx2(v, n); return; }
+#endif
+    (void)variant;
+    qc_hardswish_scalar(v, n);
+}
+
 static inline void qc_block_sums(const uint8_t *Q, int64_t npix, int64_t ltot, int64_t gnb, int64_t bcp,
                                  int32_t zpu, int32_t flip, int32_t *ps, int variant)
 {

@@ -351,7 +351,8 @@ class CpuEngine:
             stride_w=sw, pad_h=ph, pad_w=pw, dilation_h=dh, dilation_w=dw, oc_tiles=lay.oc_tiles, bits=w.bits,
             tile_cols=self.tile_cols, w_tile_stride=lay.oc_tile_stride, w_block_stride=lay.block_stride,
             w_group_stride=lay.group_stride, lo=lo, hi=hi, block_mode=int(self._block_mode),
-            act_block=spec.act_block if self._block_mode else 0, signed_input=int(self._sign_form(w)))
+            act_block=spec.act_block if self._block_mode else 0, signed_input=int(self._sign_form(w)),
+            hardswish=int(act == "hardswish"))
         self.geometry = geo
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
                                    self._chpos, geo, _cpu.KERNELS[self.kernel])

@@ -74,9 +74,9 @@ def quantize_main(args) -> int:
     nb = weight_bytes(q)
     print(f"quantized {len(s['layers'])} layers in {seconds:.2f} s: "
           + ", ".join(f"{n} {k}" for k, n in by_scheme.items()))
-    fused = sum(1 for e in s["layers"].values() if e["activation"] or e["fused_bias_add"])
+    fused = sum(1 for e in s["layers"].values() if e["activation"] or e["folded"])
     if fused:
-        print(f"fused a following activation / bias Add into {fused} of them")
+        print(f"fused the activation or affine ops (bias Add, Mul, BatchNormalization) that follow {fused} of them")
     for name, why in list(s["float"].items()) + list(s["skipped"].items()):
         print(f"float: {name}: {why}")
     if s.get("act_quant"):

@@ -6,7 +6,7 @@ Domain ``ai.qconv`` (opset 1), two operators:
   ``X`` float32 NCHW ``(N, C, H, W)``; ``Y`` float32 ``(N, O, OH, OW)``. Attributes: ``strides``, ``pads``
   (ONNX order ``[top, left, bottom, right]``, asymmetric allowed), ``dilations``, ``group``, ``bits``,
   ``block_size`` (input channels per block, 0 = per channel), ``activation`` (``""``, ``"relu"``,
-  ``"relu6"``: a fused Relu/Clip), ``scheme`` (the label it was quantized with, informative).
+  ``"relu6"``, ``"hardswish"``: a fused Relu / Clip / hardswish), ``scheme`` (the label it was quantized with, informative).
 ``QMatMul(X, q, scales, offsets?, B?) -> Y``
   ``Y = X @ W.T + B`` over the last axis: ``X`` float32 ``(..., K)``, ``Y`` float32 ``(..., N)`` (a MatMul with a
   constant ``[K, N]`` weight, or a Gemm, ``alpha``/``beta`` folded in). Attributes ``bits``, ``block_size``,
@@ -34,7 +34,7 @@ OPSET = 1
 QCONV = "QConv"
 QMATMUL = "QMatMul"
 OPS = (QCONV, QMATMUL)
-ACTIVATIONS = ("", "relu", "relu6")
+ACTIVATIONS = ("", "relu", "relu6", "hardswish")
 
 
 @dataclass
@@ -45,7 +45,7 @@ class QNode:
     op: str                      # QCONV or QMATMUL
     weight: QuantizedWeight
     bias: np.ndarray | None
-    activation: str | None       # None, "relu", "relu6"
+    activation: str | None       # None, "relu", "relu6", "hardswish"
     input_name: str
     output_name: str
     stride: tuple[int, int] = (1, 1)

@@ -5,10 +5,15 @@ with a :class:`~qconv.model_report.Scheme` (one for all, or per layer from a :cl
 and replaced by a ``ai.qconv`` node (:mod:`qconv.onnx.nodes`) carrying its weight as packed initializers; the
 float weight initializers (and ``Constant`` nodes) no other node uses are removed, so the saved file is small.
 
-Fusions, where the producer's output feeds only that one node and is not a graph output:
-``Relu`` -> ``activation="relu"``; ``Clip(0, 6)`` -> ``"relu6"``; ``Clip(0, none)`` -> ``"relu"``; for a MatMul
-without bias, a following ``Add`` of a constant broadcast along the last axis (shape ``(N,)``, ``(1, N)``, ...)
-becomes the node's bias (then Relu/Clip after it fuse too).
+Fusions, where the producer's output feeds only that one node and is not a graph output: first, a chain of
+per-output-channel affine ops with constant operands -- ``Mul`` / ``Add`` / ``Sub`` / ``Div`` by a scalar or a
+per-channel constant (``(O, 1, 1)`` / ``(1, O, 1, 1)`` after a Conv, ``(O,)`` / ``(1, O)`` after a MatMul or Gemm),
+``BatchNormalization`` in inference form -- folds into the layer's float weight and bias before quantization
+(``a*(W x + b0) + b = (a W) x + (a b0 + b)``; per-channel and blockwise quantization scale with ``a``, so the codes
+are those of the unfolded weight); then ``Relu`` -> ``activation="relu"``; ``Clip(0, 6)`` -> ``"relu6"``;
+``Clip(0, none)`` -> ``"relu"``; ``HardSwish``, or the pattern ``x * Clip(x + 3, 0, 6) / 6`` (either order of the
+product and the division) -> ``"hardswish"``.
+``qconv.summary`` lists each layer's folded ops.
 
 Calibration: ``gptq`` and ``-bc`` (bias correction) schemes use each layer's input captured by running the
 float model on the calibration feeds. Activations: ``act_quant`` / ``act_block`` record in the model how the
@@ -82,18 +87,102 @@ def _activation_of(node, consts):
     return "relu6" if hi == 6.0 else None
 
 
-def _bias_add(node, produced: str, consts, n_out: int):
-    """The ``(N,)`` bias when ``node`` is ``Add(produced, c)`` with a constant ``c`` along the last axis."""
-    if node.op_type != "Add" or len(node.input) != 2:
+def _scalar_is(name, consts, value) -> bool:
+    c = consts.get(name)
+    return c is not None and np.asarray(c).size == 1 and float(np.asarray(c).reshape(-1)[0]) == value
+
+
+def _hardswish_after(produced: str, nodes, consumers, consts, graph_outputs):
+    """``(output name, node indices)`` when ``produced`` (``x``) feeds only a hardswish: a ``HardSwish`` node, or
+    ``Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)`` (PyTorch's and Paddle's order, qconv's definition), or
+    ``Mul(x, Div(Clip(Add(x, 3), 0, 6), 6))`` (the same up to float32 rounding); else None."""
+    def only_user(name, op):
+        users = consumers.get(name, [])
+        ok = len(users) == 1 and name not in graph_outputs and nodes[users[0]].op_type == op
+        return users[0] if ok else None
+
+    users = consumers.get(produced, [])
+    if produced in graph_outputs:
         return None
-    other = node.input[1] if node.input[0] == produced else node.input[0]
-    c = consts.get(other)
-    if c is None or other == produced:
+    if len(users) == 1 and nodes[users[0]].op_type == "HardSwish":
+        return nodes[users[0]].output[0], users
+    ops = sorted(nodes[i].op_type for i in users)
+    if ops != ["Add", "Mul"]:
+        return None
+    add, mul = sorted(users, key=lambda i: nodes[i].op_type)
+    a = nodes[add]
+    if len(a.input) != 2 or not _scalar_is(a.input[1] if a.input[0] == produced else a.input[0], consts, 3.0):
+        return None
+    clip = only_user(a.output[0], "Clip")
+    if clip is None or _activation_of(nodes[clip], consts) != "relu6":
+        return None
+    t = nodes[clip].output[0]
+
+    def div6(i, name):
+        return i is not None and nodes[i].input[0] == name and _scalar_is(nodes[i].input[1], consts, 6.0)
+
+    if sorted(nodes[mul].input) == sorted([produced, t]) and consumers.get(t) == [mul]:      # (x * t) / 6
+        div = only_user(nodes[mul].output[0], "Div")
+        return (nodes[div].output[0], [add, clip, mul, div]) if div6(div, nodes[mul].output[0]) else None
+    div = only_user(t, "Div")                                                                  # x * (t / 6)
+    if not div6(div, t) or sorted(nodes[mul].input) != sorted([produced, nodes[div].output[0]]):
+        return None
+    return (nodes[mul].output[0], [add, clip, div, mul]) if only_user(nodes[div].output[0], "Mul") == mul else None
+
+
+def _channel_vector(c, n_out: int, linear: bool):
+    """A constant operand as one float64 value per output channel ``(n_out,)``, or None when it does not broadcast
+    along the channel axis alone (a scalar; ``(O,)`` / ``(1, O)`` for a linear layer; ``(O, 1, 1)`` /
+    ``(1, O, 1, 1)`` for a conv's NCHW output)."""
+    if c is None:
         return None
     c = np.asarray(c)
-    if c.dtype != np.float32 or c.size != n_out or c.shape[-1] != n_out:
+    if c.dtype != np.float32 or c.ndim > (2 if linear else 4):
         return None
-    return c.reshape(-1).astype(np.float32)
+    if c.size == 1:
+        return np.full(n_out, float(c.reshape(-1)[0]))
+    on_axis = c.ndim >= 1 and c.shape[-1] == n_out if linear else c.ndim >= 3 and c.shape[-3] == n_out
+    if c.size != n_out or not on_axis:
+        return None
+    return c.reshape(-1).astype(np.float64)
+
+
+def _affine_of(node, produced: str, consts, n_out: int, linear: bool):
+    """``(a, b)`` float64 ``(n_out,)`` when ``node`` computes ``a * produced + b`` per output channel with constant
+    operands (``Mul`` / ``Add`` / ``Sub`` / ``Div`` by a constant, ``BatchNormalization`` in inference form),
+    else None."""
+    import onnx
+
+    ins = list(node.input)
+    if node.op_type == "BatchNormalization":
+        if linear or len(node.output) != 1 or len(ins) != 5 or ins[0] != produced:
+            return None
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("training_mode", 0):
+            return None
+        v = [consts.get(n) for n in ins[1:]]   # (C,) each: BatchNormalization's channel vectors
+        if any(x is None or x.dtype != np.float32 or x.shape != (n_out,) for x in v):
+            return None
+        v = [x.astype(np.float64) for x in v]
+        scale, shift, mean, var = v
+        a = scale / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+        return a, shift - mean * a
+    if node.op_type not in ("Mul", "Add", "Sub", "Div") or len(ins) != 2 or ins.count(produced) != 1:
+        return None
+    first = ins[0] == produced
+    if not first and node.op_type in ("Sub", "Div"):
+        return None
+    c = _channel_vector(consts.get(ins[1] if first else ins[0]), n_out, linear)
+    if c is None:
+        return None
+    one, zero = np.ones(n_out), np.zeros(n_out)
+    if node.op_type == "Mul":
+        return c, zero
+    if node.op_type == "Add":
+        return one, c
+    if node.op_type == "Sub":
+        return one, -c
+    return (1.0 / c, zero) if np.all(c != 0) else None
 
 
 def _calibration_feeds(model, calibration):
@@ -142,8 +231,9 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
     from ``inspect --target-sqnr T --save-plan P``) giving each layer's scheme; layers it does not name, and
     ``float`` ones, stay float. ``calibration``: feeds for calibrated schemes, ``gptq`` and ``-bc`` (a feed
     dict, an array for the first input, or a list of those; default the seeded random feed ``inspect`` uses,
-    which suits no image model: pass real inputs, held out from those you evaluate on). ``fuse``: fold a
-    following Relu / Clip(0, 6) / bias Add into the node (see the module docstring).
+    which suits no image model: pass real inputs, held out from those you evaluate on). ``fuse``: fold the
+    per-channel affine ops (bias Add, Mul, BatchNormalization, ...) and the Relu / Clip(0, 6) that follow a layer
+    into its node (see the module docstring).
 
     ``act_quant``: the activation mode the session runs the nodes with (``"tensor"``, ``"row"``, ``"block"``;
     None: the plan's, else the session's default); ``act_block``: with ``"block"``, the input channels per
@@ -210,25 +300,36 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
             summary["float"][layer.name] = "float in the plan"
             continue
         kw = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
-        try:
-            qw = sch.quantize(layer.weight, layer.groups, calib.get(layer.name), **kw)
-        except ValueError as exc:
-            summary["float"][layer.name] = f"{sch.label}: {exc}"
-            continue
-        bias = sch.corrected_bias(layer.weight, qw, layer.bias, calib.get(layer.name), **kw)
-        activation, out_name, fused = None, layer.output_name, []
+        weight, bias, activation, out_name, fused, folded = layer.weight, layer.bias, None, layer.output_name, [], []
         if fuse:
+            # per-channel affine ops after the layer (Mul / Add / Sub / Div by constants, BatchNormalization)
+            # fold into its float weight and bias before quantization: y = a*(W x + b0) + b = (a W) x + (a b0 + b)
+            n_out = weight.shape[0]
+            a, b = np.ones(n_out), np.zeros(n_out) if bias is None else np.asarray(bias, np.float64)
             nxt, idx = single_consumer(out_name)
-            if nxt is not None and layer.is_linear and layer.bias is None:
-                b = _bias_add(nxt, out_name, consts, qw.out_channels)
-                if b is not None:
-                    bias, out_name = b if bias is None else b + bias, nxt.output[0]
-                    fused.append(idx)
-                    nxt, idx = single_consumer(out_name)
+            while nxt is not None and (ab := _affine_of(nxt, out_name, consts, n_out, layer.is_linear)) is not None:
+                a, b = a * ab[0], b * ab[0] + ab[1]
+                out_name = nxt.output[0]
+                fused.append(idx)
+                folded.append(nxt.op_type)
+                nxt, idx = single_consumer(out_name)
+            if folded:
+                weight = (weight.astype(np.float64) * a.reshape(-1, 1, 1, 1)).astype(np.float32)
+                bias = b.astype(np.float32)
             act = _activation_of(nxt, consts) if nxt is not None else None
+            hsw = _hardswish_after(out_name, nodes, consumers, consts, graph_outputs)
             if act is not None:
                 activation, out_name = act, nxt.output[0]
                 fused.append(idx)
+            elif hsw is not None:
+                activation, out_name = "hardswish", hsw[0]
+                fused += hsw[1]
+        try:
+            qw = sch.quantize(weight, layer.groups, calib.get(layer.name), **kw)
+        except ValueError as exc:
+            summary["float"][layer.name] = f"{sch.label}: {exc}"
+            continue
+        bias = sch.corrected_bias(weight, qw, bias, calib.get(layer.name), **kw)
         try:
             ConvSpec(qw, bias, activation=activation, **kw)  # what the session's layer will check
         except (ValueError, TypeError) as exc:
@@ -244,7 +345,7 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         replacement[layer.node_index] = node
         new_inits += inits
         summary["layers"][layer.name] = dict(scheme=sch.label, op=layer.op, activation=activation or "",
-                                             fused_bias_add=bool(fused) and nodes[fused[0]].op_type == "Add")
+                                             folded=folded)
         if act_block:
             summary["layers"][layer.name]["act_block"] = layer_act_block(qw, act_block)
     if not replacement:

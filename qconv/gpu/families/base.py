@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from ... import _validate as V
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -146,7 +147,7 @@ def common_options(layer: Layer, scale_groups: bool = True) -> tuple:
     if s.bias is not None:
         opts.append("-DHAS_BIAS")
     if s.activation:
-        opts.append(f"-DACT={1 if s.activation == 'relu' else 2}")
+        opts.append(f"-DACT={V.ACTIVATION_CODES[s.activation]}")
     ipg, o = w.q.shape[1], w.out_channels
     if o % 4:
         opts.append("-DOC_LANE_LEAVE")

@@ -5,6 +5,7 @@ choice there; elsewhere only when forced, as an emulation), after ``quant_rows_i
 "local sizes" are ``(NTH, KSUB)``: KSUB layout steps per stage is a build option the tuner picks."""
 from __future__ import annotations
 
+from ... import _validate as V
 from ...layouts.opencl import OpenCLMMAWeightLayout
 from ..launch import Y, Scratch, Step, planned_candidate
 from . import act_quant
@@ -83,7 +84,7 @@ def _candidate(layer, problem, name):
                                                                              wt.offsets is not None))
     opts += ["-DHAS_BIAS"] if s.bias is not None else []
     if s.activation:
-        opts.append(f"-DACT={1 if s.activation == 'relu' else 2}")
+        opts.append(f"-DACT={V.ACTIVATION_CODES[s.activation]}")
     if problem.layout == "nchw":
         opts.append("-DOUT_NCHW")
     # the emulation elsewhere is a test vehicle, built unoptimised: PoCL 5's optimiser miscompiles it for
