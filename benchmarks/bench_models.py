@@ -13,7 +13,8 @@ the Paddle export's Constant-node weights into initializers: on the file as ship
 ``mnn-int8`` / ``mnn-int4-b32`` (``mnnconvert --weightQuantBits`` [+ ``--weightQuantAsymmetric
 --weightQuantBlock 32``], run with ``memory=low``), ``qconv-int8-ch`` (int8-ch-sym), ``qconv-plan25`` (the
 plan ``inspect --target-sqnr 25`` picks on the same image from int4-b32/b64-asym-mse, int8-ch-sym and float),
-``qconv-int4-b32-mse`` (int4-b32-asym-mse), ``qconv-int8-gptq-bc`` (the int8 per-channel accuracy recipe:
+``qconv-int4-b32-mse`` (int4-b32-asym-mse), ``qconv-int8-ch-min1k`` (int8-ch-sym with ``min_weights=1024``: the
+layers of fewer than 1024 weights stay float), ``qconv-int8-gptq-bc`` (the int8 per-channel accuracy recipe:
 int8-ch-sym-gptq-bc weights calibrated on one held-out picture of ``labs/accuracy.py``, ``act_quant="block"``
 with ``act_block`` 8). Each row runs in its own process (peak RSS is that process's):
 latency median / p90 over ``--repeat`` runs after one warm-up at ``--threads``, SQNR of the output against
@@ -23,7 +24,7 @@ against the same 16 qconv layers called directly (median per node).
 
 Full run (quiet machine; the lead runs it)::
 
-    .venv/bin/python benchmarks/bench_models.py --threads 2 --repeat 20 --json docs/results/models.json
+    .venv/bin/python benchmarks/bench_models.py --threads 2 --repeat 20 --json docs/results/bench_models.json
 
 Quick check that it runs end to end (small sizes, 2 runs): ``--quick``.
 """
@@ -43,9 +44,11 @@ from qconv._timing import peak_rss_mb  # VmHWM: ru_maxrss carries the parent's p
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = os.environ.get("QCONV_BENCH_IMAGE", os.path.join(ROOT, "..", "shared", "data", "text_640.png"))
-ROWS = ("ort-float", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-int8-ch", "qconv-int8-gptq-bc",
-        "qconv-plan25", "qconv-int4-b32-mse")
-QCONV_SCHEMES = {"qconv-int8-ch": "int8-ch-sym", "qconv-int4-b32-mse": "int4-b32-asym-mse"}
+ROWS = ("ort-float", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-int8-ch", "qconv-int8-ch-min1k",
+        "qconv-int8-gptq-bc", "qconv-plan25", "qconv-int4-b32-mse")
+QCONV_SCHEMES = {"qconv-int8-ch": "int8-ch-sym", "qconv-int8-ch-min1k": "int8-ch-sym",
+                 "qconv-int4-b32-mse": "int4-b32-asym-mse"}
+MIN_WEIGHTS = {"qconv-int8-ch-min1k": 1024}   # quantize_model(min_weights=...): smaller layers stay float
 PLAN_CANDIDATES = "int4-b32-asym-mse,int4-b64-asym-mse,int8-ch-sym,float"
 
 
@@ -147,7 +150,7 @@ def make_artifact(row: str, path: str, x: np.ndarray, work: str):
         calib = calibration("det" if x.shape[2] == x.shape[3] else "rec", [1], x.shape[2], x.shape[3])
         q = qo.quantize_model(path, "int8-ch-sym-gptq-bc", calibration=calib, act_quant="block", act_block=8)
     else:
-        q = qo.quantize_model(path, QCONV_SCHEMES[row])
+        q = qo.quantize_model(path, QCONV_SCHEMES[row], min_weights=MIN_WEIGHTS.get(row, 0))
     onnx.save(q, out)
     return out, None
 

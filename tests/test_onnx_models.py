@@ -206,6 +206,23 @@ def test_hardswish_patterns_fuse():
     np.testing.assert_array_equal(y, (c4 * np.clip(c4 + f(2), f(0), f(6))) / f(6))
 
 
+def test_min_weights_keeps_small_layers_float():
+    """quantize_model(min_weights=N): layers with fewer than N weights stay float Convs (named in qconv.summary
+    with the reason), the others become qconv nodes; the model still runs and matches the float model."""
+    model, _ = conv_chain()
+    q = qo.quantize_model(model, min_weights=145)   # dw3 has 16*1*3*3 = 144 weights, conv4 8*16 = 128
+    s = qo.model_summary(q)
+    assert set(s["layers"]) == {"conv1", "conv2"} and set(s["float"]) == {"dw3", "conv4"}
+    assert "144 weights < min_weights=145" in s["float"]["dw3"]
+    assert [n.name for n in q.graph.node if n.op_type == "Conv"] == ["dw3", "conv4"]
+    x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    with qo.InferenceSession(q, threads=2) as sess:
+        y, = sess.run(None, {"x": x})
+    assert sqnr_db(y, _float_run(model, {"x": x})[0]) >= MIN_DB["int8-ch-sym"]
+    with pytest.raises(ValueError, match="min_weights"):
+        qo.quantize_model(model, min_weights=-1)
+
+
 def test_conv_with_a_computed_weight_stays_float():
     w1, wd = _w(8, 4, 3, 3), _w(6, 8, 1, 1)
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="qconv_me", pads=[1, 1, 1, 1]),

@@ -3,6 +3,7 @@ runs interleaved (run f, run q, run f, ...), so that the speed changes of a shar
 the median of the per-pair ratios (with p10 / p90). Public API only (``qconv.onnx``).
 
     python -m benchmarks.labs.interleaved [--runs 20] [--scheme int8-ch-sym] [--size 640] [--threads 2]
+                                          [--min-weights N]
 """
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ def main(argv=None):
     ap.add_argument("--scheme", default="int8-ch-sym")
     ap.add_argument("--size", type=int, default=640)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--min-weights", type=int, default=0, help="quantize_model(min_weights=...)")
     args = ap.parse_args(argv)
     path = rapidocr_model("ch_PP-OCRv4_det_infer.onnx")
     x = det_input(args.size)
-    q = qo.InferenceSession(qo.quantize_model(onnx.load(path), scheme=args.scheme), threads=args.threads)
+    q = qo.InferenceSession(qo.quantize_model(onnx.load(path), scheme=args.scheme, min_weights=args.min_weights), threads=args.threads)
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -64,7 +64,8 @@ def quantize_main(args) -> int:
         calib = [_feeds(model, [c], shape, _floats(args.mean), _floats(args.std)) for c in args.calibration]
     t0 = time.perf_counter()
     q = quantize_model(model, None if args.plan else args.scheme, plan=args.plan, calibration=calib,
-                       fuse=not args.no_fuse, act_quant=args.act_quant, act_block=args.act_block)
+                       fuse=not args.no_fuse, act_quant=args.act_quant, act_block=args.act_block,
+                       min_weights=args.min_weights)
     seconds = time.perf_counter() - t0
     onnx.save(q, args.output)
     s = model_summary(q)
@@ -162,7 +163,10 @@ def add_subcommands(sub) -> None:
     q.add_argument("--input-shape", help="N,C,H,W images are resized to (default: the model's, dynamic 256)")
     q.add_argument("--mean", help="image normalisation (x - mean) / std, e.g. 0.5 or 0.485,0.456,0.406")
     q.add_argument("--std", help="see --mean")
-    q.add_argument("--no-fuse", action="store_true", help="do not fuse Relu/Clip/bias Add into the qconv nodes")
+    q.add_argument("--no-fuse", action="store_true",
+                   help="do not fuse the activation and affine ops that follow a layer into its qconv node")
+    q.add_argument("--min-weights", type=int, default=0, metavar="N",
+                   help="layers with fewer than N weights stay float (default 0: quantize every layer)")
     q.set_defaults(func=quantize_main)
 
     r = sub.add_parser("run", help="run an ONNX model (quantized by `quantize`) with qconv's kernels and time it")

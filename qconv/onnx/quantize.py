@@ -222,7 +222,7 @@ def layer_act_block(weight, act_block: int) -> int:
 
 
 def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str | None = None, calibration=None,
-                   *, fuse: bool = True, act_quant: str | None = None, act_block: int = 0):
+                   *, fuse: bool = True, act_quant: str | None = None, act_block: int = 0, min_weights: int = 0):
     """Quantize the Conv / constant-weight MatMul / Gemm layers of an ONNX model into qconv nodes.
 
     ``model``: ``onnx.ModelProto`` (not modified) or a path. ``scheme``: a scheme label for every layer
@@ -233,7 +233,10 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
     dict, an array for the first input, or a list of those; default the seeded random feed ``inspect`` uses,
     which suits no image model: pass real inputs, held out from those you evaluate on). ``fuse``: fold the
     per-channel affine ops (bias Add, Mul, BatchNormalization, ...) and the Relu / Clip(0, 6) that follow a layer
-    into its node (see the module docstring).
+    into its node (see the module docstring). ``min_weights``: layers with fewer weights stay float (0: none);
+    the smallest layers (a network's first RGB conv, depthwise and squeeze-excitation convs) hold a tiny share of
+    the bytes, while quantizing their activations costs more than their float arithmetic on a CPU without VNNI
+    (``qconv/onnx/README.md`` measures PP-OCRv4 det with ``min_weights=1024``).
 
     ``act_quant``: the activation mode the session runs the nodes with (``"tensor"``, ``"row"``, ``"block"``;
     None: the plan's, else the session's default); ``act_block``: with ``"block"``, the input channels per
@@ -257,6 +260,7 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         act_quant = plan.act_quant
     V.check_choice(act_quant, "act_quant", ("tensor", "row", "block", None))
     act_block = V.check_int(act_block, "act_block", minimum=0)
+    min_weights = V.check_int(min_weights, "min_weights", minimum=0)
     if act_block and act_quant != "block":
         raise ValueError(f"act_block={act_block} needs act_quant='block' (got {act_quant!r})")
     skipped: dict = {}
@@ -298,6 +302,9 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         sch = schemes[layer.name]
         if sch.bits is None:
             summary["float"][layer.name] = "float in the plan"
+            continue
+        if layer.weight.size < min_weights:
+            summary["float"][layer.name] = f"{layer.weight.size} weights < min_weights={min_weights}"
             continue
         kw = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
         weight, bias, activation, out_name, fused, folded = layer.weight, layer.bias, None, layer.output_name, [], []
