@@ -14,7 +14,8 @@ the Paddle export's Constant-node weights into initializers: on the file as ship
 --weightQuantBlock 32``], run with ``memory=low``), ``qconv-int8-ch`` (int8-ch-sym), ``qconv-plan25`` (the
 plan ``inspect --target-sqnr 25`` picks on the same image from int4-b32/b64-asym-mse, int8-ch-sym and float),
 ``qconv-int4-b32-mse`` (int4-b32-asym-mse), ``qconv-int8-ch-min1k`` (int8-ch-sym with ``min_weights=1024``: the
-layers of fewer than 1024 weights stay float), ``qconv-int8-gptq-bc`` (the int8 per-channel accuracy recipe:
+layers of fewer than 1024 weights stay float), ``qconv-int8-ch-f32act`` (int8-ch-sym run with ``act_quant=None``:
+float activations, weight-only quantization), ``qconv-int8-gptq-bc`` (the int8 per-channel accuracy recipe:
 int8-ch-sym-gptq-bc weights calibrated on one held-out picture of ``labs/accuracy.py``, ``act_quant="block"``
 with ``act_block`` 8). Each row runs in its own process (peak RSS is that process's):
 latency median / p90 over ``--repeat`` runs after one warm-up at ``--threads``, SQNR of the output against
@@ -45,10 +46,11 @@ from qconv._timing import peak_rss_mb  # VmHWM: ru_maxrss carries the parent's p
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = os.environ.get("QCONV_BENCH_IMAGE", os.path.join(ROOT, "..", "shared", "data", "text_640.png"))
 ROWS = ("ort-float", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-int8-ch", "qconv-int8-ch-min1k",
-        "qconv-int8-gptq-bc", "qconv-plan25", "qconv-int4-b32-mse")
+        "qconv-int8-ch-f32act", "qconv-int8-gptq-bc", "qconv-plan25", "qconv-int4-b32-mse")
 QCONV_SCHEMES = {"qconv-int8-ch": "int8-ch-sym", "qconv-int8-ch-min1k": "int8-ch-sym",
-                 "qconv-int4-b32-mse": "int4-b32-asym-mse"}
+                 "qconv-int8-ch-f32act": "int8-ch-sym", "qconv-int4-b32-mse": "int4-b32-asym-mse"}
 MIN_WEIGHTS = {"qconv-int8-ch-min1k": 1024}   # quantize_model(min_weights=...): smaller layers stay float
+SESSION_OPTIONS = {"qconv-int8-ch-f32act": dict(act_quant=None)}   # float activations (weight-only quantization)
 PLAN_CANDIDATES = "int4-b32-asym-mse,int4-b64-asym-mse,int8-ch-sym,float"
 
 
@@ -182,7 +184,7 @@ def _runner(row: str, path: str, x: np.ndarray, threads: int):
         return (lambda: sess.run(None, {name: x})[0]), {}
     import qconv.onnx as qo
 
-    sess = qo.InferenceSession(path, threads=threads)
+    sess = qo.InferenceSession(path, threads=threads, **SESSION_OPTIONS.get(row, {}))
     name = sess.get_inputs()[0].name
     return (lambda: sess.run(None, {name: x})[0]), dict(qconv_nodes=len(sess.kernels))
 

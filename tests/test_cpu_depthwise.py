@@ -87,6 +87,24 @@ def test_depthwise_matches_oracle_and_general_path(kernel, case, aq, layout):
     assert np.array_equal(one.forward(x).view(np.uint32), y.view(np.uint32)), "1 vs 2 threads differ"
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(case=dw_cases(), layout=st.sampled_from(["nchw", "nc4hw4"]))
+@settings(deadline=None)
+def test_depthwise_float_activations(kernel, case, layout):
+    """act_quant=None on the depthwise path: float32 sums of the input as it is (kind 3), within the oracle's
+    tolerance like the general path's float kernel, and the same bits on 1 and 2 threads."""
+    geo, weight, x, bias, act = case
+    spec = _spec(geo, weight, bias, act, None)
+    dw = CpuEngine(spec, threads=2, kernel=kernel)
+    assert "depthwise" in dw.describe()
+    y = _run(dw, x, layout, geo.o)
+    assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
+    gen = CpuEngine(spec, threads=1, kernel=kernel, depthwise=False)
+    assert_matches_reference(gen.forward(x), x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
+    one = CpuEngine(spec, threads=1, kernel=kernel)
+    assert np.array_equal(one.forward(x).view(np.uint32), y.view(np.uint32)), "1 vs 2 threads differ"
+
+
 @given(case=dw_cases(max_kernel=5), layout=st.sampled_from(["nchw", "nc4hw4"]),
        out_int8=st.booleans(), zp=st.integers(-128, 127))
 @settings(deadline=None)
@@ -124,7 +142,7 @@ def test_large_kernel_chunks_stay_exact():
         assert _same(CpuEngine(spec, threads=1, depthwise=False).forward(x), y)
 
 
-@pytest.mark.parametrize("aq", ["tensor", "row", "block"])
+@pytest.mark.parametrize("aq", ["tensor", "row", "block", None])
 def test_nonfinite_input_rejected(aq):
     w = qconv.quantize_weight(np.ones((4, 1, 3, 3), np.float32), groups=4)
     eng = CpuEngine(ConvSpec(w, None, 1, 1, act_quant=aq), threads=2)

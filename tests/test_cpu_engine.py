@@ -32,7 +32,7 @@ def _engine(weight, bias, geo, act, aq, **kw):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@given(case=conv_cases(), aq=st.sampled_from(["tensor", "row"]), tile_cols=st.sampled_from([16, 16, 5, 1]))
+@given(case=conv_cases(), aq=st.sampled_from(["tensor", "row", None]), tile_cols=st.sampled_from([16, 16, 5, 1]))
 def test_matches_reference(kernel, case, aq, tile_cols):
     geo, weight, x, bias, act = case
     eng = _engine(weight, bias, geo, act, aq, kernel=kernel, threads=2, tile_cols=tile_cols)
@@ -41,7 +41,7 @@ def test_matches_reference(kernel, case, aq, tile_cols):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@given(case=conv_cases(pointwise=True), aq=st.sampled_from(["tensor", "row"]))
+@given(case=conv_cases(pointwise=True), aq=st.sampled_from(["tensor", "row", None]))
 def test_pointwise_matches_reference(kernel, case, aq):
     geo, weight, x, bias, act = case
     eng = _engine(weight, bias, geo, act, aq, kernel=kernel, threads=2)
@@ -259,6 +259,33 @@ def test_hardswish_is_the_activation_applied_to_the_plain_output(kernel, shape):
     np.testing.assert_array_equal(hsw, reference.apply_activation(plain, "hardswish"))
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_float_activations_take_nonfinite_through_the_layer(kernel):
+    """act_quant=None (float activations) has no quantization pass: its pixel-major copy of the input refuses NaN /
+    inf (NCHW through the transpose and NC4HW4 lane by lane), and NC4HW4 padding lanes stay ignored."""
+    rng = np.random.default_rng(3)
+    w = qconv.quantize_weight(rng.standard_normal((8, 6, 3, 3)).astype(np.float32), bits=4, block_size=2,
+                              symmetric=False)
+    layer = qconv.Conv2d(w, padding=1, act_quant=None, kernel=kernel, threads=2)
+    assert layer.engine.rejects_nonfinite and layer.engine.geometry.float_act
+    x = rng.standard_normal((2, 6, 5, 5)).astype(np.float32)
+    xp = P4.pack_array(x)
+    xp[-1, ..., 2:] = np.nan
+    np.testing.assert_array_equal(P4.unpack_array(layer(xp, layout="nc4hw4"), 8), layer(x))
+    for i, bad in enumerate((np.inf, -np.inf, np.nan)):
+        xb = x.copy()
+        xb[1, 2 + i, 3, 4 - i] = bad
+        for layout, xin in (("nchw", xb), ("nc4hw4", P4.pack_array(xb))):
+            with pytest.raises(ValueError, match="NaN or inf"):
+                layer(xin, layout=layout)
+    wide = qconv.Conv2d(qconv.quantize_weight(rng.standard_normal((4, 16, 1, 1)).astype(np.float32)), act_quant=None,
+                        kernel=kernel, threads=2)   # 16 channels: the 8x8 transpose blocks
+    xw = rng.standard_normal((1, 16, 3, 9)).astype(np.float32)
+    xw[0, 11, 1, 6] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        wide(xw)
+
+
 def test_depthwise_many_groups():
     rng = np.random.default_rng(2)
     w = qconv.quantize_weight(rng.standard_normal((48, 1, 3, 3)).astype(np.float32), groups=48)
@@ -387,7 +414,7 @@ def test_bad_inputs_never_crash():
     with pytest.raises(ValueError, match="output height"):
         CpuEngine(ConvSpec(w), threads=2).forward(np.zeros((1, 6, 1, 1), np.float32))
     with pytest.raises(ValueError, match="act_quant"):
-        CpuEngine(ConvSpec(w, act_quant=None))
+        CpuEngine(ConvSpec(w, act_quant="channel"))
     for aq in ("tensor", "row"):
         e = CpuEngine(ConvSpec(w, padding=1, act_quant=aq), threads=2)
         for bad in (np.nan, np.inf, -np.inf):

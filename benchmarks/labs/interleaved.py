@@ -3,7 +3,7 @@ runs interleaved (run f, run q, run f, ...), so that the speed changes of a shar
 the median of the per-pair ratios (with p10 / p90). Public API only (``qconv.onnx``).
 
     python -m benchmarks.labs.interleaved [--runs 20] [--scheme int8-ch-sym] [--size 640] [--threads 2]
-                                          [--min-weights N]
+                                          [--min-weights N] [--act-quant none]
 """
 from __future__ import annotations
 
@@ -27,10 +27,13 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=640)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-weights", type=int, default=0, help="quantize_model(min_weights=...)")
+    ap.add_argument("--act-quant", default="auto", choices=("auto", "tensor", "row", "block", "none"),
+                    help="the session's activation mode (none: float activations)")
     args = ap.parse_args(argv)
     path = rapidocr_model("ch_PP-OCRv4_det_infer.onnx")
     x = det_input(args.size)
-    q = qo.InferenceSession(qo.quantize_model(onnx.load(path), scheme=args.scheme, min_weights=args.min_weights), threads=args.threads)
+    q = qo.quantize_model(onnx.load(path), scheme=args.scheme, min_weights=args.min_weights)
+    q = qo.InferenceSession(q, threads=args.threads, act_quant=None if args.act_quant == "none" else args.act_quant)
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -47,6 +47,7 @@ cdef extern from "qconv_kernels.h" nogil:
         const uint8_t *wa
         int64_t wa_bstride, wa_tstride
         int32_t kp, amx_min
+        float *wf
 
     void qc_gemm(const qc_gemm_args *g, int variant)
     void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, int32_t abias,
@@ -65,6 +66,12 @@ cdef extern from "qconv_kernels.h" nogil:
     int qc_best_kernel()
 
 
+cdef extern from "qconv_float.h" nogil:
+    void qc_gemm_f32(const qc_gemm_args *g, int variant)
+    int64_t qc_pixels_f32(const float *src, int64_t C, int64_t npx, int64_t sst, float *dst, int64_t ldd,
+                          int variant)
+
+
 # Everything one forward call needs, as plain C data (built under the GIL, read by nogil workers).
 cdef struct ConvJob:
     # input / output geometry
@@ -73,7 +80,9 @@ cdef struct ConvJob:
     int GNB, OCU, OCp, bits, variant, tile_cols
     int abias              # stored activation bytes are xq + abias: 128 (u8, int8 weights) or 0 (s8: int4 weights,
                            # or int8 weights in the AVX2 sign form, ConvGeometry.signed_input)
-    int64_t Ltot1          # bytes per pixel of the quantized input Q = GNB * BCp
+    int64_t Ltot1          # values per pixel of the pixel-major input Q = GNB * BCp (bytes; float_act: floats)
+    int float_act          # act_quant=None: Q holds the float32 input itself, the GEMM is qc_gemm_f32, no PS / S
+    int64_t pix_bytes      # bytes per Q pixel row: Ltot1, or 4 * Ltot1 with float_act
     int64_t ldo            # floats per out-scratch row = G * OCp
     # weights and fused tables (prepared once per layer)
     const uint8_t *w
@@ -93,8 +102,8 @@ cdef struct ConvJob:
     int64_t wa_gstride, wa_bstride, wa_tstride
     int kp, amx_min
     # activations of this call
-    const uint8_t *Q       # (N*H*W, Ltot1) xq + abias, padded lanes = zpu
-    const int32_t *PS      # (N*H*W, GNB) per-pixel block sums of u = xq - z
+    const uint8_t *Q       # (N*H*W, Ltot1) xq + abias, padded lanes = zpu (float_act: float32 x, padded lanes 0)
+    const int32_t *PS      # (N*H*W, GNB) per-pixel block sums of u = xq - z (NULL with float_act)
     const float *dxn       # (N,) activation scale per sample
     int32_t zpu            # z + abias (the same for every sample): the stored zero point
     const uint8_t *zrow    # (Ltot1,) bytes of zpu: what out-of-image taps point to
@@ -117,6 +126,8 @@ cdef struct ConvJob:
     const float *xp        # (N*H*W, C) float32 pixel-major input
     uint8_t *A             # (slots, tile_cols, Lcol)
     float *DXB             # (slots, tile_cols, GNB) activation scale per (column, fine block)
+    float *WF              # float_act: (threads, wf_len) each thread's packed float weights (qconv_float.h)
+    int64_t wf_len
     # set by the run: threads its parallel loops were given, and 1 when it split output-channel tiles
     int used_threads, channel_split
 
@@ -146,7 +157,7 @@ cdef struct QuantJob:
 cdef class ConvGeometry:
     cdef readonly int in_channels, out_channels, groups, n_blocks, block_channels, block_icl
     cdef readonly int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w
-    cdef readonly int oc_tiles, bits, tile_cols, block_mode, act_block, signed_input, hardswish
+    cdef readonly int oc_tiles, bits, tile_cols, block_mode, act_block, signed_input, hardswish, float_act
     cdef readonly int64_t w_tile_stride, w_block_stride, w_group_stride
     cdef readonly float lo, hi
 

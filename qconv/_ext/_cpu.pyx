@@ -59,12 +59,16 @@ def openmp_enabled():
 cdef extern from *:
     """
     #ifdef _OPENMP
+    #include <omp.h>
     static int _qc_openmp(void) { return 1; }
+    static int _qc_thread(void) { return omp_get_thread_num(); }
     #else
     static int _qc_openmp(void) { return 0; }
+    static int _qc_thread(void) { return 0; }
     #endif
     """
     int _openmp "_qc_openmp"() nogil
+    int _thread_num "_qc_thread"() nogil
 
 
 cdef extern from *:
@@ -314,6 +318,53 @@ cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil:
     return fails
 
 
+cdef int64_t _float_pixels(QuantJob *q, int nthreads) noexcept nogil:
+    """``act_quant=None``: the float32 input (NCHW or NC4HW4 pack 4) into pixel-major float rows of ``Ltot1``
+    values at ``(float *) Q`` (channel ``c`` at ``chpos[c]``, padded lanes 0), a run of image rows per work item.
+    Returns the number of NaN / inf values among the real channels (0: all finite)."""
+    cdef int64_t r, n, h, nh, w, c, pix0, npx, rph, per_img, i
+    cdef int64_t bad = 0
+    cdef float v
+    cdef float *xf = <float *> q.Q
+    cdef const float *x = <const float *> q.x
+    cdef const float *src
+    cdef float *dst
+    cdef int nt = nthreads
+    rph = (1024 + q.W - 1) // q.W
+    per_img = (q.H + rph - 1) // rph
+    if nt > q.N * per_img:
+        nt = <int> (q.N * per_img)
+    q.used_threads = nt
+    for r in prange(q.N * per_img, nogil=True, num_threads=nt, schedule="static"):
+        n = r // per_img
+        h = (r % per_img) * rph
+        nh = q.H - h if q.H - h < rph else rph
+        npx = nh * q.W
+        pix0 = (n * q.H + h) * q.W
+        if q.Ltot1 > q.C or not q.contiguous:
+            memset(xf + pix0 * q.Ltot1, 0, npx * q.Ltot1 * sizeof(float))
+        if q.contiguous and not q.nc4hw4:
+            bad += qc_pixels_f32(x + (n * q.C * q.H + h) * q.W, q.C, npx, q.H * q.W, xf + pix0 * q.Ltot1, q.Ltot1,
+                                 q.variant)
+            continue
+        for c in range(q.C):
+            if q.nc4hw4:
+                src = x + ((((c // 4) * q.N + n) * q.H + h) * q.W) * 4 + c % 4
+                dst = xf + pix0 * q.Ltot1 + q.chpos[c]
+                for i in range(npx):
+                    v = src[4 * i]
+                    bad += not (v - v == 0)
+                    dst[i * q.Ltot1] = v
+            else:
+                src = x + ((n * q.C + c) * q.H + h) * q.W
+                dst = xf + pix0 * q.Ltot1 + q.chpos[c]
+                for i in range(npx):
+                    v = src[i]
+                    bad += not (v - v == 0)
+                    dst[i * q.Ltot1] = v
+    return bad
+
+
 # ----------------------------------------------------------------------------------------------------
 # per-tile helpers: im2col blit, GEMM over output-channel tiles, store
 # ----------------------------------------------------------------------------------------------------
@@ -337,7 +388,7 @@ cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP,
     cdef int e, ky, kx, b, t
     cdef int KH = j.KH, KW = j.KW, K = j.K, GNB = j.GNB
     cdef int64_t H = j.H, W = j.W, OH = j.OH, OW = j.OW, sh = j.sh, sw = j.sw, ph = j.ph, pw = j.pw
-    cdef int64_t dh = j.dh, dw = j.dw, Ltot1 = j.Ltot1
+    cdef int64_t dh = j.dh, dw = j.dw, Ltot1 = j.pix_bytes
     cdef int64_t ylast = (KH - 1) * dh, xlast = (KW - 1) * dw, dhW = dh * W
     cdef const uint8_t *Q = j.Q
     cdef const uint8_t *zrow = j.zrow
@@ -351,7 +402,8 @@ cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP,
         # pointwise, stride 1, no padding: column p reads pixel p, its block sums are the pixel's
         for e in range(ncols):
             AP[e] = Q + (p0 + e) * Ltot1
-        memcpy(S, PS + p0 * GNB, ncols * GNB * sizeof(int32_t))
+        if PS != NULL:
+            memcpy(S, PS + p0 * GNB, ncols * GNB * sizeof(int32_t))
         return
     n = p0 // j.OHW
     oy = (p0 % j.OHW) // OW
@@ -361,6 +413,16 @@ cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP,
         s = S + e * GNB
         iy0 = oy * sh - ph
         ix0 = ox * sw - pw
+        if PS == NULL:
+            # float activations: pointers only (the kernel needs no block sums)
+            for ky in range(KH):
+                iy = iy0 + ky * dh
+                rowok = 0 <= iy < H
+                for kx in range(KW):
+                    ix = ix0 + kx * dw
+                    ap[ky * KW + kx] = Q + ((n * H + iy) * W + ix) * Ltot1 if rowok and 0 <= ix < W else zrow
+            _next_pixel(&n, &oy, &ox, OH, OW)
+            continue
         if GNB == 1 and iy0 >= 0 and ix0 >= 0 and iy0 + ylast < H and ix0 + xlast < W:
             # interior column, one block
             acc = 0
@@ -524,6 +586,10 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     a.asigned = j.abias == 0
     a.lo = j.lo
     a.hi = j.hi
+    if j.float_act:
+        a.wf = j.WF + <int64_t> _thread_num() * j.wf_len   # this thread's packed float weights
+        qc_gemm_f32(&a, j.variant)
+        return
     a.wa = (j.wa + g * j.wa_gstride + k0 * j.wa_bstride + t0 * j.wa_tstride) if j.wa != NULL else NULL
     a.wa_bstride = j.wa_bstride
     a.wa_tstride = j.wa_tstride
@@ -712,7 +778,8 @@ cdef class ConvGeometry:
     weight tiles' channel tiles, blocks and groups); ``lo``/``hi`` (float activation clamp); ``block_mode`` (1 for
     ``act_quant="block"``) and ``act_block`` (input channels per activation block there, a multiple of
     ``block_channels``; 0 = ``block_channels``); ``signed_input`` (1: the AVX2 sign form); ``hardswish`` (1:
-    ``(v * min(max(v + 3, 0), 6)) / 6`` after the clamp, applied to each tile before its store).
+    ``(v * min(max(v + 3, 0), 6)) / 6`` after the clamp, applied to each tile before its store); ``float_act`` (1:
+    ``act_quant=None``, float32 activations: the pixel-major input holds floats and ``qconv_float.h`` runs).
 
     Derived (properties): ``taps``, ``group_out_channels``, ``gemm_blocks`` (groups * n_blocks), ``oc_padded``.
     """
@@ -721,7 +788,7 @@ cdef class ConvGeometry:
                  int block_icl, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w,
                  int dilation_h, int dilation_w, int oc_tiles, int bits, int tile_cols, int64_t w_tile_stride,
                  int64_t w_block_stride, int64_t w_group_stride, float lo, float hi, int block_mode=0,
-                 int act_block=0, int signed_input=0, int hardswish=0):
+                 int act_block=0, int signed_input=0, int hardswish=0, int float_act=0):
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups),
                         ("n_blocks", n_blocks), ("block_channels", block_channels), ("kernel_h", kernel_h),
                         ("kernel_w", kernel_w), ("stride_h", stride_h), ("stride_w", stride_w),
@@ -731,8 +798,10 @@ cdef class ConvGeometry:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         if bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {bits}")
-        if hardswish not in (0, 1):
-            raise ValueError("hardswish must be 0 or 1")
+        if hardswish not in (0, 1) or float_act not in (0, 1):
+            raise ValueError("hardswish and float_act must be 0 or 1")
+        if float_act and (block_mode or signed_input):
+            raise ValueError("float_act excludes block_mode and signed_input")
         if signed_input not in (0, 1) or (signed_input and bits != 8):
             raise ValueError("signed_input must be 0 or 1, and 1 only with int8 weights")
         if pad_h < 0 or pad_w < 0 or act_block < 0 or w_tile_stride < 0 or w_block_stride < 0 or w_group_stride < 0:
@@ -756,6 +825,7 @@ cdef class ConvGeometry:
         self.block_mode, self.act_block = block_mode, act_block
         self.signed_input = signed_input
         self.hardswish = hardswish
+        self.float_act = float_act
 
     @property
     def taps(self):
@@ -782,7 +852,7 @@ cdef class ConvGeometry:
         names = ("in_channels", "out_channels", "groups", "n_blocks", "block_channels", "block_icl", "kernel_h",
                  "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "oc_tiles", "bits",
                  "tile_cols", "w_tile_stride", "w_block_stride", "w_group_stride", "lo", "hi", "block_mode",
-                 "act_block", "signed_input", "hardswish")
+                 "act_block", "signed_input", "hardswish", "float_act")
         return "ConvGeometry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
 
 
@@ -802,13 +872,15 @@ cdef void _geometry_into(ConvGeometry geo, ConvJob *j):
     j.tile_cols = geo.tile_cols
     j.abias = 128 if j.bits == 8 and not geo.signed_input else 0
     j.Ltot1 = <int64_t> j.GNB * j.BCp
+    j.float_act = geo.float_act
+    j.pix_bytes = 4 * j.Ltot1 if j.float_act else j.Ltot1
     j.ldo = <int64_t> j.G * j.OCp
     j.w_tstride, j.w_bstride, j.w_gstride = geo.w_tile_stride, geo.w_block_stride, geo.w_group_stride
     j.lo, j.hi = geo.lo, geo.hi
     j.hswish = geo.hardswish
     j.block_mode = geo.block_mode
     j.AB = geo.act_block
-    j.a_bs = (<int64_t> j.K * j.BCp) if j.block_mode else j.BCp
+    j.a_bs = (<int64_t> j.K * j.BCp) if j.block_mode else (4 * j.BCp if j.float_act else j.BCp)
     j.Lcol = <int64_t> j.GNB * j.K * j.BCp
 
 
@@ -829,7 +901,7 @@ cdef class ConvPlan:
     cdef const uint16_t[::1] hscale, hoffset
     cdef uint8_t[::1] Q, zrow, APb, Ab
     cdef int32_t[::1] PS, S, zb
-    cdef float[::1] OUT, DXC, DXBb, qsb, dxb
+    cdef float[::1] OUT, DXC, DXBb, WFb, qsb, dxb
     cdef int contiguous, bound_slots
     cdef int64_t bound_pixels
     cdef public int variant
@@ -895,9 +967,10 @@ cdef class ConvPlan:
         """True once :meth:`set_amx` bound AMX tiles."""
         return self.job.wa != NULL
 
-    def bind(self, Q, PS, zrow, AP, S, OUT, DXC, qs, z, dx, int slots, int64_t pixels, A=None, DXB=None):
+    def bind(self, Q, PS, zrow, AP, S, OUT, DXC, qs, z, dx, int slots, int64_t pixels, A=None, DXB=None, WF=None):
         """Use these scratch arrays (sized by :class:`qconv.cpu.CpuEngine` for ``slots`` threads and an input of
-        ``pixels`` = N*H*W) in the following :meth:`act_params` / :meth:`forward` calls; ``qs``/``z``/``dx``: the
+        ``pixels`` = N*H*W; with ``float_act`` ``Q`` holds ``4*Ltot1`` bytes a pixel, ``zrow`` ``4*Ltot1`` bytes, ``PS``
+        may be None and ``WF`` float32 holds ``slots * wf_len`` values) in the following :meth:`act_params` / :meth:`forward` calls; ``qs``/``z``/``dx``: the
         per-sample activation parameters, float32 / int32 / float32 ``(N,)``. Block mode also needs ``A`` uint8
         ``(slots*tile_cols*Lcol,)`` and ``DXB`` float32 ``(slots*tile_cols*GNB,)``."""
         cdef ConvJob *j = &self.job
@@ -910,14 +983,18 @@ cdef class ConvPlan:
                 raise ValueError("block mode scratch (A, DXB) missing or too small")
             self.Ab = A
             self.DXBb = DXB
-        if (AP.dtype != np.uintp or AP.shape[0] < slots * j.tile_cols * j.K or zrow.shape[0] < j.Ltot1
-                or Q.shape[0] < pixels * j.Ltot1 or PS.shape[0] < pixels * j.GNB
+        if (AP.dtype != np.uintp or AP.shape[0] < slots * j.tile_cols * j.K or zrow.shape[0] < j.pix_bytes
+                or Q.shape[0] < pixels * j.pix_bytes or (not j.float_act and PS.shape[0] < pixels * j.GNB)
                 or S.shape[0] < slots * j.tile_cols * j.GNB or OUT.shape[0] < slots * j.tile_cols * j.ldo
                 or DXC.shape[0] < slots * j.tile_cols):
             raise ValueError("scratch buffers too small")
+        if j.float_act:
+            if WF is None or WF.shape[0] < slots * self.wf_len:
+                raise ValueError("float_act scratch (WF) missing or too small")
+            self.WFb = WF
         self.Q, self.PS, self.zrow, self.S, self.OUT, self.DXC = Q, PS, zrow, S, OUT, DXC
         self.APb = AP.view(np.uint8)
-        self.keep_scratch = (Q, PS, zrow, AP, S, OUT, DXC, qs, z, dx, A, DXB)
+        self.keep_scratch = (Q, PS, zrow, AP, S, OUT, DXC, qs, z, dx, A, DXB, WF)
         self.bound_slots = slots
         self.bound_pixels = pixels
 
@@ -925,7 +1002,7 @@ cdef class ConvPlan:
         """Drop the bound scratch (the next call needs :meth:`bind` again): the plan then holds no reference to
         the scratch arrays, so whoever owns them (the engine's scratch arena) decides when they are freed."""
         self.Q = self.PS = self.zrow = self.S = self.OUT = self.DXC = self.APb = None
-        self.qsb = self.zb = self.dxb = self.Ab = self.DXBb = None
+        self.qsb = self.zb = self.dxb = self.Ab = self.DXBb = self.WFb = None
         self.keep_scratch = None
         self.bound_slots = 0
         self.bound_pixels = -1
@@ -942,6 +1019,12 @@ cdef class ConvPlan:
     @property
     def lcol(self):
         return self.job.Lcol
+
+    @property
+    def wf_len(self):
+        """float_act: floats of one thread's GEMM scratch: a channel tile's block of packed float weights
+        (``128 * taps * bq``), then partial sums and block sums of up to ``tile_cols`` columns (``33 * tile_cols``)."""
+        return 32 * self.job.K * self.job.BCp + 33 * self.job.tile_cols
 
     def act_params(self, x, int nchw_input, int row_mode, int threads):
         """Dynamic activation parameters of float32 ``x`` (NCHW, or NC4HW4 pack 4) into the bound ``qs``/``z``/``dx``:
@@ -1000,10 +1083,10 @@ cdef class ConvPlan:
         j.OHW = j.OH * j.OW
         j.P = N * j.OHW
         j.Q = &self.Q[0]
-        j.PS = &self.PS[0]
+        j.PS = NULL if j.float_act else &self.PS[0]
         j.dxn = &dx[0]
-        j.zpu = z[0] + j.abias
-        memset(&self.zrow[0], j.zpu & 255, j.Ltot1)
+        j.zpu = 0 if j.float_act else z[0] + j.abias
+        memset(&self.zrow[0], j.zpu & 255, j.pix_bytes)
         j.zrow = &self.zrow[0]
         j.AP = <const uint8_t **> &self.APb[0]
         j.S = &self.S[0]
@@ -1030,6 +1113,9 @@ cdef class ConvPlan:
             if bad:
                 raise ValueError("x contains NaN or infinite values")
             return y
+        if j.float_act:
+            self._forward_float(&j, x, nchw_input, y, threads)
+            return y
         _fill_quant(&q, x, nchw_input, j.C, qs, z, qlo, qhi, self.chpos, j.Ltot1, j.GNB, j.BCp, j.variant,
                     &self.Q[0], &self.PS[0], self.contiguous, j.abias, quant_serial)
         with nogil:
@@ -1038,6 +1124,23 @@ cdef class ConvPlan:
                 _run(&j, threads)
         if bad:
             raise MemoryError("the CPU engine's quantization pass could not allocate its row buffers")
+        self.last_threads = (q.used_threads, j.used_threads, j.channel_split)
+        return y
+
+    cdef _forward_float(self, ConvJob *j, x, int nchw_input, y, int threads):
+        """``float_act``: the float32 input into pixel-major rows of ``Q`` (:func:`_float_pixels`), then the GEMM."""
+        cdef QuantJob q
+        j.WF = &self.WFb[0]
+        j.wf_len = self.wf_len
+        _fill_quant(&q, x, nchw_input, j.C, self.qsb, self.zb, 0, 0, self.chpos, j.Ltot1, j.GNB, j.BCp, j.variant,
+                    &self.Q[0], NULL, self.contiguous, 0, 0)
+        cdef int64_t bad
+        with nogil:
+            bad = _float_pixels(&q, threads)
+            if not bad:
+                _run(j, threads)
+        if bad:
+            raise ValueError("x contains NaN or infinite values")
         self.last_threads = (q.used_threads, j.used_threads, j.channel_split)
         return y
 

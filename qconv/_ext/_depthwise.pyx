@@ -107,7 +107,8 @@ cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
 cdef class DepthwisePlan:
     """Prepared depthwise layer (built by :class:`qconv.cpu.CpuEngine` when :func:`is_depthwise` holds).
 
-    ``spec``: the :class:`~qconv.geometry.ConvSpec` (act_quant ``"tensor"``, ``"row"`` or ``"block"``);
+    ``spec``: the :class:`~qconv.geometry.ConvSpec` (act_quant ``"tensor"``, ``"row"``, ``"block"`` or None: float
+    activations, the input rows taken as they are and summed in float32);
     ``kernel``: the engine's kernel name (``"scalar"`` runs the portable code, the others AVX2 + FMA);
     ``input_qparams`` / ``output_qparams``: the engine's static int8 ``(scale, zero_point)`` pairs or None.
 
@@ -137,8 +138,8 @@ cdef class DepthwisePlan:
         self.vec = 0 if kernel == "scalar" else 1
         self.input_qparams = input_qparams
         self.output_qparams = output_qparams
-        self.mode = "static" if input_qparams is not None else spec.act_quant
-        if self.mode not in ("static", "tensor", "row", "block"):
+        self.mode = "static" if input_qparams is not None else spec.act_quant or "float"
+        if self.mode not in ("static", "tensor", "row", "block", "float"):
             raise ValueError(f"act_quant {spec.act_quant!r} is not supported by the depthwise path")
         o = w.out_channels
         self.M = o // w.in_channels
@@ -183,7 +184,7 @@ cdef class DepthwisePlan:
         last = x.shape[0] - 1
         full = x if not tail else x[:last]
         e = _qparams()
-        if self.mode == "tensor":
+        if self.mode in ("tensor", "float"):   # float: the range pass only refuses NaN / inf
             if full.size:
                 lo, hi = _cpu.minmax(full.reshape(-1), threads, self.kernel)
             else:
@@ -195,6 +196,8 @@ cdef class DepthwisePlan:
                 hi = th if full.size == 0 or th > hi or th != th else hi
             if not (np.isfinite(lo) and np.isfinite(hi)):
                 raise ValueError("x contains NaN or infinite values")
+            if self.mode == "float":
+                return qs, z, dx, -127, 127
             q, d, zz = e.tensor_qparams(lo, hi)
             qs.fill(q)
             dx.fill(d)
@@ -279,7 +282,7 @@ cdef class DepthwisePlan:
         j.y = <void *> &yb[0]
         j.band = band
         j.vec = self.vec
-        j.kind = 1 if self.mode == "static" else 2 if self.mode == "block" else 0
+        j.kind = {"static": 1, "block": 2, "float": 3}.get(self.mode, 0)
         j.x = <const void *> &xb[0]
         nt = threads
         with nogil:

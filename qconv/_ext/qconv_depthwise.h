@@ -42,7 +42,8 @@
 typedef struct {
     int64_t N, C, H, W, OH, OW;   /* input (N, C, H, W); output (N, C*M, OH, OW) */
     int32_t M, KH, KW, sh, sw, ph, pw, dh, dw;
-    int32_t kind;                 /* 0: float x quantized here; 1: int8 x (static path); 2: float x (block mode) */
+    int32_t kind;                 /* 0: float x quantized here; 1: int8 x (static path); 2: float x (block mode);
+                                   * 3: float x as it is (act_quant=None: float sums, no int32 chunks) */
     int32_t in_nc4hw4;            /* input layout: 0 NCHW (N, C, H, W); 1 NC4HW4 (ceil(C/4), N, H, W, 4) */
     const void *x;
     const int32_t *z;             /* (N,) zero points (kinds 0 and 1) */
@@ -409,7 +410,7 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
     for (int64_t t = 0; t < K; ++t) ones[t] = 1.0f;
     if (j->kind == 2)
         for (int64_t t = 0; t < K; ++t) qp[t] = qt + t * NR * ow;
-    const float dxn = j->kind == 2 ? 1.0f : j->dx[n];
+    const float dxn = j->kind >= 2 ? 1.0f : j->dx[n];
     for (int64_t ky = 0; ky < j->KH; ++ky)
         for (int64_t kx = 0; kx < j->KW; ++kx) {
             const int64_t cx = kx * j->dw;
@@ -434,11 +435,15 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
             taps = qp;
             rst = ow;
         }
-        if (j->offset) qc_dw_sum(j, taps, ones, K, OW, accS, ow, nr, rst, isum + NR * ow);
+        if (j->offset) {
+            if (j->kind == 3) qc_dw_mac(j, taps, ones, K, OW, accS, ow, nr, rst);
+            else qc_dw_sum(j, taps, ones, K, OW, accS, ow, nr, rst, isum + NR * ow);
+        }
         for (int64_t m = 0; m < j->M; ++m) {
             const int64_t o = c * j->M + m;
             const float of = j->offset ? j->offset[o] : 0.0f;
-            qc_dw_sum(j, taps, j->wq + o * K, K, OW, accI, ow, nr, rst, isum);
+            if (j->kind == 3) qc_dw_mac(j, taps, j->wq + o * K, K, OW, accI, ow, nr, rst);
+            else qc_dw_sum(j, taps, j->wq + o * K, K, OW, accI, ow, nr, rst, isum);
             for (int r = 0; r < nr; ++r) {
                 const int64_t y0 = (oy + r) * OW;
                 float *yo = direct ? (float *)j->y + (n * O + o) * OHW + y0 : yrow;

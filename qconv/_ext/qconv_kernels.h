@@ -79,6 +79,7 @@ typedef struct {
     const uint8_t *wa;
     int64_t wa_bstride, wa_tstride;
     int32_t kp, amx_min;
+    float *wf;               /* float activations only (qconv_float.h): 128*taps*bq + 33*ncols floats of scratch */
 } qc_gemm_args;
 /* A is unsigned (U = xq + 128) for int8 weights unless g->asigned, and signed (xq) for int4 weights, whose nibbles
  * then are the unsigned operand: sum u*q = acc - zpu*wsx - (int4 ? 8*S : 0) either way. */

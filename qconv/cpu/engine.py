@@ -15,6 +15,12 @@ threads (GEMV). Scratch comes from the calling thread's :mod:`~qconv.cpu.scratch
 bound for one call and released after: an engine keeps no scratch between calls). Calls with little work
 (``SERIAL_MACS``) run on one thread: waking a sleeping OpenMP worker costs more than such a call.
 
+``act_quant=None`` (float activations, weight-only quantization): the input goes into pixel-major float32 rows
+(no range pass, no quantization, no block sums) and ``qconv_float.h``'s kernels convert the weight codes to float
+in registers and accumulate with FMA: ``y = sum_k scale_k * sum(q*x) + offset_k * sum(x) + bias`` in float32
+(within the oracle's tolerance, not bitwise). Without VNNI, an FMA does as many multiply-adds a cycle as the
+int8 path's ``vpmaddubsw`` sequence, so the quantization passes are pure cost there.
+
 Depthwise layers (``groups == in_channels``) run :class:`qconv._ext._depthwise.DepthwisePlan` and prepare
 nothing else (no GEMM tiles or tables).
 
@@ -179,7 +185,8 @@ def _qparams_arg(value, name):
 class CpuEngine:
     """CPU engine of :class:`qconv.Conv2d` (see the module docstring).
 
-    ``spec``: :class:`~qconv.geometry.ConvSpec` with ``act_quant`` ``"tensor"``, ``"row"`` or ``"block"``.
+    ``spec``: :class:`~qconv.geometry.ConvSpec` with ``act_quant`` ``"tensor"``, ``"row"``, ``"block"`` or None
+    (float activations: see the module docstring).
     ``threads``: OpenMP threads (None = every core of this process); settable later via ``engine.threads``.
     ``kernel``: ``"scalar"``, ``"avx2"``, ``"avx512vnni"`` or ``"amx"`` to force a micro-kernel (default:
     ``$QCONV_CPU_KERNEL``, else the best one CPUID reports; ``"amx"`` runs calls of ``amx_min_cols`` or more columns on
@@ -197,7 +204,7 @@ class CpuEngine:
     """
 
     name = "cpu"
-    supported_act_quant = ("tensor", "row", "block")
+    supported_act_quant = ("tensor", "row", "block", None)
     default_act_quant = "tensor"
     default_linear_act_quant = "row"
     native_layouts = ("nchw", "nc4hw4")
@@ -215,9 +222,11 @@ class CpuEngine:
         self.input_qparams = None if input_qparams is None else _qparams_arg(input_qparams, "input_qparams")
         self.output_qparams = None if output_qparams is None else _qparams_arg(output_qparams, "output_qparams")
         if self.input_qparams is None and spec.act_quant not in self.supported_act_quant:
-            raise ValueError(f"the CPU engine quantizes activations: act_quant must be one of "
-                             f"{self.supported_act_quant}, got {spec.act_quant!r}")
+            raise ValueError(f"act_quant must be one of {self.supported_act_quant} on the CPU engine, "
+                             f"got {spec.act_quant!r}")
         self.spec = spec
+        # act_quant=None: float activations (qconv_float.h); the pixel-major copy of the input refuses NaN / inf
+        self._float_act = spec.act_quant is None and self.input_qparams is None
         self.threads = threads
         self.kernel = select_kernel(kernel)
         if tile_cols is None:
@@ -352,7 +361,7 @@ class CpuEngine:
             tile_cols=self.tile_cols, w_tile_stride=lay.oc_tile_stride, w_block_stride=lay.block_stride,
             w_group_stride=lay.group_stride, lo=lo, hi=hi, block_mode=int(self._block_mode),
             act_block=spec.act_block if self._block_mode else 0, signed_input=int(self._sign_form(w)),
-            hardswish=int(act == "hardswish"))
+            hardswish=int(act == "hardswish"), float_act=int(self._float_act))
         self.geometry = geo
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
                                    self._chpos, geo, _cpu.KERNELS[self.kernel])
@@ -360,7 +369,7 @@ class CpuEngine:
     def _sign_form(self, w) -> bool:
         """True when the AVX2 kernel multiplies these int8 weights in its exact ``vpmaddubsw`` sign form (signed
         input bytes; needs no -128 among the weights, e.g. every symmetric int8 scheme), else it widens to int16."""
-        return self.kernel == "avx2" and w.bits == 8 and int(w.q.min()) > -128
+        return self.kernel == "avx2" and w.bits == 8 and not self._float_act and int(w.q.min()) > -128
 
     def _depthwise_plan(self):
         """The depthwise path (:class:`qconv._ext._depthwise.DepthwisePlan`: groups == in_channels) or None.
@@ -385,7 +394,8 @@ class CpuEngine:
         if self._dw is not None:
             return self._dw.nbytes
         arrays = [self._w, self._scale, self._bias] + ([self._offset] if self._offset is not None else [])
-        if self.spec.weight.bits == 8 or self.spec.act_quant == "tensor" or self.input_qparams is not None:
+        if not self._float_act and (self.spec.weight.bits == 8 or self.spec.act_quant == "tensor"
+                                    or self.input_qparams is not None):
             arrays.append(self._wsx)
         return int(sum(a.nbytes for a in arrays))
 
@@ -421,14 +431,18 @@ class CpuEngine:
             ltot1 = gnb * lay.block_icl
             slots = self.threads
             extra = slots * tc * (plan.lcol + 4 * gnb) + 4 * pix * self.spec.in_channels if self._block_mode else 0
-            V.check_alloc(pix * (ltot1 + 4 * gnb) + slots * tc * (8 * lay.taps + 4 * gnb + 4 * plan.ldo) + extra,
+            V.check_alloc(pix * (4 * ltot1 + 4 * gnb) + slots * tc * (8 * lay.taps + 4 * gnb + 4 * plan.ldo) + extra,
                           "the CPU engine's scratch buffers")
             oh, ow = self.spec.out_hw(h, w)
+            fb = 4 if self._float_act else 1   # float activations: Q holds float32 rows, no block sums
             sz = dict(macs=n * oh * ow * self.spec.out_channels * lay.block_values * lay.n_blocks,
-                      Q=(pix * ltot1, np.uint8), PS=(pix * gnb, np.int32), zrow=(ltot1, np.uint8),
+                      Q=(pix * ltot1 * fb, np.uint8), PS=(0 if self._float_act else pix * gnb, np.int32),
+                      zrow=(ltot1 * fb, np.uint8),
                       AP=(slots * tc * lay.taps, np.uintp), S=(slots * tc * gnb, np.int32),
                       OUT=(slots * tc * plan.ldo, np.float32), DXC=(slots * tc, np.float32), qs=(n, np.float32),
                       z=(n, np.int32), dx=(n, np.float32))
+            if self._float_act:
+                sz.update(WF=(slots * plan.wf_len, np.float32))
             if self._block_mode:
                 sz.update(A=(slots * tc * plan.lcol, np.uint8), DXB=(slots * tc * gnb, np.float32),
                           XP=(n * h * w * self.spec.in_channels if h * w > 1 else 0, np.float32))
@@ -446,8 +460,8 @@ class CpuEngine:
         s["macs"] = sz["macs"]
         if self._block_mode:
             s["XP"] = s["XP"].reshape(n * h * w, self.spec.in_channels) if "XP" in s else None
-        self._plan.bind(s["Q"], s["PS"], s["zrow"], s["AP"], s["S"], s["OUT"], s["DXC"], s["qs"], s["z"], s["dx"],
-                        self.threads, n * h * w, s.get("A"), s.get("DXB"))
+        self._plan.bind(s["Q"], s.get("PS"), s["zrow"], s["AP"], s["S"], s["OUT"], s["DXC"], s["qs"], s["z"], s["dx"],
+                        self.threads, n * h * w, s.get("A"), s.get("DXB"), s.get("WF"))
         return s
 
     # --- the call -------------------------------------------------------------------------------------------
@@ -459,6 +473,11 @@ class CpuEngine:
             s["z"].fill(zp)
             s["dx"].fill(scale)
             return -128, 127
+        if self._float_act:
+            s["qs"].fill(1)
+            s["z"].fill(0)
+            s["dx"].fill(1)
+            return 0, 0
         if self.spec.act_quant == "block":  # scales per (column, block) are computed natively
             s["qs"].fill(1)
             s["z"].fill(0)
@@ -526,7 +545,7 @@ class CpuEngine:
                 macs = n * oh * ow * o * self.spec.weight.taps
                 return self._dw.forward(x, int(nchw), y, int(not nchw), 1 if macs < SERIAL_MACS else self.threads,
                                         self.threads)
-            if self.kernel == "amx" and n * oh * ow >= self.amx_min_cols and (
+            if self.kernel == "amx" and not self._float_act and n * oh * ow >= self.amx_min_cols and (
                     self.layout.block_values >= self.amx_min_block_values) and (
                     self._wa is None or self._plan_amx_min != self.amx_min_cols):
                 if self._wa is None:
