@@ -6,8 +6,8 @@ weights (tiling, packing, fused tables). Calls validate the input, then run the 
 Devices: ``"cpu"`` (Cython int8 GEMM engine), ``"reference"`` (the numpy oracle), ``"opencl"`` (first GPU,
 else any OpenCL device), ``"opencl:P:D"``, or a ``pyopencl.Device`` / ``pyopencl.Context``.
 ``act_quant="auto"`` resolves to the engine's default: ``"tensor"`` on the CPU (``"row"`` for
-:class:`Linear`), ``None`` (float activations) on OpenCL, which also takes ``"row"`` (int8 per sample;
-integer dot products for a linear layer on one row).
+:class:`Linear`; the CPU also takes ``"block"`` and ``None``, float activations), ``None`` (float activations) on
+OpenCL, which also takes ``"row"`` (int8 per sample; integer dot products for a linear layer on one row).
 """
 from __future__ import annotations
 
