@@ -103,12 +103,13 @@ QC_TGT_AVX2 static void qc_f32_pack(const qc_gemm_args *g, int tile, int k)
     }
 }
 
-/* Taps t0 .. t1-1 of block k for NC columns x 16 channels (half h of the tile) from the packed floats: 2*NC
- * accumulators, two weight vectors and one broadcast per code, every broadcast feeding two FMAs. The partial sums
- * of a column live in acc (32 floats a column) between tap chunks; the last chunk runs the epilogue. */
+/* Taps t0 .. t1-1 of block k for NC columns x 8*NV channels (NV = 2: 16 channels, half h of the tile; NV = 1: its
+ * first 8, for a last tile whose other 8 hold no stored output) from the packed floats: NV*NC accumulators, NV
+ * weight vectors and one broadcast per code. The partial sums of a column live in acc (32 floats a column) between
+ * tap chunks; the last chunk runs the epilogue. */
 QC_TGT_AVX2 static inline __attribute__((always_inline))
-void qc_f32_half(const qc_gemm_args *g, const int e0, const int NC, int tile, int k, int h, int t0, int t1,
-                 const float *s, float *acc)
+void qc_f32_half(const qc_gemm_args *g, const int e0, const int NC, const int NV, int tile, int k, int h, int t0,
+                 int t1, const float *s, float *acc)
 {
     const int bq = g->bq;
     const int64_t to = (int64_t)tile * QC_UNIT, koff = g->a_off + (int64_t)k * g->a_bstride;
@@ -118,7 +119,7 @@ void qc_f32_half(const qc_gemm_args *g, const int e0, const int NC, int tile, in
 #pragma GCC unroll 6
     for (int e = 0; e < NC; ++e) {
         a0[e] = t0 ? _mm256_loadu_ps(acc + 32 * (e0 + e) + 16 * h) : _mm256_setzero_ps();
-        a1[e] = t0 ? _mm256_loadu_ps(acc + 32 * (e0 + e) + 16 * h + 8) : _mm256_setzero_ps();
+        a1[e] = t0 && NV == 2 ? _mm256_loadu_ps(acc + 32 * (e0 + e) + 16 * h + 8) : _mm256_setzero_ps();
     }
     for (int t = t0; t < t1; ++t) {
         const float *ap[QC_F32_NC];
@@ -126,12 +127,13 @@ void qc_f32_half(const qc_gemm_args *g, const int e0, const int NC, int tile, in
         for (int e = 0; e < NC; ++e) ap[e] = (const float *)(g->aptr[(int64_t)(e0 + e) * g->ldp + t] + koff);
         const float *wr = g->wf + 128 * (int64_t)t * bq + 16 * h;
         for (int l = 0; l < 4 * bq; ++l) {   /* l = 4*row + r: code r of tile row `row` */
-            const __m256 w0 = _mm256_loadu_ps(wr + 32 * l), w1 = _mm256_loadu_ps(wr + 32 * l + 8);
+            const __m256 w0 = _mm256_loadu_ps(wr + 32 * l);
+            const __m256 w1 = NV == 2 ? _mm256_loadu_ps(wr + 32 * l + 8) : w0;
 #pragma GCC unroll 6
             for (int e = 0; e < NC; ++e) {
                 const __m256 b = _mm256_broadcast_ss(ap[e] + l);
                 a0[e] = _mm256_fmadd_ps(w0, b, a0[e]);
-                a1[e] = _mm256_fmadd_ps(w1, b, a1[e]);
+                if (NV == 2) a1[e] = _mm256_fmadd_ps(w1, b, a1[e]);
             }
         }
     }
@@ -139,11 +141,11 @@ void qc_f32_half(const qc_gemm_args *g, const int e0, const int NC, int tile, in
 #pragma GCC unroll 6
         for (int e = 0; e < NC; ++e) {
             _mm256_storeu_ps(acc + 32 * (e0 + e) + 16 * h, a0[e]);
-            _mm256_storeu_ps(acc + 32 * (e0 + e) + 16 * h + 8, a1[e]);
+            if (NV == 2) _mm256_storeu_ps(acc + 32 * (e0 + e) + 16 * h + 8, a1[e]);
         }
         return;
     }
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < NV; ++q) {
         const int64_t c = 16 * h + 8 * q;
         __m256 sc, of;
         if (g->hscale) {
@@ -172,9 +174,11 @@ QC_TGT_AVX2 static inline __attribute__((always_inline))
 void qc_f32_cols(const qc_gemm_args *g, const int e0, const int NC, int tile, int k, int t0, int t1, const float *s,
                  float *acc)
 {
-    qc_f32_half(g, e0, NC, tile, k, 0, t0, t1, s, acc);
-    if (g->nvalid - (int32_t)tile * QC_UNIT > 16)   /* channels 16-31 hold stored outputs */
-        qc_f32_half(g, e0, NC, tile, k, 1, t0, t1, s, acc);
+    const int32_t rem = g->nvalid - (int32_t)tile * QC_UNIT;   /* stored channels from this tile's first */
+    if (rem > 8) qc_f32_half(g, e0, NC, 2, tile, k, 0, t0, t1, s, acc);
+    else qc_f32_half(g, e0, NC, 1, tile, k, 0, t0, t1, s, acc);
+    if (rem > 24) qc_f32_half(g, e0, NC, 2, tile, k, 1, t0, t1, s, acc);
+    else if (rem > 16) qc_f32_half(g, e0, NC, 1, tile, k, 1, t0, t1, s, acc);
 }
 
 /* Per (channel tile, block): pack the codes as floats once (g->wf), then every column over chunks of taps whose

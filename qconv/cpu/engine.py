@@ -193,7 +193,8 @@ class CpuEngine:
     AMX-INT8 tiles of an :class:`~qconv.layouts.amx.AmxWeightLayout` copy of the weights, packed at the first such
     call, and the others -- and every call of layers with blocks shorter than ``amx_min_block_values`` -- on the VNNI
     kernel: bitwise the same results). ``tile_cols``: output columns per tile
-    (the store transposes 16 at a time; default 32 with ``"amx"``, two 16-row A tiles, else 16).
+    (the store transposes 16 at a time; default 32 with ``"amx"``, two 16-row A tiles, 64 with float activations,
+    whose GEMM converts a tile's codes once per call, else 16).
     ``input_qparams`` / ``output_qparams``: the static int8 path (module docstring).
 
     ``forward(x, layout, out=None)``: ``x`` float32 (int8 with ``input_qparams``) C-contiguous NCHW
@@ -229,8 +230,8 @@ class CpuEngine:
         self._float_act = spec.act_quant is None and self.input_qparams is None
         self.threads = threads
         self.kernel = select_kernel(kernel)
-        if tile_cols is None:
-            tile_cols = 32 if self.kernel == "amx" else 16
+        if tile_cols is None:   # float activations: a call packs a tile's float weights once for all its columns
+            tile_cols = 32 if self.kernel == "amx" else 64 if self._float_act else 16
         self.tile_cols = V.check_int(tile_cols, "tile_cols", minimum=1)
         self.amx_min_cols = AMX_MIN_COLS
         self.amx_min_block_values = AMX_MIN_BLOCK_VALUES
