@@ -24,7 +24,9 @@ class ConvSpec:
     op by op); ``act_quant``: ``"tensor"``, ``"row"``, ``"block"`` or None;
     ``act_block``: input channels per activation block of ``act_quant="block"`` (0 = the weight's
     ``block_channels``); it must divide the input channels per group and either divide or be a multiple
-    of the weight's block channels.
+    of the weight's block channels. ``post_affine``: None or ``(scale, shift)``, float32 ``(O,)`` each: the
+    output is ``y * scale + shift`` after the activation, per output channel (a multiply, then an add, in float32),
+    as an ONNX ``Mul`` / ``Add`` by constants after a fused activation.
     """
 
     weight: QuantizedWeight
@@ -35,6 +37,7 @@ class ConvSpec:
     activation: str | None = None
     act_quant: str | None = "tensor"
     act_block: int = 0
+    post_affine: tuple | None = None
 
     def __post_init__(self):
         if not isinstance(self.weight, QuantizedWeight):
@@ -57,6 +60,20 @@ class ConvSpec:
                 raise ValueError(f"bias must have shape ({self.weight.out_channels},), got {bias.shape}")
             bias.setflags(write=False)
             object.__setattr__(self, "bias", bias)
+        if self.post_affine is not None:
+            pa = self.post_affine
+            if not isinstance(pa, (tuple, list)) or len(pa) != 2:
+                raise TypeError("post_affine must be None or a (scale, shift) pair")
+            o = self.weight.out_channels
+            arrs = []
+            for name, a in zip(("scale", "shift"), pa):
+                a = V.float_array(a, f"post_affine {name}", ndim=1)
+                if a.shape != (o,):
+                    raise ValueError(f"post_affine {name} must have shape ({o},), got {a.shape}")
+                a = np.ascontiguousarray(a, np.float32)
+                a.setflags(write=False)
+                arrs.append(a)
+            object.__setattr__(self, "post_affine", tuple(arrs))
 
     @property
     def groups(self) -> int:

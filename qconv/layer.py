@@ -44,7 +44,7 @@ class ReferenceEngine:
     def forward(self, x: np.ndarray, layout: str = "nchw") -> np.ndarray:
         s = self.spec
         return reference.conv2d(x, s.weight, s.bias, s.stride, s.padding, s.dilation, s.activation,
-                                s.act_quant, s.act_block)
+                                s.act_quant, s.act_block, s.post_affine)
 
     def describe(self) -> str:
         return "reference (numpy float64/int64 oracle)"
@@ -90,7 +90,9 @@ class Conv2d:
     ``"hardswish"``;
     ``act_quant``: ``"auto"``, ``"tensor"``, ``"row"``, ``"block"`` or None (see the module docstring);
     ``threads``: CPU threads (None = all cores); ``act_block``: channels per activation block of
-    ``act_quant="block"`` (0 = the weight's block). Extra keyword arguments go to the engine (e.g. ``input_qparams``,
+    ``act_quant="block"`` (0 = the weight's block); ``post_affine``: None or per-output-channel ``(scale, shift)``
+    applied as ``y * scale + shift`` after the activation (CPU and reference engines; see
+    :class:`~qconv.geometry.ConvSpec`). Extra keyword arguments go to the engine (e.g. ``input_qparams``,
     ``output_qparams`` of the CPU engine's static int8 path; ``check_finite=True`` of the OpenCL engine: NaN/inf
     in a ``pyopencl.array.Array`` input raise ``ValueError``, at the cost of a blocking read of a count; by
     default device arrays are not scanned, so calls stay asynchronous; numpy inputs are always checked).
@@ -112,13 +114,13 @@ class Conv2d:
     _default_act_quant_key = "default_act_quant"
 
     def __init__(self, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1,
-                 activation=None, device="cpu", act_quant="auto", threads=None, act_block=0,
+                 activation=None, device="cpu", act_quant="auto", threads=None, act_block=0, post_affine=None,
                  **engine_options):
         engine_cls = engine_class(device)
         if act_quant == "auto":
             act_quant = getattr(engine_cls, self._default_act_quant_key)
         V.check_choice(act_quant, "act_quant", engine_cls.supported_act_quant)
-        self.spec = ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant, act_block)
+        self.spec = ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant, act_block, post_affine)
         self.device = device
         if threads is not None:
             threads = V.check_int(threads, "threads", minimum=1)
@@ -246,10 +248,10 @@ class Linear(Conv2d):
     _default_act_quant_key = "default_linear_act_quant"
 
     def __init__(self, weight: QuantizedWeight, bias=None, activation=None, device="cpu", act_quant="auto",
-                 threads=None, act_block=0, **engine_options):
+                 threads=None, act_block=0, post_affine=None, **engine_options):
         if isinstance(weight, QuantizedWeight) and weight.kernel_size != (1, 1):
             raise ValueError(f"Linear needs a weight of shape (O, K, 1, 1), got {weight.q.shape}")
-        super().__init__(weight, bias, 1, 0, 1, activation, device, act_quant, threads, act_block,
+        super().__init__(weight, bias, 1, 0, 1, activation, device, act_quant, threads, act_block, post_affine,
                          **engine_options)
 
     def __call__(self, x, out=None):

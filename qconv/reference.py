@@ -87,8 +87,8 @@ def quantize_activation(x, mode: str = "tensor") -> ActQuant:
     return ActQuant(xq, dx, np.zeros(n, np.int32), "row")
 
 
-def _spec(weight, bias, stride, padding, dilation, activation, act_quant, act_block=0) -> ConvSpec:
-    return ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant, act_block)
+def _spec(weight, bias, stride, padding, dilation, activation, act_quant, act_block=0, post_affine=None) -> ConvSpec:
+    return ConvSpec(weight, bias, stride, padding, dilation, activation, act_quant, act_block, post_affine)
 
 
 def _check_input(x, spec: ConvSpec, empty_batch: bool = False) -> np.ndarray:
@@ -236,17 +236,18 @@ def _block_epilogue(a, s, dx, spec: ConvSpec) -> np.ndarray:
 
 
 def conv2d(x, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1, activation=None,
-           act_quant: str | None = "tensor", act_block: int = 0) -> np.ndarray:
+           act_quant: str | None = "tensor", act_block: int = 0, post_affine=None) -> np.ndarray:
     """Reference weight-quantized conv: float32 NCHW ``x`` -> float32 NCHW ``(N, O, OH, OW)``.
 
     ``act_quant``: ``"tensor"`` / ``"row"`` quantize ``x`` dynamically (see :func:`quantize_activation`) and
     use exact integer sums; ``"block"`` quantizes each im2col column per block of ``act_block`` input
     channels x all taps, symmetric (see :func:`quantize_columns`); ``None`` convolves the float input with
     ``weight.dequantize()`` in float64.
-    Epilogue (float64): ``y = sum_k dx * (scale[o,k]*A_k + offset[o,k]*S_k) + bias``, then ``activation``.
+    Epilogue (float64): ``y = sum_k dx * (scale[o,k]*A_k + offset[o,k]*S_k) + bias``, then ``activation``, then
+    (float32) ``y * scale + shift`` per output channel with ``post_affine=(scale, shift)``.
     An empty batch (``N = 0``) gives an empty ``(0, O, OH, OW)`` result.
     """
-    spec = _spec(weight, bias, stride, padding, dilation, activation, act_quant, act_block)
+    spec = _spec(weight, bias, stride, padding, dilation, activation, act_quant, act_block, post_affine)
     x = _check_input(x, spec, empty_batch=True)
     n = x.shape[0]
     oh, ow = spec.out_hw(x.shape[2], x.shape[3])
@@ -271,7 +272,11 @@ def conv2d(x, weight: QuantizedWeight, bias=None, stride=1, padding=0, dilation=
             y = y + (s * weight.offsets.astype(np.float64)[None, :, None, None, :]).sum(axis=-1)
         y = y * dx.astype(np.float64).reshape(n, 1, 1, 1)
     y = y + spec.bias_or_zeros().astype(np.float64).reshape(1, o, 1, 1)
-    return np.ascontiguousarray(apply_activation(y, activation).astype(np.float32))
+    y = apply_activation(y, activation).astype(np.float32)
+    if spec.post_affine is not None:
+        ps, pt = spec.post_affine
+        y = y * ps.reshape(1, o, 1, 1) + pt.reshape(1, o, 1, 1)
+    return np.ascontiguousarray(y)
 
 
 def float_conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> np.ndarray:

@@ -286,6 +286,31 @@ def test_float_activations_take_nonfinite_through_the_layer(kernel):
         wide(xw)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", [(16, 3, 3, 3, 1), (12, 1, 3, 3, 12), (40, 20, 1, 1, 2)])
+@pytest.mark.parametrize("aq", ["tensor", None])
+def test_post_affine_is_y_times_scale_plus_shift(kernel, shape, aq):
+    """post_affine=(s, t) (GEMM, depthwise and grouped pointwise paths) is bitwise the layer's output without it,
+    times s plus t in float32 (two roundings), after a hardswish; the oracle applies the same rule."""
+    o, i, kh, kw, groups = shape
+    rng = np.random.default_rng(o + 1)
+    w = qconv.quantize_weight(rng.standard_normal((o, i, kh, kw)).astype(np.float32), groups=groups)
+    x = (rng.standard_normal((2, i * groups, 7, 7)) * 3).astype(np.float32)
+    ps = (rng.standard_normal(o) * 1.7).astype(np.float32)
+    pt = rng.standard_normal(o).astype(np.float32)
+    kw_ = dict(kernel=kernel, threads=2)
+    plain = CpuEngine(ConvSpec(w, None, 1, kh // 2, activation="hardswish", act_quant=aq), **kw_).forward(x)
+    post = CpuEngine(ConvSpec(w, None, 1, kh // 2, activation="hardswish", act_quant=aq, post_affine=(ps, pt)),
+                     **kw_).forward(x)
+    want = plain * ps.reshape(1, o, 1, 1) + pt.reshape(1, o, 1, 1)
+    np.testing.assert_array_equal(post, want)
+    ref = reference.conv2d(x, w, None, 1, kh // 2, activation="hardswish", act_quant=aq, post_affine=(ps, pt))
+    ref_plain = reference.conv2d(x, w, None, 1, kh // 2, activation="hardswish", act_quant=aq)
+    np.testing.assert_array_equal(ref, ref_plain * ps.reshape(1, o, 1, 1) + pt.reshape(1, o, 1, 1))
+    with pytest.raises(ValueError, match="post_affine"):
+        ConvSpec(w, post_affine=(ps[:-1], pt[:-1]))
+
+
 def test_depthwise_many_groups():
     rng = np.random.default_rng(2)
     w = qconv.quantize_weight(rng.standard_normal((48, 1, 3, 3)).astype(np.float32), groups=48)

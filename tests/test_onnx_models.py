@@ -117,7 +117,8 @@ def test_fused_activation_and_bias_really_apply():
     y2, = qo.InferenceSession(q_unfused, threads=1).run(None, {"x": x})
     np.testing.assert_allclose(y, y2, rtol=0.05, atol=0.05 * np.abs(y).max())  # same math, other rounding
     summary = qo.model_summary(qo.quantize_model(linear_graph()[0]))
-    assert summary["layers"]["mm"] == dict(scheme="int8-ch-sym", op="MatMul", activation="relu", folded=["Add"])
+    assert summary["layers"]["mm"] == dict(scheme="int8-ch-sym", op="MatMul", activation="relu", folded=["Add"],
+                                        post=[])
 
 
 def test_affine_ops_after_a_layer_fold_into_its_weight_and_bias():
@@ -221,6 +222,47 @@ def test_min_weights_keeps_small_layers_float():
     assert sqnr_db(y, _float_run(model, {"x": x})[0]) >= MIN_DB["int8-ch-sym"]
     with pytest.raises(ValueError, match="min_weights"):
         qo.quantize_model(model, min_weights=-1)
+
+
+def test_affine_ops_after_an_activation_become_the_post_affine():
+    """Conv -> Relu -> Mul (per channel) -> Add (scalar) and MatMul -> HardSwish -> Mul -> Add: the ops after the
+    activation become the node's post_affine (y * s + t, float32), equal to the qconv layers one by one with it,
+    on the CPU and (applied on the host) on OpenCL."""
+    w1, w2 = _w(8, 4, 3, 3), _w(8, 6)
+    f = np.float32
+    s1 = (RNG.standard_normal((1, 8, 1, 1)) + 1).astype(f)
+    consts = dict(w1=w1, w2=w2, s1=s1, t1=np.array([0.25], f), s2=np.array(0.5, f), t2=(RNG.standard_normal(6)).astype(f))
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["r1"]),
+             node("Mul", ["r1", "s1"], ["m1"]), node("Add", ["t1", "m1"], ["a1"]),
+             node("Flatten", ["a1"], ["fl"], axis=1),
+             node("Slice", ["fl", "st", "en"], ["sl"]),
+             node("MatMul", ["sl", "w2"], ["mm"], name="mm"), node("HardSwish", ["mm"], ["h2"]),
+             node("Mul", ["s2", "h2"], ["m2"]), node("Add", ["m2", "t2"], ["y"])]
+    consts.update(st=np.array([0], np.int64), en=np.array([8], np.int64))
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 1, 1])], ["y"], consts,
+                   opset=14)
+    q = qo.quantize_model(model)
+    layers = qo.model_summary(q)["layers"]
+    assert layers["c1"]["post"] == ["Mul", "Add"] and layers["mm"]["post"] == ["Mul", "Add"]
+    assert [n.op_type for n in q.graph.node if n.domain != "ai.qconv"] == ["Flatten", "Slice"]
+    x = RNG.standard_normal((1, 4, 1, 1)).astype(np.float32)
+    l1 = qconv.Conv2d(qconv.quantize_weight(w1), padding=1, activation="relu",
+                      post_affine=(s1.reshape(-1), np.full(8, 0.25, f)), threads=2)
+    l2 = qconv.Linear(qconv.quantize_weight(w2.T.copy()), activation="hardswish",
+                      post_affine=(np.full(6, 0.5, f), consts["t2"]), threads=2)
+    want = l2(l1(x).reshape(1, -1)[:, :8])
+    with qo.InferenceSession(q, threads=2) as sess:
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
+    assert sqnr_db(want, _float_run(model, {"x": x})[0]) >= 25
+    if any(d.startswith("opencl") for d in qconv.available_devices()):
+        # the OpenCL engine takes no post_affine: the session's kernel applies it on the host, the same float32 rule
+        o1 = qconv.Conv2d(qconv.quantize_weight(w1), padding=1, activation="relu", device="opencl")
+        o2 = qconv.Linear(qconv.quantize_weight(w2.T.copy()), activation="hardswish", device="opencl")
+        y1 = o1(x) * s1 + f(0.25)
+        want = o2(y1.reshape(1, -1)[:, :8]) * f(0.5) + consts["t2"]
+        with qo.InferenceSession(q, device="opencl") as sess:
+            np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
 
 
 def test_conv_with_a_computed_weight_stays_float():

@@ -60,6 +60,7 @@ cdef extern from "qconv_kernels.h" nogil:
                          int64_t dst_stride)
     void qc_requant(float *v, int64_t n, float scale, int32_t zp, int variant)
     void qc_hardswish(float *v, int64_t n, int variant)
+    void qc_affine_rows(float *v, int64_t rows, int64_t ld, int64_t n, const float *s, const float *t, int variant)
     void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yf, int8_t *yi, int64_t ohw,
                        int ncols, int variant)
     int qc_kernel_supported(int variant)
@@ -96,6 +97,8 @@ cdef struct ConvJob:
     const int32_t *oidx    # (O,) row position of output channel o in the out scratch
     float lo, hi
     int hswish             # activation="hardswish": applied to the out scratch before the store
+    const float *pa_s      # post_affine (ldo,) scale and shift in out-scratch order, or NULL: v * s + t after
+    const float *pa_t      # the activation
     # AMX weights (AmxWeightLayout, tile-major like w), or NULL until bound; calls of fewer than amx_min columns
     # (and every call of another kernel) use w
     const uint8_t *wa

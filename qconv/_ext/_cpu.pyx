@@ -614,6 +614,8 @@ cdef void _store(const ConvJob *j, float *OUT, int64_t p0, int ncols) noexcept n
     cdef int8_t *yi = <int8_t *> j.y
     if j.hswish:
         qc_hardswish(OUT, ncols * j.ldo, j.variant)
+    if j.pa_s != NULL:
+        qc_affine_rows(OUT, ncols, j.ldo, j.ldo, j.pa_s, j.pa_t, j.variant)
     if j.out_int8:
         qc_requant(OUT, ncols * j.ldo, j.oscale, j.ozp, j.variant)
     if not j.out_nc4hw4 and not j.out_int8 and j.OHW == 1:
@@ -894,7 +896,8 @@ cdef class ConvPlan:
     layer's :class:`ConvGeometry`.
     """
     cdef ConvJob job
-    cdef object keep, keep_scratch
+    cdef object keep, keep_scratch, pa
+    cdef const float[::1] pas, pat
     cdef const uint8_t[::1] w, wa
     cdef const int32_t[::1] wsx, oidx, chpos
     cdef const float[::1] scale, offset, bias
@@ -961,6 +964,20 @@ cdef class ConvPlan:
         self.keep = self.keep + (wa,)
         j.wa = &self.wa[0]
         j.wa_gstride, j.wa_bstride, j.wa_tstride, j.kp, j.amx_min = gstride, bstride, tstride, kp, amx_min
+
+    def set_post_affine(self, s, t):
+        """``post_affine``: float32 ``(ldo,)`` scale and shift in the out scratch's channel order (padded channels
+        anything finite), applied as ``v * s + t`` after the activation; None, None: off."""
+        cdef ConvJob *j = &self.job
+        if s is None:
+            self.pa = None
+            j.pa_s = j.pa_t = NULL
+            return
+        if s.dtype != np.float32 or t.dtype != np.float32 or s.shape[0] != j.ldo or t.shape[0] != j.ldo:
+            raise ValueError("post_affine tables must be float32 (ldo,)")
+        self.pa = (np.ascontiguousarray(s), np.ascontiguousarray(t))
+        self.pas, self.pat = self.pa
+        j.pa_s, j.pa_t = &self.pas[0], &self.pat[0]
 
     @property
     def amx_bound(self):

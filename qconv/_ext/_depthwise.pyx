@@ -44,6 +44,8 @@ cdef extern from "qconv_depthwise.h" nogil:
         const float *bias
         float lo, hi
         int32_t hswish
+        const float *pa_s
+        const float *pa_t
         int32_t out_nc4hw4, out_int8, ozp
         float oscale
         void *y
@@ -118,7 +120,7 @@ cdef class DepthwisePlan:
     """
     cdef readonly object spec, kernel, mode
     cdef readonly int M, variant, vec
-    cdef object wq, scale, offset, bias, input_qparams, output_qparams
+    cdef object wq, scale, offset, bias, input_qparams, output_qparams, pa_s, pa_t
     cdef object qs, z, dx, _shape_key, _shape_val
     cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp, hswish
     cdef float lo, hi, oscale
@@ -157,6 +159,9 @@ cdef class DepthwisePlan:
         self.lo = 0.0 if act in ("relu", "relu6") else -np.inf
         self.hi = 6.0 if act == "relu6" else np.inf
         self.hswish = act == "hardswish"
+        pa = spec.post_affine
+        self.pa_s = None if pa is None else np.ascontiguousarray(pa[0], np.float32)
+        self.pa_t = None if pa is None else np.ascontiguousarray(pa[1], np.float32)
         self.out_int8 = output_qparams is not None
         self.oscale = output_qparams[0] if output_qparams is not None else 1.0
         self.ozp = output_qparams[1] if output_qparams is not None else 0
@@ -242,7 +247,7 @@ cdef class DepthwisePlan:
         cdef qc_dw_job j
         cdef const uint8_t[::1] xb = x.reshape(-1).view(np.uint8)
         cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
-        cdef const float[::1] qsv, dxv, wqv, scv, biv, ofv
+        cdef const float[::1] qsv, dxv, wqv, scv, biv, ofv, pasv, patv
         cdef const int32_t[::1] zv
         cdef int64_t N, C, H, W, bad = 0, fails = 0
         cdef int qlo, qhi, nt
@@ -277,6 +282,10 @@ cdef class DepthwisePlan:
             j.offset = &ofv[0]
         j.lo, j.hi = self.lo, self.hi
         j.hswish = self.hswish
+        j.pa_s = j.pa_t = NULL
+        if self.pa_s is not None:
+            pasv, patv = self.pa_s, self.pa_t
+            j.pa_s, j.pa_t = &pasv[0], &patv[0]
         j.out_nc4hw4 = nc4hw4_output
         j.out_int8, j.oscale, j.ozp = self.out_int8, self.oscale, self.ozp
         j.y = <void *> &yb[0]

@@ -1215,6 +1215,44 @@ static inline void qc_hardswish(float *v, int64_t n, int variant)
     qc_hardswish_scalar(v, n);
 }
 
+/* ---- post_affine, in place: v[e*ld + i] <- v[e*ld + i] * s[i] + t[i] for i < n, rows e < rows: two float32
+ * roundings (a multiply, then an add: never fused), as numpy's y * s + t ---- */
+static void qc_affine_rows_scalar(float *v, int64_t rows, int64_t ld, int64_t n, const float *s, const float *t)
+{
+    for (int64_t e = 0; e < rows; ++e)
+        for (int64_t i = 0; i < n; ++i) {
+            volatile float p = v[e * ld + i] * s[i];   /* no contraction into an fma */
+            v[e * ld + i] = p + t[i];
+        }
+}
+
+#ifdef QC_HAVE_X86
+QC_TGT_AVX2 static void qc_affine_rows_avx2(float *v, int64_t rows, int64_t ld, int64_t n, const float *s,
+                                            const float *t)
+{
+    for (int64_t e = 0; e < rows; ++e) {
+        float *r = v + e * ld;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 p = _mm256_mul_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(s + i));
+            __asm__("" : "+x"(p));   /* keep the float32 product: no fused multiply-add */
+            _mm256_storeu_ps(r + i, _mm256_add_ps(p, _mm256_loadu_ps(t + i)));
+        }
+        qc_affine_rows_scalar(r + i, 1, ld, n - i, s + i, t + i);
+    }
+}
+#endif
+
+static inline void qc_affine_rows(float *v, int64_t rows, int64_t ld, int64_t n, const float *s, const float *t,
+                                  int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant >= QC_KERNEL_AVX2) { qc_affine_rows_avx2(v, rows, ld, n, s, t); return; }
+#endif
+    (void)variant;
+    qc_affine_rows_scalar(v, rows, ld, n, s, t);
+}
+
 static inline void qc_block_sums(const uint8_t *Q, int64_t npix, int64_t ltot, int64_t gnb, int64_t bcp,
                                  int32_t zpu, int32_t flip, int32_t *ps, int variant)
 {

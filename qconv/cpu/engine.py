@@ -366,6 +366,10 @@ class CpuEngine:
         self.geometry = geo
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
                                    self._chpos, geo, _cpu.KERNELS[self.kernel])
+        if spec.post_affine is not None:   # (O,) -> the out scratch's (G, OCp) order, padded channels 1 and 0
+            ps, pt = np.ones((g, ocp), np.float32), np.zeros((g, ocp), np.float32)
+            ps[:, :og], pt[:, :og] = spec.post_affine[0].reshape(g, og), spec.post_affine[1].reshape(g, og)
+            self._plan.set_post_affine(ps.reshape(-1), pt.reshape(-1))
 
     def _sign_form(self, w) -> bool:
         """True when the AVX2 kernel multiplies these int8 weights in its exact ``vpmaddubsw`` sign form (signed

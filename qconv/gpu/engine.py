@@ -180,6 +180,9 @@ class OpenCLEngine:
         if spec.act_quant not in self.supported_act_quant:
             raise ValueError(f"the OpenCL engine supports act_quant None (float activations) or 'row' (int8 per "
                              f"sample), got {spec.act_quant!r}")
+        if spec.post_affine is not None:
+            raise ValueError("post_affine is not supported by the OpenCL engine (the CPU and reference engines "
+                             "take it; qconv.onnx applies it on the host for OpenCL sessions)")
         self.spec = spec
         self.ctx, self.device = resolve(device)
         if not self.device.endian_little:

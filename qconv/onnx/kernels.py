@@ -69,16 +69,18 @@ class ConvKernel:
 
         self.name = qnode.name
         self.extra_pad = qnode.extra_pad
+        pa, self.host_affine = _post_affine(qnode, device, (1, -1, 1, 1))
         self.layer = qconv.Conv2d(qnode.weight, qnode.bias, qnode.stride, qnode.padding, qnode.dilation,
-                                  qnode.activation, device=device, act_quant=act_quant, threads=threads, **options)
-        self._arena_out = getattr(self.layer.engine, "writes_out", False)
+                                  qnode.activation, device=device, act_quant=act_quant, threads=threads,
+                                  post_affine=pa, **options)
+        self._arena_out = getattr(self.layer.engine, "writes_out", False) and self.host_affine is None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if any(self.extra_pad):
             t, b, l, r = self.extra_pad
             x = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
         if not self._arena_out or x.ndim != 4 or x.shape[0] == 0:
-            return self.layer(x)
+            return _apply(self.layer(x), self.host_affine)
         from ..cpu import scratch
 
         oh, ow = self.layer.spec.out_hw(x.shape[2], x.shape[3])
@@ -93,16 +95,34 @@ class MatMulKernel:
         import qconv
 
         self.name = qnode.name
+        pa, self.host_affine = _post_affine(qnode, device, (1, -1))
         self.layer = qconv.Linear(qnode.weight, qnode.bias, qnode.activation, device=device, act_quant=act_quant,
-                                  threads=threads, **options)
+                                  threads=threads, post_affine=pa, **options)
         self.k = qnode.weight.in_channels
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if x.shape[-1] != self.k:
             raise ValueError(f"qconv node {self.name!r}: input has {x.shape[-1]} features on its last axis, "
                              f"the weight takes {self.k} (input shape {x.shape})")
-        y = self.layer(x.reshape(-1, self.k))
+        y = _apply(self.layer(x.reshape(-1, self.k)), self.host_affine)
         return y.reshape(x.shape[:-1] + (y.shape[-1],))
+
+
+def _post_affine(qnode: QNode, device, shape):
+    """``(post_affine for the layer, (scale, shift) the kernel applies itself or None)``: the CPU and reference
+    engines take a node's ``post_affine``; on OpenCL it is applied on the host after the layer (same float32
+    rule: ``y * scale + shift``)."""
+    pa = qnode.post_affine
+    if pa is None or device in ("cpu", "reference"):
+        return pa, None
+    return None, (pa[0].reshape(shape), pa[1].reshape(shape))
+
+
+def _apply(y, affine):
+    if affine is None:
+        return y
+    y = y.get() if hasattr(y, "get") else y
+    return y * affine[0] + affine[1]
 
 
 def make_kernel(qnode: QNode, **options):

@@ -6,11 +6,13 @@ Domain ``ai.qconv`` (opset 1), two operators:
   ``X`` float32 NCHW ``(N, C, H, W)``; ``Y`` float32 ``(N, O, OH, OW)``. Attributes: ``strides``, ``pads``
   (ONNX order ``[top, left, bottom, right]``, asymmetric allowed), ``dilations``, ``group``, ``bits``,
   ``block_size`` (input channels per block, 0 = per channel), ``activation`` (``""``, ``"relu"``,
-  ``"relu6"``, ``"hardswish"``: a fused Relu / Clip / hardswish), ``scheme`` (the label it was quantized with, informative).
+  ``"relu6"``, ``"hardswish"``: a fused Relu / Clip / hardswish), ``post_scale`` / ``post_shift`` (floats, one per
+  output channel, optional: the layer's ``post_affine``, ``y * scale + shift`` after the activation: the per-channel
+  Mul / Add after a fused activation), ``scheme`` (the label it was quantized with, informative).
 ``QMatMul(X, q, scales, offsets?, B?) -> Y``
   ``Y = X @ W.T + B`` over the last axis: ``X`` float32 ``(..., K)``, ``Y`` float32 ``(..., N)`` (a MatMul with a
   constant ``[K, N]`` weight, or a Gemm, ``alpha``/``beta`` folded in). Attributes ``bits``, ``block_size``,
-  ``activation``, ``scheme``.
+  ``activation``, ``post_scale`` / ``post_shift``, ``scheme``.
 
 Weight initializers, exactly the fields of :class:`~qconv.weights.QuantizedWeight` (no float weight anywhere):
 ``q`` the integer codes ``(O, I/groups, kh, kw)`` (``(N, K, 1, 1)`` for QMatMul) as ONNX ``INT8``, or ``INT4``
@@ -52,6 +54,7 @@ class QNode:
     pads: tuple[int, int, int, int] = (0, 0, 0, 0)   # top, left, bottom, right
     dilation: tuple[int, int] = (1, 1)
     scheme: str = ""
+    post_affine: tuple | None = None   # (scale, shift) float32 (O,) each, after the activation
 
     @property
     def padding(self) -> tuple[int, int]:
@@ -72,7 +75,7 @@ def is_qnode(node) -> bool:
 
 
 def make_qnode(name: str, op: str, qw: QuantizedWeight, bias, activation, input_name: str, output_name: str,
-               *, stride=(1, 1), pads=(0, 0, 0, 0), dilation=(1, 1), scheme: str = ""):
+               *, stride=(1, 1), pads=(0, 0, 0, 0), dilation=(1, 1), scheme: str = "", post_affine=None):
     """``(NodeProto, [TensorProto])``: a qconv node and its initializers (named ``name + ".q"`` etc.)."""
     import onnx
 
@@ -94,6 +97,9 @@ def make_qnode(name: str, op: str, qw: QuantizedWeight, bias, activation, input_
     while names[-1] == "":
         names.pop()
     attrs = dict(bits=qw.bits, block_size=qw.block_size, activation=activation, scheme=scheme)
+    if post_affine is not None:
+        attrs.update(post_scale=[float(v) for v in np.asarray(post_affine[0], np.float32)],
+                     post_shift=[float(v) for v in np.asarray(post_affine[1], np.float32)])
     if op == QCONV:
         attrs.update(strides=list(stride), pads=list(pads), dilations=list(dilation), group=qw.groups)
     node = onnx.helper.make_node(op, names, [output_name], name=name, domain=DOMAIN, **attrs)
@@ -127,8 +133,14 @@ def read_qnode(node, initializers: dict) -> QNode:
                          None if offsets is None else np.asarray(offsets, np.float32), bits,
                          int(a.get("block_size", 0)), int(a.get("group", 1)))
     extra = {}
+    if "post_scale" in a or "post_shift" in a:
+        ps = np.asarray(a.get("post_scale", []), np.float32)
+        pt = np.asarray(a.get("post_shift", []), np.float32)
+        if ps.shape != (qw.out_channels,) or pt.shape != (qw.out_channels,):
+            raise ValueError(f"qconv node {node.name!r}: post_scale / post_shift need {qw.out_channels} values each")
+        extra["post_affine"] = (ps, pt)
     if node.op_type == QCONV:
-        extra = dict(stride=tuple(a.get("strides", (1, 1))), pads=tuple(a.get("pads", (0, 0, 0, 0))),
+        extra.update(stride=tuple(a.get("strides", (1, 1))), pads=tuple(a.get("pads", (0, 0, 0, 0))),
                      dilation=tuple(a.get("dilations", (1, 1))))
     return QNode(node.name or node.output[0], node.op_type, qw, None if bias is None else bias.astype(np.float32),
                  a.get("activation", "") or None, node.input[0], node.output[0], scheme=a.get("scheme", ""), **extra)

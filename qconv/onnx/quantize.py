@@ -12,8 +12,9 @@ per-channel constant (``(O, 1, 1)`` / ``(1, O, 1, 1)`` after a Conv, ``(O,)`` / 
 (``a*(W x + b0) + b = (a W) x + (a b0 + b)``; per-channel and blockwise quantization scale with ``a``, so the codes
 are those of the unfolded weight); then ``Relu`` -> ``activation="relu"``; ``Clip(0, 6)`` -> ``"relu6"``;
 ``Clip(0, none)`` -> ``"relu"``; ``HardSwish``, or the pattern ``x * Clip(x + 3, 0, 6) / 6`` (either order of the
-product and the division) -> ``"hardswish"``.
-``qconv.summary`` lists each layer's folded ops.
+product and the division) -> ``"hardswish"``; then, after a fused activation, another chain of such affine ops ->
+the node's ``post_affine`` (``y * scale + shift``). ``qconv.summary`` lists each layer's ``folded`` and ``post``
+ops.
 
 Calibration: ``gptq`` and ``-bc`` (bias correction) schemes use each layer's input captured by running the
 float model on the calibration feeds. Activations: ``act_quant`` / ``act_block`` record in the model how the
@@ -308,6 +309,7 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
             continue
         kw = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
         weight, bias, activation, out_name, fused, folded = layer.weight, layer.bias, None, layer.output_name, [], []
+        post, post_affine = [], None
         if fuse:
             # per-channel affine ops after the layer (Mul / Add / Sub / Div by constants, BatchNormalization)
             # fold into its float weight and bias before quantization: y = a*(W x + b0) + b = (a W) x + (a b0 + b)
@@ -331,6 +333,17 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
             elif hsw is not None:
                 activation, out_name = "hardswish", hsw[0]
                 fused += hsw[1]
+            if activation is not None:   # per-channel affine ops after the activation: the node's post_affine
+                pa = np.ones(n_out), np.zeros(n_out)
+                nxt, idx = single_consumer(out_name)
+                while nxt is not None and (ab := _affine_of(nxt, out_name, consts, n_out, layer.is_linear)) is not None:
+                    pa = pa[0] * ab[0], pa[1] * ab[0] + ab[1]
+                    out_name = nxt.output[0]
+                    fused.append(idx)
+                    post.append(nxt.op_type)
+                    nxt, idx = single_consumer(out_name)
+                if post:
+                    post_affine = (pa[0].astype(np.float32), pa[1].astype(np.float32))
         try:
             qw = sch.quantize(weight, layer.groups, calib.get(layer.name), **kw)
         except ValueError as exc:
@@ -338,7 +351,7 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
             continue
         bias = sch.corrected_bias(weight, qw, bias, calib.get(layer.name), **kw)
         try:
-            ConvSpec(qw, bias, activation=activation, **kw)  # what the session's layer will check
+            ConvSpec(qw, bias, activation=activation, post_affine=post_affine, **kw)  # what the session's layer checks
         except (ValueError, TypeError) as exc:
             summary["float"][layer.name] = f"{sch.label}: {exc}"
             continue
@@ -347,12 +360,12 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         node, inits = make_qnode(layer.name, QMATMUL if layer.is_linear else QCONV, qw, bias, activation,
                                  layer.input_name, out_name, stride=layer.stride,
                                  pads=(ph + t, pw + l_, ph + b_, pw + r), dilation=layer.dilation,
-                                 scheme=sch.label)
+                                 scheme=sch.label, post_affine=post_affine)
         removed.update([layer.node_index] + fused)
         replacement[layer.node_index] = node
         new_inits += inits
         summary["layers"][layer.name] = dict(scheme=sch.label, op=layer.op, activation=activation or "",
-                                             folded=folded)
+                                             folded=folded, post=post)
         if act_block:
             summary["layers"][layer.name]["act_block"] = layer_act_block(qw, act_block)
     if not replacement:
