@@ -7,7 +7,7 @@ Domain ``ai.qconv`` (opset 1), two operators:
   (ONNX order ``[top, left, bottom, right]``, asymmetric allowed), ``dilations``, ``group``, ``bits``,
   ``block_size`` (input channels per block, 0 = per channel), ``activation`` (``""``, ``"relu"``,
   ``"relu6"``, ``"hardswish"``: a fused Relu / Clip / hardswish), ``post_scale`` / ``post_shift`` (floats, one per
-  output channel, optional: the layer's ``post_affine``, ``y * scale + shift`` after the activation: the per-channel
+  output channel or one for all, optional: the layer's ``post_affine``, ``y * scale + shift`` after the activation: the per-channel
   Mul / Add after a fused activation), ``scheme`` (the label it was quantized with, informative).
 ``QMatMul(X, q, scales, offsets?, B?) -> Y``
   ``Y = X @ W.T + B`` over the last axis: ``X`` float32 ``(..., K)``, ``Y`` float32 ``(..., N)`` (a MatMul with a
@@ -97,9 +97,10 @@ def make_qnode(name: str, op: str, qw: QuantizedWeight, bias, activation, input_
     while names[-1] == "":
         names.pop()
     attrs = dict(bits=qw.bits, block_size=qw.block_size, activation=activation, scheme=scheme)
-    if post_affine is not None:
-        attrs.update(post_scale=[float(v) for v in np.asarray(post_affine[0], np.float32)],
-                     post_shift=[float(v) for v in np.asarray(post_affine[1], np.float32)])
+    if post_affine is not None:   # one value when every channel has the same (a scalar Mul / Add)
+        for key, v in zip(("post_scale", "post_shift"), post_affine):
+            v = np.asarray(v, np.float32).reshape(-1)
+            attrs[key] = [float(x) for x in (v[:1] if (v == v[0]).all() else v)]
     if op == QCONV:
         attrs.update(strides=list(stride), pads=list(pads), dilations=list(dilation), group=qw.groups)
     node = onnx.helper.make_node(op, names, [output_name], name=name, domain=DOMAIN, **attrs)
@@ -134,11 +135,12 @@ def read_qnode(node, initializers: dict) -> QNode:
                          int(a.get("block_size", 0)), int(a.get("group", 1)))
     extra = {}
     if "post_scale" in a or "post_shift" in a:
-        ps = np.asarray(a.get("post_scale", []), np.float32)
-        pt = np.asarray(a.get("post_shift", []), np.float32)
-        if ps.shape != (qw.out_channels,) or pt.shape != (qw.out_channels,):
-            raise ValueError(f"qconv node {node.name!r}: post_scale / post_shift need {qw.out_channels} values each")
-        extra["post_affine"] = (ps, pt)
+        o = qw.out_channels
+        ps = np.asarray(a.get("post_scale", [1.0]), np.float32)
+        pt = np.asarray(a.get("post_shift", [0.0]), np.float32)
+        if ps.shape not in ((1,), (o,)) or pt.shape not in ((1,), (o,)):
+            raise ValueError(f"qconv node {node.name!r}: post_scale / post_shift need 1 or {o} values each")
+        extra["post_affine"] = (np.broadcast_to(ps, (o,)).copy(), np.broadcast_to(pt, (o,)).copy())
     if node.op_type == QCONV:
         extra.update(stride=tuple(a.get("strides", (1, 1))), pads=tuple(a.get("pads", (0, 0, 0, 0))),
                      dilation=tuple(a.get("dilations", (1, 1))))
