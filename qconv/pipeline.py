@@ -155,10 +155,19 @@ class Pipeline:
             ctx = layers[0].engine.ctx
             if any(layer.engine.ctx != ctx for layer in layers):
                 raise ValueError("all layers of an OpenCL Pipeline must use one OpenCL context (one device)")
-            self.ctx, self.queue, self._pool = ctx, layers[0].engine.queue, layers[0].engine._pool
+            self.ctx, self._engine0 = ctx, layers[0].engine
         self._program = _Program(self.steps)
         self._plans: dict = {}
         self._lock = threading.Lock()
+
+    @property
+    def queue(self):
+        """OpenCL: the calling thread's call queue (the first layer's engine's; one per host thread)."""
+        return self._engine0.queue
+
+    @property
+    def _pool(self):
+        return self._engine0._pool
 
     def __repr__(self) -> str:
         return f"Pipeline({self.steps!r})"

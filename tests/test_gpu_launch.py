@@ -163,15 +163,18 @@ def test_eight_threads_share_one_layer(cl_device):
         xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(8)]
         want = [layer(cla.to_device(q0, x)).get() for x in xs]
         def work(i):
-            q = q0 if i % 2 else cl.CommandQueue(q0.context, q0.device)  # one shared queue, and own ones
+            # each host thread on a queue of its own (NVIDIA's driver crashes or hangs when threads share one:
+            # qconv.gpu.context.call_queue): the engine's call queue, which is per thread, or a new one
+            q = layer.engine.queue if i % 2 else cl.CommandQueue(q0.context, q0.device)
             x = cla.to_device(q, xs[i])
             out = cla.empty(q, want[i].shape, np.float32)
             ys = [layer(x) if k % 2 else layer(x, out=out).copy() for k in range(40)]
-            return [y.get() for y in ys]
+            return [y.get() for y in ys] + [layer(xs[i]) for _ in range(4)], layer.engine.queue
 
         results = run_interleaved(work, 8)
+        assert len({id(r[1]) for r in results} | {id(q0)}) == 9, "engine.queue must be one per thread"
         for i in range(8):
-            for y in results[i]:
+            for y in results[i][0]:
                 np.testing.assert_array_equal(y, want[i], err_msg=f"{name} thread {i}")
 
 

@@ -24,6 +24,7 @@ _HOW = ("install an OpenCL driver: for a CPU device `apt-get install pocl-opencl
 _lock = threading.Lock()
 _contexts: dict = {}
 _queues: dict = {}
+_local = threading.local()   # per host thread: {(ctx, dev): (call queue, memory pool)}
 
 
 def import_pyopencl():
@@ -155,12 +156,28 @@ def resolve(device="opencl"):
                     f"got {type(device).__name__}")
 
 
+def _thread_state(ctx, dev):
+    """The calling thread's ``[call queue, memory pool or None]`` for (context, device)."""
+    cl = import_pyopencl()
+    mine = getattr(_local, "state", None)
+    if mine is None:
+        mine = _local.state = {}
+    key = (ctx.int_ptr, dev.int_ptr)
+    st = mine.get(key)
+    if st is None:
+        st = mine[key] = [cl.CommandQueue(ctx, dev), None]
+    return st
+
+
 def call_queue(ctx, dev):
-    """One in-order command queue **without** profiling per (context, device), shared by the engines: the queue
-    of their calls (``engine.queue``). Profiling makes every enqueue dearer (NVIDIA's OpenCL on the H200: 11.7-14.2
-    us against 6.4 us an enqueue from Python, ``benchmarks/labs/enqueue_cost.py``), so only tuning and the
-    benchmarks' event timings use :func:`profiling_queue`."""
-    return _shared_queue(ctx, dev, profiling=False)
+    """The calling host thread's in-order command queue **without** profiling for (context, device), shared by
+    the engines: the queue of their calls (``engine.queue``). One per host thread: NVIDIA's OpenCL crashes or
+    hangs when host threads enqueue on one queue at once (H200, driver 580.159.04: 8 threads calling one layer,
+    8 processes at a time: 10 of 16 processes segfaulted or hung with one shared queue, none of 16 with a queue per
+    thread). Profiling makes every enqueue dearer (NVIDIA's OpenCL on the H200: 11.7-14.2 us against 6.4 us an
+    enqueue from Python, ``benchmarks/labs/enqueue_cost.py``), so only tuning and the benchmarks' event timings
+    use :func:`profiling_queue`."""
+    return _thread_state(ctx, dev)[0]
 
 
 def profiling_queue(ctx, dev):
@@ -181,17 +198,15 @@ def _shared_queue(ctx, dev, profiling: bool):
 
 
 def memory_pool(ctx, dev):
-    """A ``pyopencl.tools.MemoryPool`` per (context, device) for the engine's temporary buffers."""
+    """The calling host thread's ``pyopencl.tools.MemoryPool`` for (context, device): the engines' temporary
+    buffers. Per thread, like :func:`call_queue`, whose queue its allocator enqueues on."""
     import_pyopencl()
     from pyopencl.tools import ImmediateAllocator, MemoryPool
 
-    key = ("pool", ctx.int_ptr, dev.int_ptr)
-    queue = call_queue(ctx, dev)
-    with _lock:
-        pool = _queues.get(key)
-        if pool is None:
-            pool = _queues[key] = MemoryPool(ImmediateAllocator(queue))
-        return pool
+    st = _thread_state(ctx, dev)
+    if st[1] is None:
+        st[1] = MemoryPool(ImmediateAllocator(st[0]))
+    return st[1]
 
 
 def device_identity(dev) -> dict:

@@ -195,9 +195,7 @@ class OpenCLEngine:
         why = act_quant.unsupported(self) if self.act_row else None
         if why:
             raise OpenCLUnavailableError(f"act_quant='row' cannot run on {self.device.name}: {why}")
-        self.queue = call_queue(self.ctx, self.device)          # calls (no profiling: cheaper enqueues)
         self.tune_queue = profiling_queue(self.ctx, self.device)  # the tuner's timings
-        self._pool = memory_pool(self.ctx, self.device)
         self.tune = tuning.tune_level(tune)
         self.is_gpu = bool(self.device.type & cl.device_type.GPU)
         self.nv_ptx = "NVIDIA" in self.device.platform.name.upper()  # inline PTX (dp4a, shuffles) builds
@@ -454,6 +452,17 @@ class OpenCLEngine:
         if self.spec.out_hw(1, 1) != (1, 1):
             raise ValueError("(N, K) inputs need a layer whose output is 1x1 on a 1x1 input")
         return int(shape[0]), 1, 1
+
+    @property
+    def queue(self):
+        """The calling thread's call queue (:func:`~qconv.gpu.context.call_queue`: no profiling, one per host
+        thread): numpy inputs run on it, device arrays on their own queue."""
+        return call_queue(self.ctx, self.device)
+
+    @property
+    def _pool(self):
+        """The calling thread's memory pool (:func:`~qconv.gpu.context.memory_pool`) for outputs and copies."""
+        return memory_pool(self.ctx, self.device)
 
     def prepare(self, shape, layout: str = "nchw", *, linear: bool = False, x=None, queue=None) -> "_Prepared":
         """The prepared launch for float32 inputs of ``shape`` (NCHW ``(N, C, H, W)``, NC4HW4 ``(ceil(C/4), N,
