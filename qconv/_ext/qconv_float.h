@@ -17,15 +17,6 @@
 
 #include "qconv_kernels.h"
 
-/* code r (0..3) of channel j (0..31) in tile row `row` of a weight tile, as a float */
-static inline float qc_f32_code(const qc_gemm_args *g, const uint8_t *wk, int64_t row, int j, int r)
-{
-    if (g->bits == 8) return (float)(int8_t)wk[128 * row + 4 * j + r];
-    const int v = 4 * j + r;   /* half-split nibbles: value v in byte v (high) or byte v - 64 (low) */
-    const uint8_t b = wk[64 * row + (v < 64 ? v : v - 64)];
-    return (float)((v < 64 ? b >> 4 : b & 15) - 8);
-}
-
 /* sum of column e's floats of block k */
 static inline float qc_f32_colsum(const qc_gemm_args *g, int e, int k)
 {
@@ -50,14 +41,16 @@ static void qc_gemm_f32_scalar(const qc_gemm_args *g)
                 const int64_t tt = (int64_t)k * g->ldt + (int64_t)tile * g->ldtt;
                 const float s = qc_f32_has_offsets(g) ? qc_f32_colsum(g, e, k) : 0.0f;
                 float acc[QC_UNIT];
+                int8_t wt[QC_UNIT * QC_SRC_UNIT];
+                const int q0 = g->bits == 8 ? 0 : 8;   /* int4 codes are stored as q + 8 */
                 for (int j = 0; j < QC_UNIT; ++j) acc[j] = 0.0f;
                 for (int t = 0; t < g->taps; ++t) {
                     const float *a = (const float *)(g->aptr[(int64_t)e * g->ldp + t] + g->a_off
                                                      + (int64_t)k * g->a_bstride);
                     for (int l = 0; l < g->bq; ++l) {
-                        const int64_t row = (int64_t)t * g->bq + l;
+                        const int8_t *wl = qc_tile_row(g, wk, (int64_t)t * g->bq + l, wt);
                         for (int j = 0; j < QC_UNIT; ++j)
-                            for (int r = 0; r < 4; ++r) acc[j] += qc_f32_code(g, wk, row, j, r) * a[4 * l + r];
+                            for (int r = 0; r < 4; ++r) acc[j] += (float)(wl[4 * j + r] - q0) * a[4 * l + r];
                     }
                 }
                 for (int j = 0; j < QC_UNIT; ++j) {

@@ -111,6 +111,20 @@ static inline float qc_offset_at(const qc_gemm_args *g, int64_t i)
     return g->hscale ? (g->hoffset ? qc_half(g->hoffset[i]) : 0.0f) : (g->offset ? g->offset[i] : 0.0f);
 }
 
+/* The 128 stored codes of tile row `row` of a block's weights at wk, in value order (channel j, code r at 4*j + r):
+ * int8 q (a pointer into the tile), or int4 q + 8 (0..15) unpacked from the half-split nibbles into wt. */
+static inline const int8_t *qc_tile_row(const qc_gemm_args *g, const uint8_t *wk, int64_t row,
+                                        int8_t wt[QC_UNIT * QC_SRC_UNIT])
+{
+    if (g->bits == 8) return (const int8_t *)(wk + row * QC_UNIT * QC_SRC_UNIT);
+    const uint8_t *b = wk + row * (QC_UNIT * QC_SRC_UNIT / 2);
+    for (int i = 0; i < QC_UNIT * QC_SRC_UNIT / 2; ++i) {
+        wt[i] = (int8_t)(b[i] >> 4);
+        wt[i + QC_UNIT * QC_SRC_UNIT / 2] = (int8_t)(b[i] & 15);
+    }
+    return wt;
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* scalar (portable) kernel                                                                           */
 /* ------------------------------------------------------------------------------------------------ */
@@ -118,7 +132,6 @@ static void qc_gemm_scalar(const qc_gemm_args *g)
 {
     int32_t acc[QC_UNIT];
     int8_t wt[QC_UNIT * QC_SRC_UNIT];
-    const int64_t tb = g->bits == 8 ? QC_UNIT * QC_SRC_UNIT : QC_UNIT * QC_SRC_UNIT / 2;  /* bytes per tile row */
     for (int tile = 0; tile < g->ntiles; ++tile) {
         const int64_t to = (int64_t)tile * QC_UNIT;
         for (int e = 0; e < g->ncols; ++e) {
@@ -129,22 +142,11 @@ static void qc_gemm_scalar(const qc_gemm_args *g)
                 for (int t = 0; t < g->taps; ++t) {
                     const uint8_t *ak = g->aptr[(int64_t)e * g->ldp + t] + g->a_off + (int64_t)k * g->a_bstride;
                     for (int l = 0; l < g->bq; ++l) {
-                        const uint8_t *b = wk + ((int64_t)t * g->bq + l) * tb;
+                        const int8_t *wl = qc_tile_row(g, wk, (int64_t)t * g->bq + l, wt);
                         int32_t a0, a1, a2, a3;
-                        const int8_t *wl;
-                        if (g->bits == 8 && !g->asigned) {
-                            wl = (const int8_t *)b;
+                        if (g->bits == 8 && !g->asigned) {   /* unsigned U = xq + 128 */
                             a0 = ak[4 * l]; a1 = ak[4 * l + 1]; a2 = ak[4 * l + 2]; a3 = ak[4 * l + 3];
-                        } else if (g->bits == 8) {
-                            wl = (const int8_t *)b;
-                            a0 = (int8_t)ak[4 * l]; a1 = (int8_t)ak[4 * l + 1];
-                            a2 = (int8_t)ak[4 * l + 2]; a3 = (int8_t)ak[4 * l + 3];
-                        } else {
-                            for (int i = 0; i < QC_UNIT * QC_SRC_UNIT / 2; ++i) {
-                                wt[i] = (int8_t)(b[i] >> 4);
-                                wt[i + QC_UNIT * QC_SRC_UNIT / 2] = (int8_t)(b[i] & 15);
-                            }
-                            wl = wt;
+                        } else {                              /* signed xq */
                             a0 = (int8_t)ak[4 * l]; a1 = (int8_t)ak[4 * l + 1];
                             a2 = (int8_t)ak[4 * l + 2]; a3 = (int8_t)ak[4 * l + 3];
                         }
