@@ -251,6 +251,8 @@ class Linear(Conv2d):
                  threads=None, act_block=0, post_affine=None, **engine_options):
         if isinstance(weight, QuantizedWeight) and weight.kernel_size != (1, 1):
             raise ValueError(f"Linear needs a weight of shape (O, K, 1, 1), got {weight.q.shape}")
+        if getattr(engine_class(device), "has_direct_path", False):
+            engine_options.setdefault("direct", False)   # one pixel a sample: the direct path's strips do not fit
         super().__init__(weight, bias, 1, 0, 1, activation, device, act_quant, threads, act_block, post_affine,
                          **engine_options)
 

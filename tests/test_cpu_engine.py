@@ -45,7 +45,7 @@ def test_matches_reference(kernel, case, aq, tile_cols):
 def test_pointwise_matches_reference(kernel, case, aq):
     geo, weight, x, bias, act = case
     eng = _engine(weight, bias, geo, act, aq, kernel=kernel, threads=2)
-    assert "pointwise" in eng.describe()
+    assert ("direct" if aq is None and geo.groups == 1 else "pointwise") in eng.describe()
     assert_matches_reference(eng.forward(x), x, weight, bias, **geo.conv_kwargs(), activation=act, act_quant=aq)
 
 
@@ -260,14 +260,16 @@ def test_hardswish_is_the_activation_applied_to_the_plain_output(kernel, shape):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_float_activations_take_nonfinite_through_the_layer(kernel):
-    """act_quant=None (float activations) has no quantization pass: its pixel-major copy of the input refuses NaN /
-    inf (NCHW through the transpose and NC4HW4 lane by lane), and NC4HW4 padding lanes stay ignored."""
+@pytest.mark.parametrize("direct", [False, True])
+def test_float_activations_take_nonfinite_through_the_layer(kernel, direct):
+    """act_quant=None (float activations) has no quantization pass: the GEMM path's pixel-major copy of the input,
+    and the direct path's phase planes or in-place strips, refuse NaN / inf (NCHW and NC4HW4 lane by lane), and
+    NC4HW4 padding lanes stay ignored."""
     rng = np.random.default_rng(3)
     w = qconv.quantize_weight(rng.standard_normal((8, 6, 3, 3)).astype(np.float32), bits=4, block_size=2,
                               symmetric=False)
-    layer = qconv.Conv2d(w, padding=1, act_quant=None, kernel=kernel, threads=2)
-    assert layer.engine.rejects_nonfinite and layer.engine.geometry.float_act
+    layer = qconv.Conv2d(w, padding=1, act_quant=None, kernel=kernel, threads=2, direct=direct)
+    assert layer.engine.rejects_nonfinite and layer.engine.path == ("direct" if direct else "gemm")
     x = rng.standard_normal((2, 6, 5, 5)).astype(np.float32)
     xp = P4.pack_array(x)
     xp[-1, ..., 2:] = np.nan
@@ -279,11 +281,20 @@ def test_float_activations_take_nonfinite_through_the_layer(kernel):
             with pytest.raises(ValueError, match="NaN or inf"):
                 layer(xin, layout=layout)
     wide = qconv.Conv2d(qconv.quantize_weight(rng.standard_normal((4, 16, 1, 1)).astype(np.float32)), act_quant=None,
-                        kernel=kernel, threads=2)   # 16 channels: the 8x8 transpose blocks
+                        kernel=kernel, threads=2, direct=direct)   # 16 channels: the 8x8 transpose blocks
     xw = rng.standard_normal((1, 16, 3, 9)).astype(np.float32)
     xw[0, 11, 1, 6] = np.nan
     with pytest.raises(ValueError, match="NaN or inf"):
         wide(xw)
+    # direct path in place (1x1, stride 1): full strips and the gathered last one; strided: the values no
+    # output reads are checked too
+    for shape, at, stride in [((2, 16, 7, 9), (1, 3, 0, 2), 1), ((2, 16, 7, 9), (1, 15, 6, 8), 1),
+                              ((1, 16, 12, 12), (0, 5, 1, 1), 2)]:
+        xs = rng.standard_normal(shape).astype(np.float32)
+        xs[at] = np.inf
+        strided = qconv.Conv2d(wide.weight, stride=stride, act_quant=None, kernel=kernel, threads=2, direct=direct)
+        with pytest.raises(ValueError, match="NaN or inf"):
+            strided(xs)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -68,8 +68,17 @@ try:
     from .._ext import _depthwise
 except ImportError:  # pragma: no cover - built with _cpu; without it depthwise layers take the general path
     _depthwise = None
+try:
+    from .._ext import _direct
+except ImportError:  # pragma: no cover - built with _cpu; without it float activations take the GEMM path
+    _direct = None
 # "0": depthwise layers take the general GEMM path (engine option depthwise=None reads it)
 ENV_DEPTHWISE = "QCONV_CPU_DEPTHWISE"
+# "0": float-activation layers take the GEMM path (engine option direct=None reads it)
+ENV_DIRECT = "QCONV_CPU_DIRECT"
+# float activations: calls with fewer output pixels per sample than this run the GEMM path (a strip of the direct
+# path is this many pixels of one sample)
+DIRECT_MIN_PIXELS = 24
 
 KERNEL_NAMES = ("scalar", "avx2", "avx512vnni", "amx")
 ENV_KERNEL = "QCONV_CPU_KERNEL"
@@ -216,8 +225,11 @@ class CpuEngine:
     writes_out = True
     supports_device_arrays = False
 
+    # Linear passes direct=False: its calls have one pixel per sample
+    has_direct_path = True
+
     def __init__(self, spec: ConvSpec, threads=None, kernel=None, tile_cols=None,
-                 input_qparams=None, output_qparams=None, depthwise=None):
+                 input_qparams=None, output_qparams=None, depthwise=None, direct=None):
         if not isinstance(spec, ConvSpec):
             raise TypeError(f"spec must be a qconv.ConvSpec, got {type(spec).__name__}")
         self.input_qparams = None if input_qparams is None else _qparams_arg(input_qparams, "input_qparams")
@@ -242,6 +254,7 @@ class CpuEngine:
         self._lock = threading.Lock()
         self._sizes: dict = {}   # (n, h, w, threads) -> scratch element counts of that call
         self._depthwise_option = depthwise
+        self._direct_option = direct
         self._prepare()
 
     # --- configuration ------------------------------------------------------------------------------
@@ -271,6 +284,9 @@ class CpuEngine:
             # quant_threads 0: no separate quantization pass (each thread quantizes the input rows it reads)
             last = self._dw.last_threads
             return None if last is None else dict(quant_threads=last[0], gemm_threads=last[1], split="planes")
+        if self._last_direct:   # direct path: threads take (sample, strip of output pixels) items
+            last = self._direct.last_threads
+            return dict(quant_threads=0, gemm_threads=last[1], split="strips")
         last = self._plan.last_threads
         if last is None:
             return None
@@ -282,6 +298,9 @@ class CpuEngine:
         if self._dw is not None:
             path = "depthwise pointwise" if self.spec.is_pointwise else "depthwise"
             return f"cpu ({self.kernel}, {path}, threads={self.threads}, {mode}{out})"
+        if self._direct is not None:
+            return (f"cpu ({self.kernel}, direct float, {_direct.STRIP_PIXELS}-pixel strips (the GEMM below "
+                    f"{DIRECT_MIN_PIXELS} output pixels), threads={self.threads}, {mode}{out})")
         lay = self.layout
         path = "pointwise" if self._pointwise else "indirect im2col"
         return (f"cpu ({self.kernel}, {path}, UNIT={lay.unit} SRC_UNIT={lay.src_unit} "
@@ -289,9 +308,11 @@ class CpuEngine:
 
     @property
     def path(self) -> str:
-        """``"depthwise"`` (:class:`~qconv._ext._depthwise.DepthwisePlan`, nothing else prepared) or ``"gemm"``
-        (the tiled GEMM: :attr:`layout` tiles, tables and a native plan)."""
-        return "depthwise" if self._dw is not None else "gemm"
+        """``"depthwise"`` (:class:`~qconv._ext._depthwise.DepthwisePlan`, nothing else prepared), ``"direct"``
+        (float activations, one group: :class:`~qconv._ext._direct.DirectPlan`; the GEMM is prepared on the first
+        call of fewer than :data:`DIRECT_MIN_PIXELS` output pixels a sample) or ``"gemm"`` (the tiled GEMM:
+        :attr:`layout` tiles, tables and a native plan)."""
+        return "depthwise" if self._dw is not None else "direct" if self._direct is not None else "gemm"
 
     # --- preparation (once per layer) --------------------------------------------------------------------
     @property
@@ -300,11 +321,13 @@ class CpuEngine:
 
     def _prepare(self):
         self._dw = self._depthwise_plan()
+        self._direct = None if self._dw is not None else self._direct_plan()
+        self._last_direct = False
         self._pointwise = bool(self.spec.is_pointwise)
-        if self._dw is None:
+        # the GEMM path: now, unless another path takes the layer (direct: prepared on its first small call)
+        self.layout = self.geometry = self._plan = None
+        if self._dw is None and self._direct is None:
             self._prepare_gemm()
-        else:  # nothing of the GEMM path: no tiles, tables or plan
-            self.layout = self.geometry = self._plan = None
 
     def _prepare_gemm(self):
         spec, w = self.spec, self.spec.weight
@@ -371,6 +394,21 @@ class CpuEngine:
             ps[:, :og], pt[:, :og] = spec.post_affine[0].reshape(g, og), spec.post_affine[1].reshape(g, og)
             self._plan.set_post_affine(ps.reshape(-1), pt.reshape(-1))
 
+    def _direct_plan(self):
+        """The direct float path (:class:`qconv._ext._direct.DirectPlan`) or None. Option ``direct``: None =
+        automatic (float activations, one group, not depthwise) unless ``$QCONV_CPU_DIRECT=0``, False = the GEMM
+        path, True = the direct path (a ValueError for other layers)."""
+        opt = self._direct_option
+        if opt is not None and not isinstance(opt, (bool, np.bool_)):
+            raise TypeError(f"direct must be None, True or False, got {opt!r}")
+        able = (_direct is not None and self._float_act and self.output_qparams is None
+                and _direct.is_direct(self.spec))
+        if opt and not able:
+            raise ValueError("direct=True needs float activations (act_quant=None), one group, and the built "
+                             "qconv._ext._direct extension")
+        want = os.environ.get(ENV_DIRECT, "1") != "0" if opt is None else bool(opt)
+        return _direct.DirectPlan(self.spec, self.kernel) if want and able else None
+
     def _sign_form(self, w) -> bool:
         """True when the AVX2 kernel multiplies these int8 weights in its exact ``vpmaddubsw`` sign form (signed
         input bytes; needs no -128 among the weights, e.g. every symmetric int8 scheme), else it widens to int16."""
@@ -398,6 +436,8 @@ class CpuEngine:
         sums when the kernel needs them (int8 weights, or a non-zero activation zero point)."""
         if self._dw is not None:
             return self._dw.nbytes
+        if self._plan is None:
+            return self._direct.nbytes
         arrays = [self._w, self._scale, self._bias] + ([self._offset] if self._offset is not None else [])
         if not self._float_act and (self.spec.weight.bits == 8 or self.spec.act_quant == "tensor"
                                     or self.input_qparams is not None):
@@ -416,13 +456,17 @@ class CpuEngine:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the prepared weights and tables (the AMX tiles too, once packed)."""
+        """Bytes of the prepared weights and tables (the AMX tiles too, once packed; both paths once a direct
+        layer has prepared its GEMM)."""
         if self._dw is not None:
             return self._dw.nbytes
+        extra = 0 if self._direct is None else self._direct.nbytes
+        if self._plan is None:
+            return extra
         arrays = [self._w, self._wsx, self._scale, self._bias, self._oidx] + ([self._wa] if self._wa is not None else [])
         if self._offset is not None:
             arrays.append(self._offset)
-        return int(sum(a.nbytes for a in arrays))
+        return int(sum(a.nbytes for a in arrays)) + extra
 
     # --- scratch (the calling thread's arena) ----------------------------------------------------------------
     def _scratch_sizes(self, n, h, w):
@@ -550,6 +594,14 @@ class CpuEngine:
                 macs = n * oh * ow * o * self.spec.weight.taps
                 return self._dw.forward(x, int(nchw), y, int(not nchw), 1 if macs < SERIAL_MACS else self.threads,
                                         self.threads)
+            self._last_direct = self._direct is not None and oh * ow >= DIRECT_MIN_PIXELS
+            if self._last_direct:
+                macs = n * oh * ow * o * self.spec.in_channels * self.spec.weight.taps
+                nt = 1 if macs < SERIAL_MACS else self.threads
+                buf = scratch.arena().take("direct", self._direct.buffer_floats(x, int(nchw), nt), np.float32)
+                return self._direct.forward(x, int(nchw), y, int(not nchw), nt, buf)
+            if self._plan is None:
+                self._prepare_gemm()
             if self.kernel == "amx" and not self._float_act and n * oh * ow >= self.amx_min_cols and (
                     self.layout.block_values >= self.amx_min_block_values) and (
                     self._wa is None or self._plan_amx_min != self.amx_min_cols):

@@ -1,0 +1,231 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The direct float-activation path of the qconv CPU engine (``act_quant=None``, ``groups == 1``).
+
+:class:`DirectPlan` runs a layer with float activations without the tiled GEMM's two transposes: output pixels
+sit in the vector lanes, so the NCHW input is read as it is (a 1x1 stride-1 conv reads it in place, others build
+a strip of im2col rows per 24 output pixels) and every result row is stored where NCHW wants it. The math and the
+micro-kernel are in ``qconv_direct.h``. Per call: the weight is dequantized to float32 into a buffer freed at the
+end of the call, then the strips (sample, 24 output pixels) run over the threads.
+Results do not depend on the thread count.
+"""
+import numpy as np
+
+from cython.parallel cimport prange, parallel, threadid
+from libc.stdint cimport int8_t, int32_t, int64_t
+from libc.string cimport memset
+
+from . import _cpu
+
+
+cdef extern from "qconv_direct.h" nogil:
+    enum:
+        QC_DIRECT_NP
+        QC_DIRECT_MR
+        QC_DIRECT_NS
+    ctypedef struct qc_direct_job:
+        int64_t N, C, H, W, OH, OW, K
+        int32_t KH, KW, sh, sw, ph, pw, dh, dw
+        int32_t O, OCB, NB
+        int64_t kblock
+        const int8_t *q
+        const float *scale
+        const float *offset
+        const float *bias
+        float lo, hi
+        int32_t hswish
+        const float *pa_s
+        const float *pa_t
+        const float *x
+        int32_t in_nc4hw4, out_nc4hw4
+        float *y
+        int32_t vec
+        int32_t ns
+        int32_t in_place
+        int64_t Hph, Wph
+        const float *xp
+        const int64_t *koff
+        const float *wf
+    void qc_direct_setup(qc_direct_job *j)
+    int64_t qc_direct_sample(const qc_direct_job *j)
+    int64_t qc_direct_slack(const qc_direct_job *j)
+    int64_t qc_direct_items(const qc_direct_job *j)
+    int64_t qc_direct_strips(const qc_direct_job *j)
+    int64_t qc_direct_scratch_floats(const qc_direct_job *j)
+    void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
+    int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
+    void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
+    int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
+
+
+STRIP_PIXELS = QC_DIRECT_NP
+CHANNELS_PER_BLOCK = QC_DIRECT_MR
+
+
+def is_direct(spec):
+    """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a layer this path runs: float activations
+    (``act_quant=None``) and one group."""
+    return spec.act_quant is None and spec.weight.groups == 1
+
+
+cdef int64_t _layout(qc_direct_job *j, int nt, int64_t *parts) noexcept nogil:
+    """Float offsets in the caller's buffer of koff (K int64), wf, xp (0 floats in place) and the threads' scratch;
+    returns the floats needed."""
+    qc_direct_setup(j)
+    # strips an item: up to QC_DIRECT_NS, but at least 4 items a thread where the layer has them
+    j.ns = max(1, min(QC_DIRECT_NS, j.N * qc_direct_strips(j) // (4 * nt)))
+    parts[0] = 0
+    parts[1] = 2 * j.K
+    parts[2] = parts[1] + j.OCB * j.K * 4
+    parts[3] = parts[2] + (0 if j.in_place else j.N * qc_direct_sample(j) + qc_direct_slack(j))
+    return parts[3] + nt * qc_direct_scratch_floats(j)
+
+
+cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
+    """Phase planes (unless in place) and the dequantized weight, then every strip; returns the NaN / inf count."""
+    cdef int64_t parts[4]
+    cdef int64_t i, t, nitems, nf, npl, bad = 0
+    cdef float *xp
+    cdef float *wf
+    cdef int64_t *koff
+    _layout(j, nt, parts)
+    nitems, nf = qc_direct_items(j), qc_direct_scratch_floats(j)
+    koff = <int64_t *> (buf + parts[0])
+    wf = buf + parts[1]
+    xp = buf + parts[2]
+    qc_direct_offsets(j, koff)
+    j.koff, j.wf = koff, wf
+    if j.in_place:
+        j.xp = j.x
+    else:
+        npl = j.N * qc_direct_sample(j)
+        memset(xp + npl, 0, qc_direct_slack(j) * sizeof(float))
+        j.xp = xp
+        for i in prange(j.N * j.C, nogil=True, num_threads=nt, schedule="static"):
+            bad += qc_direct_pad(j, i // j.C, i % j.C, xp)
+    for i in prange(j.OCB, nogil=True, num_threads=nt, schedule="static"):
+        qc_direct_dequant(j, i, wf)
+    if bad == 0:
+        with parallel(num_threads=nt):
+            t = threadid()
+            for i in prange(nitems, schedule="static"):
+                bad += qc_direct_item(j, i, buf + parts[3] + t * nf)
+    return bad
+
+
+cdef class DirectPlan:
+    """Prepared float-activation layer (built by :class:`qconv.cpu.CpuEngine` when :func:`is_direct` holds).
+
+    ``spec``: the :class:`~qconv.geometry.ConvSpec`; ``kernel``: the engine's kernel name (``"scalar"`` runs the
+    portable code, the others AVX2 + FMA).
+
+    Prepared arrays: ``q`` int8 ``(ceil(O/4), K, 4)`` the integer codes (int4 codes one a byte), ``K = C*KH*KW`` in
+    ``(c, ky, kx)`` order, four output channels interleaved; ``scale`` / ``offset`` float32 ``(O, n_blocks)``
+    (``offset`` None when symmetric); ``bias`` float32 ``(O,)``.
+    """
+    cdef readonly object spec, kernel
+    cdef readonly int vec
+    cdef object q, scale, offset, bias, pa_s, pa_t
+    cdef int C, O, OCB, NB, KH, KW, sh, sw, ph, pw, dh, dw, hswish
+    cdef int64_t K, kblock
+    cdef float lo, hi
+    # (quantization threads, conv threads) of the last forward call (no quantization pass: 0)
+    cdef readonly tuple last_threads
+
+    def __init__(self, spec, str kernel):
+        if not is_direct(spec):
+            raise ValueError("the direct path takes float activations (act_quant=None) and groups == 1")
+        w = spec.weight
+        self.spec = spec
+        self.kernel = kernel
+        self.vec = 0 if kernel == "scalar" else 1
+        o, c = w.out_channels, w.in_channels
+        (self.KH, self.KW), (self.sh, self.sw) = spec.kernel_size, spec.stride
+        (self.ph, self.pw), (self.dh, self.dw) = spec.padding, spec.dilation
+        self.C, self.O, self.OCB, self.NB = c, o, -(-o // 4), w.n_blocks
+        self.K = c * self.KH * self.KW
+        self.kblock = w.block_channels * self.KH * self.KW
+        q = np.zeros((self.OCB * 4, self.K), np.int8)
+        q[:o] = w.q.reshape(o, self.K)
+        self.q = np.ascontiguousarray(q.reshape(self.OCB, 4, self.K).transpose(0, 2, 1))
+        self.scale = np.ascontiguousarray(w.scales, np.float32).reshape(o, self.NB)
+        self.offset = None if w.offsets is None else np.ascontiguousarray(w.offsets, np.float32).reshape(o, self.NB)
+        self.bias = np.ascontiguousarray(spec.bias_or_zeros(), dtype=np.float32).reshape(o)
+        act = spec.activation
+        self.lo = 0.0 if act in ("relu", "relu6") else -np.inf
+        self.hi = 6.0 if act == "relu6" else np.inf
+        self.hswish = act == "hardswish"
+        pa = spec.post_affine
+        self.pa_s = None if pa is None else np.ascontiguousarray(pa[0], np.float32)
+        self.pa_t = None if pa is None else np.ascontiguousarray(pa[1], np.float32)
+        self.last_threads = None
+
+    @property
+    def nbytes(self):
+        """Bytes of the prepared codes and tables."""
+        return int(sum(a.nbytes for a in (self.q, self.scale, self.bias) + (() if self.offset is None
+                                                                           else (self.offset,))))
+
+    cdef void _job(self, qc_direct_job *j, x, bint nchw_input):
+        """The shape fields of ``j`` for input ``x`` (pointers are the caller's)."""
+        if nchw_input:
+            j.N, j.H, j.W = x.shape[0], x.shape[2], x.shape[3]
+        else:
+            j.N, j.H, j.W = x.shape[1], x.shape[2], x.shape[3]
+        oh, ow = self.spec.out_hw(j.H, j.W)
+        j.C, j.OH, j.OW, j.K = self.C, oh, ow, self.K
+        j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (self.KH, self.KW, self.sh, self.sw, self.ph, self.pw,
+                                                          self.dh, self.dw)
+        j.O, j.OCB, j.NB, j.kblock = self.O, self.OCB, self.NB, self.kblock
+        j.in_nc4hw4 = not nchw_input
+
+    def buffer_floats(self, x, int nchw_input, int threads):
+        """float32 values of the buffer :meth:`forward` needs for ``x`` on ``threads`` threads: the tap offsets,
+        the dequantized weight, the phase planes of the input (none for an in-place 1x1 conv) and each thread's
+        scratch."""
+        cdef qc_direct_job j
+        cdef int64_t parts[4]
+        self._job(&j, x, nchw_input)
+        return _layout(&j, threads, parts)
+
+    def forward(self, x, int nchw_input, y, int nc4hw4_output, int threads, buf):
+        """Run the layer. ``x``: float32 C-contiguous NCHW ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)``
+        (its padding lanes ignored), validated by the engine; ``y``: float32 NCHW ``(N, O, OH, OW)`` or NC4HW4
+        ``(ceil(O/4), N, OH, OW, 4)`` (the caller zeroes its padding lanes); ``buf``: float32 scratch of at least
+        :meth:`buffer_floats` values (the engine's arena), 8-byte aligned. Returns ``y``; a ValueError when the
+        input holds NaN / inf."""
+        cdef qc_direct_job j
+        cdef const float[::1] xv = x.reshape(-1)
+        cdef float[::1] yv = y.reshape(-1)
+        cdef const int8_t[:, :, ::1] qv = self.q
+        cdef const float[:, ::1] scv = self.scale
+        cdef const float[:, ::1] ofv
+        cdef const float[::1] biv = self.bias
+        cdef const float[::1] pasv, patv
+        cdef float[::1] bv = buf
+        cdef int64_t bad = 0
+        cdef int nt = threads
+        self._job(&j, x, nchw_input)
+        if bv.shape[0] < self.buffer_floats(x, nchw_input, threads) or (<size_t> &bv[0]) % 8:
+            raise ValueError("buf is too small or not 8-byte aligned")
+        j.q = &qv[0, 0, 0]
+        j.scale = &scv[0, 0]
+        j.offset = NULL
+        if self.offset is not None:
+            ofv = self.offset
+            j.offset = &ofv[0, 0]
+        j.bias = &biv[0]
+        j.lo, j.hi, j.hswish = self.lo, self.hi, self.hswish
+        j.pa_s = j.pa_t = NULL
+        if self.pa_s is not None:
+            pasv, patv = self.pa_s, self.pa_t
+            j.pa_s, j.pa_t = &pasv[0], &patv[0]
+        j.x = &xv[0]
+        j.out_nc4hw4 = nc4hw4_output
+        j.y = &yv[0]
+        j.vec = self.vec
+        with nogil:
+            bad = _run(&j, nt, &bv[0])
+        self.last_threads = (0, nt)
+        if bad:
+            raise ValueError("x contains NaN or infinite values")
+        return y

@@ -1,0 +1,351 @@
+/* Direct float-activation convolution of the qconv CPU engine (act_quant=None, groups == 1), pixels in vector lanes.
+ *
+ * The GEMM path puts channels in the vector lanes, so an NCHW input is transposed to pixel-major rows first and
+ * every output tile is transposed back on its store; for the many-pixel, few-channel layers of vision models those
+ * two transposes cost more than the arithmetic. Here the lanes hold consecutive output pixels of one channel:
+ *
+ *   out[n, o, oy, ox] = post(act(sum_k wf[o, k] * xp[n, koff[k] + oy*Wph + ox] + bias[o])),  k = (c*KH + ky)*KW + kx
+ *
+ *   xp  the input as phase planes: sample n, channel c, row phase ry < sh, column phase rx < sw hold the padded
+ *       input's rows ry, ry+sh, ... and columns rx, rx+sw, ...: a (Hph, Wph) plane, Hph = ceil(Hp/sh),
+ *       Wph = ceil(Wp/sw) (Hp, Wp: the zero-padded height and width). Tap (ky, kx) of output (oy, ox) is then at
+ *       row oy + ky*dh/sh, column ox + kx*dw/sw of phase plane ((ky*dh)%sh, (kx*dw)%sw): every tap of a run of
+ *       outputs is one contiguous run of xp, at koff[k] from the output's grid index p = oy*Wph + ox. The output
+ *       grid is OH x Wph; its columns ox >= OW are computed and dropped. The caller makes xp per call (one pass
+ *       over the input, which also checks it for NaN / inf); a 1x1 stride-1 unpadded conv on NCHW reads x itself
+ *       (xp = x, Wph = W), checking the rows each strip reads.
+ *   wf  float32 (OCB, K, 4): the weight dequantized, wf = scale[o, b]*q + offset[o, b] (b = k / kblock: a block
+ *       holds block_channels input channels x all taps), four output channels interleaved per k (channels past O
+ *       are 0). Made per call and freed after it: no float copy of the weight outlives a call.
+ *
+ * A work item is a strip of QC_DIRECT_NP grid pixels of one sample, every output channel: micro-tiles of 4 channels
+ * x 24 pixels, 12 float32 FMA chains (3 row loads and 4 broadcasts a k). Every output is one chain over k in
+ * increasing order, so results do not depend on the thread count or the work split; they match the oracle within
+ * its float tolerance (float32 sums of dequantized weights), not bitwise the GEMM path.
+ * Epilogue: v = acc + bias; v = min(max(v, lo), hi); hardswish (v*min(max(v+3, 0), 6))/6; v*pa_s + pa_t.
+ *
+ * vec = 1 runs the AVX2 + FMA code (target attributes, picked at run time by the caller), vec = 0 portable C.
+ */
+#ifndef QCONV_DIRECT_H
+#define QCONV_DIRECT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "qconv_kernels.h"
+
+#define QC_DIRECT_NP 24   /* grid pixels a strip */
+#define QC_DIRECT_MR 4    /* output channels a micro-tile (one wf block) */
+#define QC_DIRECT_OG 8    /* wf blocks a group: a group's accumulators, and its weights over a k chunk, stay in L1 */
+#define QC_DIRECT_KC 96   /* k values a chunk: the strip's rows of a chunk stay in L1 for every block of a group */
+#define QC_DIRECT_NS 8    /* strips a work item at most: each row of a chunk is read as one run of NS*NP pixels
+                           * (NCHW rows of different channels are far apart: short runs defeat the prefetchers) */
+
+typedef struct {
+    int64_t N, C, H, W, OH, OW, K;  /* input (N, C, H, W), output (N, O, OH, OW), K = C*KH*KW */
+    int32_t KH, KW, sh, sw, ph, pw, dh, dw;
+    int32_t O, OCB, NB;              /* output channels, their blocks of 4, weight blocks per channel */
+    int64_t kblock;                  /* k values per weight block */
+    const int8_t *q;                 /* (OCB, K, 4) integer codes (int4: -8..7), channels past O hold 0 */
+    const float *scale;              /* (O, NB) */
+    const float *offset;             /* (O, NB), or NULL (symmetric) */
+    const float *bias;               /* (O,) */
+    float lo, hi;                    /* activation clamp */
+    int32_t hswish;                  /* 1: hardswish after the clamp */
+    const float *pa_s, *pa_t;        /* (O,) post_affine, or NULL */
+    const float *x;                  /* NCHW (N, C, H, W), or NC4HW4 (ceil(C/4), N, H, W, 4) */
+    int32_t in_nc4hw4, out_nc4hw4;
+    float *y;                        /* NCHW (N, O, OH, OW), or NC4HW4 (ceil(O/4), N, OH, OW, 4) */
+    int32_t vec;
+    int32_t ns;                      /* strips a work item (1 .. QC_DIRECT_NS; results do not depend on it) */
+    /* per call (qc_direct_setup, then the caller's buffers) */
+    int32_t in_place;                /* 1: xp = x (1x1, stride 1, no padding, NCHW) */
+    int64_t Hph, Wph;                /* phase plane rows and columns */
+    const float *xp;                 /* the phase planes: (N, C, sh, sw, Hph, Wph) and qc_direct_slack floats of 0 */
+    const int64_t *koff;             /* (K,) */
+    const float *wf;                 /* (OCB, K, 4) */
+} qc_direct_job;
+
+/* fill in_place, Hph, Wph */
+static inline void qc_direct_setup(qc_direct_job *j)
+{
+    j->in_place = j->KH == 1 && j->KW == 1 && j->sh == 1 && j->sw == 1 && j->ph == 0 && j->pw == 0 && !j->in_nc4hw4;
+    j->Hph = j->in_place ? j->H : (j->H + 2 * (int64_t)j->ph + j->sh - 1) / j->sh;
+    j->Wph = j->in_place ? j->W : (j->W + 2 * (int64_t)j->pw + j->sw - 1) / j->sw;
+}
+static inline int64_t qc_direct_sample(const qc_direct_job *j) { return j->C * j->sh * j->sw * j->Hph * j->Wph; }
+/* zeros after the phase planes: the furthest read of a strip past its sample's planes */
+static inline int64_t qc_direct_slack(const qc_direct_job *j) { return QC_DIRECT_NP + (int64_t)j->KW * j->dw + 16; }
+static inline int64_t qc_direct_strips(const qc_direct_job *j) { return (j->OH * j->Wph + QC_DIRECT_NP - 1) / QC_DIRECT_NP; }
+static inline int64_t qc_direct_item_strips(const qc_direct_job *j) { return (qc_direct_strips(j) + j->ns - 1) / j->ns; }
+static inline int64_t qc_direct_items(const qc_direct_job *j) { return j->N * qc_direct_item_strips(j); }
+/* floats of one thread's scratch: a group's accumulators, a gathered strip (in place: a sample's last, partial
+ * strip) and its offset table (K int64) */
+static inline int64_t qc_direct_scratch_floats(const qc_direct_job *j)
+{
+    return QC_DIRECT_NS * QC_DIRECT_OG * QC_DIRECT_MR * QC_DIRECT_NP + j->K * QC_DIRECT_NP + 2 * j->K;
+}
+
+static void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
+{
+    const int64_t hw = j->Hph * j->Wph;
+    for (int64_t c = 0; c < j->C; ++c)
+        for (int ky = 0; ky < j->KH; ++ky)
+            for (int kx = 0; kx < j->KW; ++kx) {
+                const int64_t ty = (int64_t)ky * j->dh, tx = (int64_t)kx * j->dw;
+                koff[(c * j->KH + ky) * j->KW + kx] = ((c * j->sh + ty % j->sh) * j->sw + tx % j->sw) * hw
+                                                      + ty / j->sh * j->Wph + tx / j->sw;
+            }
+}
+
+/* 1 when one of v[0:n] is NaN / inf (x*0 is NaN exactly for them; independent sums, so no latency chain) */
+static int qc_direct_run_bad(const float *v, int64_t n)
+{
+    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; ++l) s[l] += v[i + l] * 0.0f;
+    for (; i < n; ++i) s[0] += v[i] * 0.0f;
+    float t = 0.0f;
+    for (int l = 0; l < 8; ++l) t += s[l];
+    return t != t;
+}
+
+/* the phase planes of sample n, channel c into xp (qc_direct_sample layout); returns 1 when the channel holds NaN /
+ * inf (x*0 is NaN exactly for them) */
+static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
+{
+    const int64_t hw = j->Hph * j->Wph, step = j->in_nc4hw4 ? 4 : 1;
+    const float *src = j->in_nc4hw4 ? j->x + ((c / 4) * j->N + n) * j->H * j->W * 4 + c % 4
+                                    : j->x + (n * j->C + c) * j->H * j->W;
+    float *dst = xp + n * qc_direct_sample(j) + c * j->sh * j->sw * hw;
+    int bad = 0;
+    for (int64_t iyp = 0; iyp < j->Hph * j->sh; ++iyp) {
+        const int64_t iy = iyp - j->ph;
+        for (int rx = 0; rx < j->sw; ++rx) {
+            float *row = dst + ((iyp % j->sh) * j->sw + rx) * hw + iyp / j->sh * j->Wph;
+            if (iy < 0 || iy >= j->H) {
+                memset(row, 0, (size_t)j->Wph * sizeof(float));
+                continue;
+            }
+            const float *s = src + iy * j->W * step;
+            if (step == 1 && j->sw == 1) {   /* zeros, the row, zeros */
+                const int64_t a = j->pw < j->Wph ? j->pw : j->Wph;
+                const int64_t b = j->pw + j->W < j->Wph ? j->pw + j->W : j->Wph;
+                memset(row, 0, (size_t)a * sizeof(float));
+                memcpy(row + a, s, (size_t)(b - a) * sizeof(float));
+                bad |= qc_direct_run_bad(row + a, b - a);
+                memset(row + b, 0, (size_t)(j->Wph - b) * sizeof(float));
+                continue;
+            }
+            for (int64_t col = 0; col < j->Wph; ++col) {
+                const int64_t ix = col * j->sw + rx - j->pw;
+                row[col] = ix >= 0 && ix < j->W ? s[ix * step] : 0.0f;
+            }
+            bad |= qc_direct_run_bad(row, j->Wph);
+        }
+    }
+    return bad;
+}
+
+/* block `ocb` of the dequantized weight into wf + ocb*K*4 */
+static void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
+{
+    const int8_t *q = j->q + ocb * j->K * 4;
+    float *d = wf + ocb * j->K * 4;
+    for (int i = 0; i < QC_DIRECT_MR; ++i) {
+        const int64_t o = 4 * ocb + i;
+        if (o >= j->O) {
+            for (int64_t k = 0; k < j->K; ++k) d[4 * k + i] = 0.0f;
+            continue;
+        }
+        for (int b = 0; b < j->NB; ++b) {
+            const float s = j->scale[o * j->NB + b], f = j->offset ? j->offset[o * j->NB + b] : 0.0f;
+            const int64_t k1 = (b + 1) * j->kblock < j->K ? (b + 1) * j->kblock : j->K;
+            for (int64_t k = b * j->kblock; k < k1; ++k) d[4 * k + i] = s * (float)q[4 * k + i] + f;
+        }
+    }
+}
+
+/* acc[i*NP + t] (+)= sum_{k0 <= k < k1} w[4k + i] * B[koff[k] + t]: 4 channels x NP pixels (from 0 when first) */
+static void qc_direct_mk_scalar(const float *w, const float *B, const int64_t *koff, int64_t k0, int64_t k1,
+                                float *acc, int first)
+{
+    if (first)
+        for (int i = 0; i < QC_DIRECT_MR * QC_DIRECT_NP; ++i) acc[i] = 0.0f;
+    for (int64_t k = k0; k < k1; ++k)
+        for (int i = 0; i < QC_DIRECT_MR; ++i)
+            for (int t = 0; t < QC_DIRECT_NP; ++t) acc[i * QC_DIRECT_NP + t] += w[4 * k + i] * B[koff[k] + t];
+}
+
+static inline float qc_direct_epi1(float v, float bias, float lo, float hi, int hswish, const float *pas,
+                                   const float *pat)
+{
+    v += bias;
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    if (hswish) {
+        float t = v + 3.0f;
+        t = t < 0.0f ? 0.0f : t;
+        t = t > 6.0f ? 6.0f : t;
+        v = (v * t) / 6.0f;
+    }
+    if (pas) v = v * *pas + *pat;
+    return v;
+}
+
+#ifdef QC_HAVE_X86
+QC_TGT_AVX2 static void qc_direct_mk_avx2(const float *w, const float *B, const int64_t *koff, int64_t k0,
+                                          int64_t k1, float *acc, int first)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+    __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+    if (!first) {
+        c00 = _mm256_loadu_ps(acc); c01 = _mm256_loadu_ps(acc + 8); c02 = _mm256_loadu_ps(acc + 16);
+        c10 = _mm256_loadu_ps(acc + 24); c11 = _mm256_loadu_ps(acc + 32); c12 = _mm256_loadu_ps(acc + 40);
+        c20 = _mm256_loadu_ps(acc + 48); c21 = _mm256_loadu_ps(acc + 56); c22 = _mm256_loadu_ps(acc + 64);
+        c30 = _mm256_loadu_ps(acc + 72); c31 = _mm256_loadu_ps(acc + 80); c32 = _mm256_loadu_ps(acc + 88);
+    }
+    for (int64_t k = k0; k < k1; ++k) {
+        const float *b = B + koff[k];
+        const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16);
+        __m256 v = _mm256_broadcast_ss(w + 4 * k);
+        c00 = _mm256_fmadd_ps(v, b0, c00); c01 = _mm256_fmadd_ps(v, b1, c01); c02 = _mm256_fmadd_ps(v, b2, c02);
+        v = _mm256_broadcast_ss(w + 4 * k + 1);
+        c10 = _mm256_fmadd_ps(v, b0, c10); c11 = _mm256_fmadd_ps(v, b1, c11); c12 = _mm256_fmadd_ps(v, b2, c12);
+        v = _mm256_broadcast_ss(w + 4 * k + 2);
+        c20 = _mm256_fmadd_ps(v, b0, c20); c21 = _mm256_fmadd_ps(v, b1, c21); c22 = _mm256_fmadd_ps(v, b2, c22);
+        v = _mm256_broadcast_ss(w + 4 * k + 3);
+        c30 = _mm256_fmadd_ps(v, b0, c30); c31 = _mm256_fmadd_ps(v, b1, c31); c32 = _mm256_fmadd_ps(v, b2, c32);
+    }
+    _mm256_storeu_ps(acc, c00); _mm256_storeu_ps(acc + 8, c01); _mm256_storeu_ps(acc + 16, c02);
+    _mm256_storeu_ps(acc + 24, c10); _mm256_storeu_ps(acc + 32, c11); _mm256_storeu_ps(acc + 40, c12);
+    _mm256_storeu_ps(acc + 48, c20); _mm256_storeu_ps(acc + 56, c21); _mm256_storeu_ps(acc + 64, c22);
+    _mm256_storeu_ps(acc + 72, c30); _mm256_storeu_ps(acc + 80, c31); _mm256_storeu_ps(acc + 88, c32);
+}
+
+/* 1 when one of v[0:n] is NaN / inf */
+QC_TGT_AVX2 static int qc_direct_run_bad_avx2(const float *v, int64_t n)
+{
+    const __m256 z = _mm256_setzero_ps();
+    __m256 s0 = z, s1 = z;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(v + i), z));
+        s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_loadu_ps(v + i + 8), z));
+    }
+    s0 = _mm256_add_ps(s0, s1);
+    return _mm256_movemask_ps(_mm256_cmp_ps(s0, s0, _CMP_UNORD_Q)) != 0 || qc_direct_run_bad(v + i, n - i);
+}
+
+/* the epilogue of NP pixels of one channel, acc -> dst (which may be acc) */
+QC_TGT_AVX2 static void qc_direct_epi_avx2(const float *acc, float bias, float lo, float hi, int hswish,
+                                           const float *pas, const float *pat, float *dst)
+{
+    const __m256 b = _mm256_set1_ps(bias), l = _mm256_set1_ps(lo), h = _mm256_set1_ps(hi);
+    const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
+    for (int t = 0; t < QC_DIRECT_NP; t += 8) {
+        /* max / min return their second operand when one is NaN: the value goes second, so NaN propagates */
+        __m256 v = _mm256_min_ps(h, _mm256_max_ps(l, _mm256_add_ps(_mm256_loadu_ps(acc + t), b)));
+        if (hswish)
+            v = _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
+        if (pas) {   /* two roundings, as y*s + t in numpy: the barrier keeps the compiler from fusing them */
+            v = _mm256_mul_ps(v, _mm256_set1_ps(*pas));
+            __asm__("" : "+x"(v));
+            v = _mm256_add_ps(v, _mm256_set1_ps(*pat));
+        }
+        _mm256_storeu_ps(dst + t, v);
+    }
+}
+#endif
+
+/* one work item: strips ns*(item % items_per_sample) .. of sample item / items_per_sample, every output channel, in
+ * groups of QC_DIRECT_OG blocks over chunks of QC_DIRECT_KC k values. Returns 1 when an in-place strip read a NaN /
+ * inf (nothing stored then). */
+static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
+{
+    const int64_t NP = QC_DIRECT_NP, AB = QC_DIRECT_MR * NP, ips = qc_direct_item_strips(j), grid = j->OH * j->Wph;
+    const int64_t ohw = j->OH * j->OW, n = item / ips, s0 = (item % ips) * j->ns;
+    const int64_t s1 = s0 + j->ns < qc_direct_strips(j) ? s0 + j->ns : qc_direct_strips(j);
+    float *acc = scratch, *strip = scratch + QC_DIRECT_NS * QC_DIRECT_OG * AB;
+    int64_t *gk = (int64_t *)(strip + j->K * NP);
+    const float *Bs[QC_DIRECT_NS];
+    const int64_t *ks[QC_DIRECT_NS];
+    if (j->in_place) {   /* every row's run of this item's pixels, checked once (one sequential run a row) */
+        const int64_t run = grid - s0 * NP < (s1 - s0) * NP ? grid - s0 * NP : (s1 - s0) * NP;
+        const float *B = j->xp + n * qc_direct_sample(j) + s0 * NP;
+        int bad = 0;
+        for (int64_t k = 0; k < j->K && !bad; ++k)
+#ifdef QC_HAVE_X86
+            bad = j->vec ? qc_direct_run_bad_avx2(B + j->koff[k], run) : qc_direct_run_bad(B + j->koff[k], run);
+#else
+            bad = qc_direct_run_bad(B + j->koff[k], run);
+#endif
+        if (bad) return 1;
+    }
+    for (int64_t st = s0; st < s1; ++st) {
+        const int64_t p0 = st * NP, np = grid - p0 < NP ? grid - p0 : NP;
+        const float *B = j->xp + n * qc_direct_sample(j) + p0;
+        const int64_t *koff = j->koff;
+        if (j->in_place && np < NP) {   /* the sample's last strip: gathered, so no read runs past x */
+            for (int64_t k = 0; k < j->K; ++k) {
+                memcpy(strip + k * NP, B + koff[k], (size_t)np * sizeof(float));
+                memset(strip + k * NP + np, 0, (size_t)(NP - np) * sizeof(float));
+                gk[k] = k * NP;
+            }
+            B = strip;
+            koff = gk;
+        }
+        Bs[st - s0] = B;
+        ks[st - s0] = koff;
+    }
+    for (int64_t g0 = 0; g0 < j->OCB; g0 += QC_DIRECT_OG) {
+        const int64_t g1 = g0 + QC_DIRECT_OG < j->OCB ? g0 + QC_DIRECT_OG : j->OCB;
+        for (int64_t k0 = 0; k0 < j->K; k0 += QC_DIRECT_KC) {
+            const int64_t k1 = k0 + QC_DIRECT_KC < j->K ? k0 + QC_DIRECT_KC : j->K;
+            for (int64_t st = 0; st < s1 - s0; ++st)
+                for (int64_t ocb = g0; ocb < g1; ++ocb) {
+                    float *a = acc + (st * QC_DIRECT_OG + ocb - g0) * AB;
+#ifdef QC_HAVE_X86
+                    if (j->vec) qc_direct_mk_avx2(j->wf + ocb * j->K * 4, Bs[st], ks[st], k0, k1, a, k0 == 0);
+                    else
+#endif
+                        qc_direct_mk_scalar(j->wf + ocb * j->K * 4, Bs[st], ks[st], k0, k1, a, k0 == 0);
+                }
+        }
+        for (int64_t st = s0; st < s1; ++st) {
+            const int64_t p0 = st * NP, np = grid - p0 < NP ? grid - p0 : NP;
+            const int contiguous = j->Wph == j->OW && np == NP && !j->out_nc4hw4;   /* outputs: one run of NP */
+            for (int64_t ocb = g0; ocb < g1; ++ocb)
+                for (int i = 0; i < QC_DIRECT_MR; ++i) {
+                    const int64_t o = 4 * ocb + i;
+                    if (o >= j->O) break;
+                    const float *pas = j->pa_s ? j->pa_s + o : NULL, *pat = j->pa_t ? j->pa_t + o : NULL;
+                    float *a = acc + ((st - s0) * QC_DIRECT_OG + ocb - g0) * AB + i * NP;
+                    const int64_t ys = j->out_nc4hw4 ? 4 : 1;
+                    const int64_t ybase = j->out_nc4hw4 ? ((o / 4) * j->N + n) * ohw * 4 + o % 4 : (n * j->O + o) * ohw;
+#ifdef QC_HAVE_X86
+                    if (j->vec) {
+                        qc_direct_epi_avx2(a, j->bias[o], j->lo, j->hi, j->hswish, pas, pat,
+                                           contiguous ? j->y + ybase + p0 : a);
+                        if (contiguous) continue;
+                    } else
+#endif
+                        for (int64_t t = 0; t < np; ++t)
+                            a[t] = qc_direct_epi1(a[t], j->bias[o], j->lo, j->hi, j->hswish, pas, pat);
+                    /* grid pixels p0 .. p0+np-1 -> outputs (oy, ox), ox < OW */
+                    for (int64_t t = 0; t < np;) {
+                        const int64_t oy = (p0 + t) / j->Wph, ox = (p0 + t) % j->Wph;
+                        const int64_t run = np - t < j->Wph - ox ? np - t : j->Wph - ox;
+                        const int64_t keep = ox >= j->OW ? 0 : (run < j->OW - ox ? run : j->OW - ox);
+                        float *d = j->y + ybase + (oy * j->OW + ox) * ys;
+                        for (int64_t u = 0; u < keep; ++u) d[u * ys] = a[t + u];
+                        t += run;
+                    }
+                }
+        }
+    }
+    return 0;
+}
+
+#endif /* QCONV_DIRECT_H */

@@ -1,0 +1,95 @@
+"""The CPU engine's direct float-activation path (qconv._ext._direct: act_quant=None, one group) against the
+oracle over the property space (kernel sizes, strides, padding, dilation, odd channel counts, int8 / int4, blocks,
+both layouts, batches), bitwise across thread counts, and its hand-over to the GEMM for small outputs."""
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("qconv._ext._direct")
+
+import qconv  # noqa: E402
+from qconv._ext import _cpu, _direct  # noqa: E402
+from qconv.cpu import KERNEL_NAMES, CpuEngine  # noqa: E402
+from qconv.cpu.engine import DIRECT_MIN_PIXELS  # noqa: E402
+from qconv.geometry import ConvSpec  # noqa: E402
+from qconv.layouts.nc4hw4 import NC4HW4  # noqa: E402
+from qconv.testing import assert_matches_reference, strategies as qst  # noqa: E402
+
+KERNELS = [k for k in KERNEL_NAMES if _cpu.kernel_supported(k)]
+P4 = NC4HW4(4)
+pytestmark = pytest.mark.usefixtures("threaded_paths")
+
+
+@st.composite
+def direct_cases(draw):
+    """A one-group conv whose output has at least one full strip of pixels per sample."""
+    geo = draw(qst.conv_geometries(max_channels=20, max_out_channels=21, max_spatial=20, max_stride=3))
+    oh = (geo.h + 2 * geo.padding[0] - geo.dilation[0] * (geo.kernel[0] - 1) - 1) // geo.stride[0] + 1
+    ow = (geo.w + 2 * geo.padding[1] - geo.dilation[1] * (geo.kernel[1] - 1) - 1) // geo.stride[1] + 1
+    if oh * ow < DIRECT_MIN_PIXELS:   # hypothesis would reject too many draws: widen instead
+        geo = dataclasses.replace(geo, h=geo.h + 8 * geo.stride[0], w=geo.w + 8 * geo.stride[1])
+    weight = draw(qst.quantized_weights(geo))
+    x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
+    bias = np.random.default_rng(draw(st.integers(0, 99))).standard_normal(geo.o).astype(np.float32)
+    return geo, weight, x, bias if draw(st.booleans()) else None, draw(st.sampled_from([None, "relu", "relu6",
+                                                                                         "hardswish"]))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@settings(max_examples=40)
+@given(case=direct_cases(), nc4hw4=st.booleans())
+def test_direct_matches_reference_bitwise_over_threads(kernel, case, nc4hw4):
+    geo, weight, x, bias, act = case
+    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
+    one = CpuEngine(spec, kernel=kernel, threads=1)
+    assert one.path == "direct"
+    xin = P4.pack_array(x) if nc4hw4 else x
+    if nc4hw4 and geo.c % 4:
+        xin[-1, ..., geo.c % 4:] = np.nan   # padding lanes are ignored
+    layout = "nc4hw4" if nc4hw4 else "nchw"
+    y1 = one.forward(xin, layout)
+    assert one.last_call["split"] == "strips"
+    y = P4.unpack_array(y1, geo.o) if nc4hw4 else y1
+    assert_matches_reference(y, x, weight, bias, **geo.conv_kwargs(), activation=act, act_quant=None)
+    for threads in (2, 3):
+        yt = CpuEngine(spec, kernel=kernel, threads=threads).forward(xin, layout)
+        assert np.array_equal(yt.view(np.uint32), y1.view(np.uint32))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_direct_hands_small_outputs_to_the_gemm(kernel):
+    """Fewer than DIRECT_MIN_PIXELS output pixels a sample: the GEMM path, prepared on that first call; both paths
+    match the oracle, and a Linear (one pixel a sample) never prepares the direct path."""
+    rng = np.random.default_rng(5)
+    w = qconv.quantize_weight(rng.standard_normal((10, 7, 3, 3)).astype(np.float32), bits=4, block_size=0)
+    eng = CpuEngine(ConvSpec(w, None, 1, 1, act_quant=None), kernel=kernel, threads=2)
+    assert eng.path == "direct" and eng.layout is None
+    small = rng.standard_normal((3, 7, 4, 5)).astype(np.float32)
+    assert_matches_reference(eng.forward(small), small, w, None, 1, 1, act_quant=None)
+    assert eng.last_call["split"] != "strips" and eng.layout is not None
+    big = rng.standard_normal((1, 7, 6, 5)).astype(np.float32)
+    assert_matches_reference(eng.forward(big), big, w, None, 1, 1, act_quant=None)
+    assert eng.last_call["split"] == "strips"
+    lw = qconv.quantize_weight(rng.standard_normal((9, 40)).astype(np.float32))
+    lin = qconv.Linear(lw, act_quant=None, kernel=kernel, threads=2)
+    assert lin.engine.path == "gemm"
+
+
+def test_direct_option():
+    rng = np.random.default_rng(6)
+    w = qconv.quantize_weight(rng.standard_normal((4, 4, 1, 1)).astype(np.float32))
+    assert CpuEngine(ConvSpec(w, act_quant=None), direct=False).path == "gemm"
+    with pytest.raises(ValueError, match="direct=True"):
+        CpuEngine(ConvSpec(w, act_quant="tensor"), direct=True)
+    wg = qconv.quantize_weight(rng.standard_normal((4, 2, 1, 1)).astype(np.float32), groups=2)
+    with pytest.raises(ValueError, match="direct=True"):
+        CpuEngine(ConvSpec(wg, act_quant=None), direct=True)
+    with pytest.raises(TypeError, match="direct"):
+        CpuEngine(ConvSpec(w, act_quant=None), direct="yes")
+    plan = _direct.DirectPlan(ConvSpec(w, act_quant=None), "avx2")
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    with pytest.raises(ValueError, match="buf"):
+        plan.forward(x, 1, np.empty((1, 4, 6, 6), np.float32), 0, 1, np.empty(3, np.float32))
