@@ -363,7 +363,11 @@ def test_kernels_are_per_session_and_released():
     before = len(qk.KERNELS)
     s8 = qo.InferenceSession(qo.quantize_model(model, "int8-ch-sym"), threads=1)
     s4 = qo.InferenceSession(qo.quantize_model(model, "int4-b8-asym"), threads=1)
-    assert len(qk.KERNELS) == before + 8
+    # 4 nodes each, plus the chain conv1 -> conv2 (r1 feeds only conv2; r2 also feeds the residual Add)
+    assert len(qk.KERNELS) == before + 10
+    chains = [k for k in qk.KERNELS if k.startswith(s8._id + "/") and "|" in k]
+    assert chains == [f"{s8._id}/conv1|{s8._id}/conv2"]
+    assert [k.name for k in s8.kernels] == ["conv1", "conv2", "dw3", "conv4"]
     y8, = s8.run(None, {"x": x})
     y4, = s4.run(None, {"x": x})
     np.testing.assert_array_equal(y8, one_by_one(x, "int8-ch-sym", threads=1))

@@ -75,7 +75,8 @@ class ConvKernel:
                                   post_affine=pa, **options)
         self._arena_out = getattr(self.layer.engine, "writes_out", False) and self.host_affine is None
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, out: str = "onnx_out") -> np.ndarray:
+        """``out``: the arena buffer the result goes to (a chain alternates two, :class:`ChainKernel`)."""
         if any(self.extra_pad):
             t, b, l, r = self.extra_pad
             x = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
@@ -85,7 +86,7 @@ class ConvKernel:
 
         oh, ow = self.layer.spec.out_hw(x.shape[2], x.shape[3])
         shape = (x.shape[0], self.layer.out_channels, oh, ow)
-        return self.layer(x, out=scratch.arena().take("onnx_out", int(np.prod(shape)), np.float32).reshape(shape))
+        return self.layer(x, out=scratch.arena().take(out, int(np.prod(shape)), np.float32).reshape(shape))
 
 
 class MatMulKernel:
@@ -100,12 +101,29 @@ class MatMulKernel:
                                   threads=threads, post_affine=pa, **options)
         self.k = qnode.weight.in_channels
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, out: str = "onnx_out") -> np.ndarray:
         if x.shape[-1] != self.k:
             raise ValueError(f"qconv node {self.name!r}: input has {x.shape[-1]} features on its last axis, "
                              f"the weight takes {self.k} (input shape {x.shape})")
         y = _apply(self.layer(x.reshape(-1, self.k)), self.host_affine)
         return y.reshape(x.shape[:-1] + (y.shape[-1],))
+
+
+class ChainKernel:
+    """qconv nodes where each feeds only the next, run as one operator call: onnxruntime-extensions copies a
+    Python operator's input in and its output out, so a chain of n layers makes 2 copies instead of 2n. The layers
+    between write into two arena buffers in turn (``"onnx_chain0"`` / ``"onnx_chain1"``), the last into
+    ``"onnx_out"``; each layer's result is exactly what it gives alone."""
+
+    def __init__(self, kernels):
+        self.kernels = list(kernels)
+        self.name = "+".join(k.name for k in self.kernels)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        last = len(self.kernels) - 1
+        for i, k in enumerate(self.kernels):
+            x = k(x, "onnx_out" if i == last else f"onnx_chain{i % 2}")
+        return x
 
 
 def _post_affine(qnode: QNode, device, shape):

@@ -50,7 +50,50 @@ def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict
     keep = [t for t in model.graph.initializer if not (t.name in drop and t.name not in used)]
     del model.graph.initializer[:]
     model.graph.initializer.extend(keep)
+    _chain(model, kernels)
     return kernels
+
+
+def _chain(model, kernels: dict) -> None:
+    """Merge every run of qconv nodes in which each node's output feeds only the next qconv node (and is no graph
+    output) into one node of a :class:`~qconv.onnx.kernels.ChainKernel` (registered in ``kernels`` under the
+    run's keys joined by ``"|"``), in place."""
+    import onnx
+
+    from .kernels import ChainKernel
+
+    graph = model.graph
+    consumers: dict = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+
+    def key_of(node):
+        return next(a.s.decode() for a in node.attribute if a.name == KEY_ATTR) if node.domain == DOMAIN else None
+
+    def next_of(node):
+        nxt = consumers.get(node.output[0], [])
+        if node.output[0] in outputs or len(nxt) != 1 or key_of(nxt[0]) is None:
+            return None
+        return nxt[0]
+
+    links = {id(n): next_of(n) for n in graph.node if key_of(n) is not None}
+    targets = {id(nxt) for nxt in links.values() if nxt is not None}
+    heads = [n for n in graph.node if links.get(id(n)) is not None and id(n) not in targets]
+    merged: dict = {}   # id(head) -> the chain's node; id(other members) -> None (dropped)
+    for head in heads:
+        run = [head]
+        while next_of(run[-1]) is not None:
+            run.append(next_of(run[-1]))
+        key = "|".join(key_of(n) for n in run)
+        kernels[key] = ChainKernel(kernels[key_of(n)] for n in run)
+        merged[id(head)] = onnx.helper.make_node(run[0].op_type, [run[0].input[0]], [run[-1].output[0]],
+                                                 name="+".join(n.name for n in run), domain=DOMAIN, **{KEY_ATTR: key})
+        merged.update({id(n): None for n in run[1:]})
+    nodes = [merged.get(id(n), n) for n in graph.node]
+    del graph.node[:]
+    graph.node.extend(n for n in nodes if n is not None)
 
 
 def _release(keys):
@@ -109,7 +152,7 @@ class InferenceSession:
         self._id = f"s{next(_IDS)}"
         kernels = _runtime_graph(model, self._id, dict(device=device, threads=threads, act_quant=act_quant,
                                                        **options), act_blocks)
-        self.kernels = list(kernels.values())
+        self.kernels = [k for key, k in kernels.items() if "|" not in key]   # one per qconv node
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
         if kernels:
