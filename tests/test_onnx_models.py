@@ -21,6 +21,7 @@ from qconv.onnx import kernels as qk  # noqa: E402
 from qconv.testing.asserts import sqnr_db  # noqa: E402
 
 RNG = np.random.default_rng(21)
+AQ = qk.SESSION_CONV_ACT_QUANT   # a session's conv activations on the CPU with act_quant="auto"
 # SQNR (dB) of the whole small graph vs float, with margin below what was measured (2026-12-01)
 MIN_DB = {"int8-ch-sym": 30.0, "int4-b8-asym": 12.0, "int4-b8-asym-mse": 12.0}
 
@@ -60,6 +61,7 @@ def conv_chain():
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])], ["y"], consts)
 
     def one_by_one(x, scheme, device="cpu", **kw):
+        kw.setdefault("act_quant", AQ)
         s = Scheme.parse(scheme)
         q = {k: s.quantize(w[k], g) for k, g in (("w1", 1), ("w2", 4), ("w3", 16), ("w4", 1))}
         r1 = qconv.Conv2d(q["w1"], w["b1"], padding=1, activation="relu", device=device, **kw)(x)
@@ -160,9 +162,10 @@ def test_affine_ops_after_a_layer_fold_into_its_weight_and_bias():
     scale, shift = scale * s_bn, shift * s_bn + (f64[1] - f64[2] * s_bn)                      # BatchNormalization
     scale, shift = scale * 0.25, shift * 0.25                                                 # Div
     wf = (w1.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(np.float32)
-    layer = qconv.Conv2d(qconv.quantize_weight(wf), shift.astype(np.float32), padding=1, activation="relu", threads=2)
+    layer = qconv.Conv2d(qconv.quantize_weight(wf), shift.astype(np.float32), padding=1, activation="relu", threads=2,
+                         act_quant=AQ)
     r1 = layer(x)
-    layer2 = qconv.Conv2d(qconv.quantize_weight(w2), threads=2)
+    layer2 = qconv.Conv2d(qconv.quantize_weight(w2), threads=2, act_quant=AQ)
     m2 = layer2(r1) * consts["spatial"]
     np.testing.assert_array_equal(y, m2 * m2)
 
@@ -201,9 +204,9 @@ def test_hardswish_patterns_fuse():
     y_float, = _float_run(model, {"x": x})
     assert sqnr_db(y, y_float) >= 25, sqnr_db(y, y_float)
     l1 = qconv.Conv2d(qconv.quantize_weight((w1 * f(1.5))), (b1.astype(np.float64) * 1.5).astype(f), padding=1,
-                      activation="hardswish", threads=2)
-    l2, l3 = (qconv.Conv2d(qconv.quantize_weight(w), activation="hardswish", threads=2) for w in (w2, w3))
-    c4 = qconv.Conv2d(qconv.quantize_weight(w4), threads=2)(l3(l2(l1(x))))
+                      activation="hardswish", threads=2, act_quant=AQ)
+    l2, l3 = (qconv.Conv2d(qconv.quantize_weight(w), activation="hardswish", threads=2, act_quant=AQ) for w in (w2, w3))
+    c4 = qconv.Conv2d(qconv.quantize_weight(w4), threads=2, act_quant=AQ)(l3(l2(l1(x))))
     np.testing.assert_array_equal(y, (c4 * np.clip(c4 + f(2), f(0), f(6))) / f(6))
 
 
@@ -248,7 +251,7 @@ def test_affine_ops_after_an_activation_become_the_post_affine():
     assert [n.op_type for n in q.graph.node if n.domain != "ai.qconv"] == ["Flatten", "Slice"]
     x = RNG.standard_normal((1, 4, 1, 1)).astype(np.float32)
     l1 = qconv.Conv2d(qconv.quantize_weight(w1), padding=1, activation="relu",
-                      post_affine=(s1.reshape(-1), np.full(8, 0.25, f)), threads=2)
+                      post_affine=(s1.reshape(-1), np.full(8, 0.25, f)), threads=2, act_quant=AQ)
     l2 = qconv.Linear(qconv.quantize_weight(w2.T.copy()), activation="hardswish",
                       post_affine=(np.full(6, 0.5, f), consts["t2"]), threads=2)
     want = l2(l1(x).reshape(1, -1)[:, :8])
@@ -277,7 +280,7 @@ def test_conv_with_a_computed_weight_stays_float():
     assert [n.op_type for n in q.graph.node] == ["QConv", "Mul", "Conv"]
     x = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
     y, = qo.InferenceSession(q, threads=1).run(None, {"x": x, "wd": wd})
-    c1 = qconv.Conv2d(qconv.quantize_weight(w1, 8), padding=1, threads=1)(x)
+    c1 = qconv.Conv2d(qconv.quantize_weight(w1, 8), padding=1, threads=1, act_quant=AQ)(x)
     np.testing.assert_allclose(y, np.einsum("oi,nihw->nohw", (wd * 2)[:, :, 0, 0], c1), rtol=1e-5, atol=1e-5)
 
 
