@@ -152,6 +152,17 @@ def test_nonfinite_input_rejected(aq):
         x[0, 2, 3, 1] = bad
         with pytest.raises(ValueError, match="NaN or infinite"):
             eng.forward(x)
+    # float activations check the rows their bands read (every row here; stride 2, both layouts, every
+    # position class: first / last row and column, interior), and a range pass where rows go unread (1x1 stride 2)
+    for k, s, p in [(3, 1, 1), (3, 2, 1), (5, 2, 2), (1, 2, 0)] if aq is None else []:
+        wk = qconv.quantize_weight(np.ones((4, 1, k, k), np.float32), groups=4)
+        ek = CpuEngine(ConvSpec(wk, None, s, p, act_quant=aq), threads=2)
+        for at in [(0, 0, 0, 0), (0, 3, 6, 8), (0, 1, 6, 0), (0, 2, 3, 7), (0, 3, 5, 4)]:
+            x = np.ones((1, 4, 7, 9), np.float32)
+            x[at] = np.inf
+            for layout, xin in (("nchw", x), ("nc4hw4", P4.pack_array(x))):
+                with pytest.raises(ValueError, match="NaN or infinite"):
+                    ek.forward(xin, layout)
     # NC4HW4 padding lanes are not values: NaN there is ignored
     w3 = qconv.quantize_weight(np.ones((3, 1, 3, 3), np.float32), groups=3)
     e3 = CpuEngine(ConvSpec(w3, None, 1, 1, act_quant=aq), threads=2)

@@ -172,8 +172,10 @@ cdef class DepthwisePlan:
         return int(sum(a.nbytes for a in (self.wq, self.scale, self.bias) + (() if self.offset is None
                                                                             else (self.offset,))))
 
-    def _params(self, x, bint nchw, int n, int threads):
-        """Per-sample ``qs`` / ``z`` / ``dx`` (float32 / int32 / float32 ``(N,)``) and the clamp ``(qlo, qhi)``."""
+    def _params(self, x, bint nchw, int n, int threads, bint rows_cover=False):
+        """Per-sample ``qs`` / ``z`` / ``dx`` (float32 / int32 / float32 ``(N,)``) and the clamp ``(qlo, qhi)``.
+        ``rows_cover``: the bands' row fills read every input value (float activations then check them there and
+        skip the range pass)."""
         if self.qs is None or self.qs.shape[0] != n:   # reused between calls (calls are serialised by the engine)
             self.qs, self.z, self.dx = np.ones(n, np.float32), np.zeros(n, np.int32), np.ones(n, np.float32)
         qs, z, dx = self.qs, self.z, self.dx
@@ -182,7 +184,7 @@ cdef class DepthwisePlan:
             z[:] = zp
             dx[:] = scale
             return qs, z, dx, -128, 127
-        if self.mode == "block":
+        if self.mode == "block" or (self.mode == "float" and rows_cover):
             return qs, z, dx, -127, 127
         c = self.C
         tail = 0 if nchw else c % 4
@@ -262,7 +264,11 @@ cdef class DepthwisePlan:
             self._shape_val = (oh, ow, self.band_rows(N, H, W, threads))
             self._shape_key = key
         oh, ow, band = self._shape_val
-        qs, z, dx, qlo, qhi = self._params(x, nchw_input != 0, N, param_threads)
+        # the bands' fills read rows -ph .. (oh-1)*sh + (KH-1)*dh - ph, contiguously when a band's rows overlap
+        # the next band's
+        cover = ((self.KH - 1) * self.dh + 1 >= self.sh
+                 and (oh - 1) * self.sh + (self.KH - 1) * self.dh - self.ph >= H - 1)
+        qs, z, dx, qlo, qhi = self._params(x, nchw_input != 0, N, param_threads, cover)
         qsv, zv, dxv = qs, z, dx
         wqv, scv, biv = self.wq, self.scale, self.bias
         j.N, j.C, j.H, j.W, j.OH, j.OW = N, C, H, W, oh, ow

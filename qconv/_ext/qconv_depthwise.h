@@ -320,11 +320,11 @@ static inline void qc_dw_sum(const qc_dw_job *j, const float *const *src, const 
 /* padded row iy (image coordinates; outside the image: zeros) of channel c, sample n, into dst (RS floats);
  * tmp: 3 * QC_DW_UP(W) floats (the unpadded row; kind 0 also the gathered floats and the quantized bytes) */
 static inline __attribute__((always_inline))
-void qc_dw_fill_row_body(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
+int qc_dw_fill_row_body(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp, int scatter)
 {
     const int64_t W = j->W, wph = qc_dw_wph(j), sw = j->sw, pw = j->pw;
     memset(dst, 0, (size_t)qc_dw_rs(j) * sizeof(float));
-    if (iy < 0 || iy >= j->H) return;
+    if (iy < 0 || iy >= j->H) return 0;
     int64_t off, st;
     if (j->in_nc4hw4) {
         off = ((((c >> 2) * j->N + n) * j->H + iy) * W) * 4 + (c & 3);
@@ -355,7 +355,18 @@ void qc_dw_fill_row_body(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, f
         if (st == 1) memcpy(u, s, (size_t)W * sizeof(float));
         else for (int64_t i = 0; i < W; ++i) u[i] = s[4 * i];
     }
-    if (sw > 1)   /* phase ph holds padded columns ph, ph + sw, ...: input columns i = ph - pw + k*sw */
+    int bad = 0;
+    if (j->kind == 3) {   /* float activations: the rows read are checked here (x*0 is NaN exactly for NaN / inf) */
+        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        int64_t i = 0;
+        for (; i + 8 <= W; i += 8)
+            for (int l = 0; l < 8; ++l) acc[l] += u[i + l] * 0.0f;
+        for (; i < W; ++i) acc[0] += u[i] * 0.0f;
+        float t = 0.0f;
+        for (int l = 0; l < 8; ++l) t += acc[l];
+        bad = t != t;
+    }
+    if (sw > 1 && scatter)   /* phase ph holds padded columns ph, ph + sw, ...: input columns i = ph - pw + k*sw */
         for (int64_t ph = 0; ph < sw; ++ph) {
             int64_t i = ph - pw, k = 0;
             if (i < 0) {
@@ -365,30 +376,51 @@ void qc_dw_fill_row_body(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, f
             float *d = dst + ph * wph;
             for (; i < W; i += sw, ++k) d[k] = tmp[i];
         }
+    return bad;
 }
 
-static void qc_dw_fill_row_c(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
+static int qc_dw_fill_row_c(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
 {
-    qc_dw_fill_row_body(j, n, c, iy, dst, tmp);
+    return qc_dw_fill_row_body(j, n, c, iy, dst, tmp, 1);
 }
 #ifdef QC_DW_X86
-QC_DW_TGT static void qc_dw_fill_row_avx2(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst,
-                                          float *tmp)
+QC_DW_TGT static int qc_dw_fill_row_avx2(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst,
+                                         float *tmp)
 {
-    qc_dw_fill_row_body(j, n, c, iy, dst, tmp);   /* the same code, vectorised by the compiler with AVX2 */
+    /* the same code, vectorised by the compiler with AVX2; stride 2 deinterleaves 16 floats at a time */
+    const int bad = qc_dw_fill_row_body(j, n, c, iy, dst, tmp, j->sw != 2);
+    if (j->sw != 2 || iy < 0 || iy >= j->H) return bad;
+    const int64_t W = j->W, wph = qc_dw_wph(j);
+    for (int64_t ph = 0; ph < 2; ++ph) {
+        int64_t i = ph - j->pw, k = 0;
+        if (i < 0) {
+            k = (-i + 1) / 2;
+            i += 2 * k;
+        }
+        float *d = dst + ph * wph;
+        for (; i + 16 <= W; i += 16, k += 8) {
+            const __m256 a = _mm256_loadu_ps(tmp + i), b = _mm256_loadu_ps(tmp + i + 8);
+            const __m256 e = _mm256_shuffle_ps(a, b, 0x88);   /* a0 a2 b0 b2 | a4 a6 b4 b6 */
+            _mm256_storeu_ps(d + k, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+        }
+        for (; i < W; i += 2, ++k) d[k] = tmp[i];
+    }
+    return bad;
 }
 #endif
-static inline void qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
+/* returns 1 when kind 3 read a NaN / inf */
+static inline int qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
 {
 #ifdef QC_DW_X86
-    if (j->vec) { qc_dw_fill_row_avx2(j, n, c, iy, dst, tmp); return; }
+    if (j->vec) return qc_dw_fill_row_avx2(j, n, c, iy, dst, tmp);
 #endif
-    qc_dw_fill_row_c(j, n, c, iy, dst, tmp);
+    return qc_dw_fill_row_c(j, n, c, iy, dst, tmp);
 }
 
 /* One work item: sample n, channel c, output rows [oy0, oy1) of the band, all M output channels of c.
  * scr: qc_dw_scratch_floats(j) floats; ptrs: qc_dw_scratch_ptrs(j) pointers. Returns the number of block-mode
- * windows holding a NaN or an infinity (0 in the other modes). */
+ * windows holding a NaN or an infinity, or with float activations (kind 3) of input rows read holding one (nothing
+ * is stored then); 0 in the other modes. */
 static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
 {
     const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, ow = QC_DW_UP(OW);
@@ -407,7 +439,8 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
     const float **src = ptrs, **qp = ptrs + K;
     int64_t *toff = (int64_t *)(ptrs + 2 * K);   /* tap t's offset from its output row's first plane row */
     int64_t bad = 0;
-    for (int64_t r = 0; r < R; ++r) qc_dw_fill_row(j, n, c, r0 + r - j->ph, plane + r * rs, tmp);
+    for (int64_t r = 0; r < R; ++r) bad += qc_dw_fill_row(j, n, c, r0 + r - j->ph, plane + r * rs, tmp);
+    if (bad) return bad;
     for (int64_t t = 0; t < K; ++t) ones[t] = 1.0f;
     if (j->kind == 2)
         for (int64_t t = 0; t < K; ++t) qp[t] = qt + t * NR * ow;
