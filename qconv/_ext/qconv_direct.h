@@ -111,6 +111,26 @@ static int qc_direct_run_bad(const float *v, int64_t n)
     return t != t;
 }
 
+#ifdef QC_HAVE_X86
+QC_TGT_AVX2 static int qc_direct_run_bad_avx2(const float *v, int64_t n);
+
+/* row[col] = s[ix0 + 2*col] where 0 <= ix0 + 2*col < W, else 0, for col < ncols: 16 floats deinterleaved at a time */
+QC_TGT_AVX2 static void qc_direct_deint2_avx2(const float *s, int64_t W, int64_t ix0, float *row, int64_t ncols)
+{
+    int64_t col = 0;
+    for (; col < ncols && ix0 + 2 * col < 0; ++col) row[col] = 0.0f;
+    for (; col + 8 <= ncols && ix0 + 2 * col + 16 <= W; col += 8) {
+        const float *p = s + ix0 + 2 * col;
+        const __m256 e = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x88);   /* 0 2 8 10 | 4 6 12 14 */
+        _mm256_storeu_ps(row + col, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+    }
+    for (; col < ncols; ++col) {
+        const int64_t ix = ix0 + 2 * col;
+        row[col] = ix >= 0 && ix < W ? s[ix] : 0.0f;
+    }
+}
+#endif
+
 /* the phase planes of sample n, channel c into xp (qc_direct_sample layout); returns 1 when the channel holds NaN /
  * inf (x*0 is NaN exactly for them) */
 static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
@@ -138,6 +158,13 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                 memset(row + b, 0, (size_t)(j->Wph - b) * sizeof(float));
                 continue;
             }
+#ifdef QC_HAVE_X86
+            if (j->vec && step == 1 && j->sw == 2) {
+                qc_direct_deint2_avx2(s, j->W, rx - j->pw, row, j->Wph);
+                bad |= qc_direct_run_bad_avx2(row, j->Wph);
+                continue;
+            }
+#endif
             for (int64_t col = 0; col < j->Wph; ++col) {
                 const int64_t ix = col * j->sw + rx - j->pw;
                 row[col] = ix >= 0 && ix < j->W ? s[ix * step] : 0.0f;
@@ -339,7 +366,8 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
                         const int64_t run = np - t < j->Wph - ox ? np - t : j->Wph - ox;
                         const int64_t keep = ox >= j->OW ? 0 : (run < j->OW - ox ? run : j->OW - ox);
                         float *d = j->y + ybase + (oy * j->OW + ox) * ys;
-                        for (int64_t u = 0; u < keep; ++u) d[u * ys] = a[t + u];
+                        if (ys == 1) memcpy(d, a + t, (size_t)keep * sizeof(float));
+                        else for (int64_t u = 0; u < keep; ++u) d[u * ys] = a[t + u];
                         t += run;
                     }
                 }
