@@ -14,8 +14,9 @@ the Paddle export's Constant-node weights into initializers: on the file as ship
 --weightQuantBlock 32``], run with ``memory=low``), ``qconv-int8-ch`` (int8-ch-sym), ``qconv-plan25`` (the
 plan ``inspect --target-sqnr 25`` picks on the same image from int4-b32/b64-asym-mse, int8-ch-sym and float),
 ``qconv-int4-b32-mse`` (int4-b32-asym-mse), ``qconv-int8-ch-min1k`` (int8-ch-sym with ``min_weights=1024``: the
-layers of fewer than 1024 weights stay float), ``qconv-int8-ch-f32act`` (int8-ch-sym run with ``act_quant=None``:
-float activations, weight-only quantization), ``qconv-int8-gptq-bc`` (the int8 per-channel accuracy recipe:
+layers of fewer than 1024 weights stay float), ``qconv-int8-ch-a8`` (int8-ch-sym run with ``act_quant="tensor"``:
+per-tensor dynamic int8 activations on the integer GEMM; the other qconv rows run the session default, float
+activations for convs), ``qconv-int8-gptq-bc`` (the int8 per-channel accuracy recipe:
 int8-ch-sym-gptq-bc weights calibrated on one held-out picture of ``labs/accuracy.py``, ``act_quant="block"``
 with ``act_block`` 8). Each row runs in its own process (peak RSS is that process's):
 latency median / p90 over ``--repeat`` runs after one warm-up at ``--threads``, SQNR of the output against
@@ -46,11 +47,11 @@ from qconv._timing import peak_rss_mb  # VmHWM: ru_maxrss carries the parent's p
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = os.environ.get("QCONV_BENCH_IMAGE", os.path.join(ROOT, "..", "shared", "data", "text_640.png"))
 ROWS = ("ort-float", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-int8-ch", "qconv-int8-ch-min1k",
-        "qconv-int8-ch-f32act", "qconv-int8-gptq-bc", "qconv-plan25", "qconv-int4-b32-mse")
+        "qconv-int8-ch-a8", "qconv-int8-gptq-bc", "qconv-plan25", "qconv-int4-b32-mse")
 QCONV_SCHEMES = {"qconv-int8-ch": "int8-ch-sym", "qconv-int8-ch-min1k": "int8-ch-sym",
-                 "qconv-int8-ch-f32act": "int8-ch-sym", "qconv-int4-b32-mse": "int4-b32-asym-mse"}
+                 "qconv-int8-ch-a8": "int8-ch-sym", "qconv-int4-b32-mse": "int4-b32-asym-mse"}
 MIN_WEIGHTS = {"qconv-int8-ch-min1k": 1024}   # quantize_model(min_weights=...): smaller layers stay float
-SESSION_OPTIONS = {"qconv-int8-ch-f32act": dict(act_quant=None)}   # float activations (weight-only quantization)
+SESSION_OPTIONS = {"qconv-int8-ch-a8": dict(act_quant="tensor")}   # int8 activations (the default: float)
 PLAN_CANDIDATES = "int4-b32-asym-mse,int4-b64-asym-mse,int8-ch-sym,float"
 
 
@@ -217,6 +218,7 @@ def custom_op_overhead(threads: int, repeat: int, nodes: int = 16) -> dict:
 
     import qconv
     import qconv.onnx as qo
+    from qconv.onnx.kernels import SESSION_CONV_ACT_QUANT
 
     rng = np.random.default_rng(0)
     ws = [(rng.standard_normal((8, 8, 1, 1)) / 3).astype(np.float32) for _ in range(nodes)]
@@ -226,8 +228,10 @@ def custom_op_overhead(threads: int, repeat: int, nodes: int = 16) -> dict:
         [helper.make_tensor_value_info(f"t{nodes}", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    sess = qo.InferenceSession(qo.quantize_model(model), threads=threads)
-    layers = [qconv.Conv2d(qconv.quantize_weight(w, 8), threads=threads) for w in ws]
+    # chain=False: one operator call per node (by default these 16 would run as one call)
+    sess = qo.InferenceSession(qo.quantize_model(model), threads=threads, chain=False)
+    layers = [qconv.Conv2d(qconv.quantize_weight(w, 8), threads=threads, act_quant=SESSION_CONV_ACT_QUANT)
+              for w in ws]
     x = rng.standard_normal((1, 8, 4, 4)).astype(np.float32)
 
     def direct():

@@ -373,6 +373,10 @@ def test_kernels_are_per_session_and_released():
     assert [k.name for k in s8.kernels] == ["conv1", "conv2", "dw3", "conv4"]
     y8, = s8.run(None, {"x": x})
     y4, = s4.run(None, {"x": x})
+    unchained = qo.InferenceSession(qo.quantize_model(model, "int8-ch-sym"), threads=1, chain=False)
+    assert not [k for k in qk.KERNELS if k.startswith(unchained._id + "/") and "|" in k]
+    np.testing.assert_array_equal(unchained.run(None, {"x": x})[0], y8)
+    unchained.close()
     np.testing.assert_array_equal(y8, one_by_one(x, "int8-ch-sym", threads=1))
     np.testing.assert_array_equal(y4, one_by_one(x, "int4-b8-asym", threads=1))
     s8.close()

@@ -15,11 +15,16 @@ threads (GEMV). Scratch comes from the calling thread's :mod:`~qconv.cpu.scratch
 bound for one call and released after: an engine keeps no scratch between calls). Calls with little work
 (``SERIAL_MACS``) run on one thread: waking a sleeping OpenMP worker costs more than such a call.
 
-``act_quant=None`` (float activations, weight-only quantization): the input goes into pixel-major float32 rows
-(no range pass, no quantization, no block sums) and ``qconv_float.h``'s kernels convert the weight codes to float
-in registers and accumulate with FMA: ``y = sum_k scale_k * sum(q*x) + offset_k * sum(x) + bias`` in float32
-(within the oracle's tolerance, not bitwise). Without VNNI, an FMA does as many multiply-adds a cycle as the
-int8 path's ``vpmaddubsw`` sequence, so the quantization passes are pure cost there.
+``act_quant=None`` (float activations, weight-only quantization; within the oracle's float tolerance, not
+bitwise): one-group convs take the **direct path** (:class:`qconv._ext._direct.DirectPlan`, ``qconv_direct.h``):
+output pixels in the vector lanes, so NCHW is read and written as it is (no transposes), a per-call float32 copy
+of the dequantized weight, phase planes of the padded input for any stride / padding / dilation (a 1x1 stride-1
+conv reads its input in place), a 4-channel x 24-pixel FMA micro-kernel. Calls of fewer than
+:data:`DIRECT_MIN_PIXELS` output pixels a sample, grouped convs and ``Linear`` (``direct=False``) take the GEMM:
+the input goes into pixel-major float32 rows and ``qconv_float.h``'s kernels convert the weight codes to float
+per tile and accumulate with FMA: ``y = sum_k scale_k * sum(q*x) + offset_k * sum(x) + bias`` in float32. Without
+VNNI, an FMA does as many multiply-adds a cycle as the int8 path's ``vpmaddubsw`` sequence, so the quantization
+passes are pure cost there.
 
 Depthwise layers (``groups == in_channels``) run :class:`qconv._ext._depthwise.DepthwisePlan` and prepare
 nothing else (no GEMM tiles or tables).

@@ -28,9 +28,10 @@ _NP_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(
              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
 
 
-def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict) -> dict:
+def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict, chain: bool = True) -> dict:
     """Replace every qconv node of ``model`` (in place) by its ``X -> Y`` form; returns ``{key: kernel}``.
-    ``act_blocks``: ``{node name: act_block}`` overriding ``layer_options`` per node."""
+    ``act_blocks``: ``{node name: act_block}`` overriding ``layer_options`` per node; ``chain``: merge runs of
+    nodes into one operator call (:func:`_chain`)."""
     import onnx
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -52,7 +53,8 @@ def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict
     keep = [t for t in model.graph.initializer if not (t.name in drop and t.name not in used)]
     del model.graph.initializer[:]
     model.graph.initializer.extend(keep)
-    _chain(model, kernels)
+    if chain:
+        _chain(model, kernels)
     return kernels
 
 
@@ -115,7 +117,9 @@ class InferenceSession:
     docstring; the ``act_quant`` the model was quantized with, if any), ``act_block`` (default: each node's
     from ``quantize_model(act_block=...)``, else the weight's block), other qconv layer
     options (``kernel``, ...) and any ``onnxruntime.SessionOptions`` attribute (``graph_optimization_level``,
-    ``log_severity_level``, ...). ``providers`` defaults to the CPU execution provider.
+    ``log_severity_level``, ...), and ``chain`` (default True: a run of qconv nodes that each feed only the next is
+    one operator call; False keeps one per node, e.g. for onnxruntime's per-node profile). ``providers`` defaults
+    to the CPU execution provider.
 
     ``run(output_names, feeds)`` -> list of numpy arrays, as onnxruntime's; ``get_inputs()``, ``get_outputs()``.
     """
@@ -152,8 +156,9 @@ class InferenceSession:
             name: e["act_block"] for name, e in summary.get("layers", {}).items() if "act_block" in e}
         self.device, self.threads, self.act_quant = device, threads, act_quant
         self._id = f"s{next(_IDS)}"
+        chain = bool(options.pop("chain", True))
         kernels = _runtime_graph(model, self._id, dict(device=device, threads=threads, act_quant=act_quant,
-                                                       **options), act_blocks)
+                                                       **options), act_blocks, chain)
         self.kernels = [k for key, k in kernels.items() if "|" not in key]   # one per qconv node
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
