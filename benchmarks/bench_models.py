@@ -17,8 +17,7 @@ plan ``inspect --target-sqnr 25`` picks on the same image from int4-b32/b64-asym
 layers of fewer than 1024 weights stay float), ``qconv-int8-ch-a8`` (int8-ch-sym run with ``act_quant="tensor"``:
 per-tensor dynamic int8 activations on the integer GEMM; the other qconv rows run the session default, float
 activations for convs), ``qconv-int8-gptq-bc`` (the int8 per-channel accuracy recipe:
-int8-ch-sym-gptq-bc weights calibrated on one held-out picture of ``labs/accuracy.py``, ``act_quant="block"``
-with ``act_block`` 8). Each row runs in its own process (peak RSS is that process's):
+int8-ch-sym-gptq-bc weights calibrated on one held-out picture of ``labs/accuracy.py``, default activations). Each row runs in its own process (peak RSS is that process's):
 latency median / p90 over ``--repeat`` runs after one warm-up at ``--threads``, SQNR of the output against
 ``ort-float`` on the same input, file bytes / float file bytes, qconv's weight bytes ratio, peak RSS. A last
 row measures the custom operator's own overhead per node: a chain of 16 tiny QConv nodes run by the session
@@ -151,7 +150,7 @@ def make_artifact(row: str, path: str, x: np.ndarray, work: str):
     elif row == "qconv-int8-gptq-bc":   # the accuracy recipe: calibrated on one held-out picture (labs/accuracy)
         from labs.accuracy import calibration
         calib = calibration("det" if x.shape[2] == x.shape[3] else "rec", [1], x.shape[2], x.shape[3])
-        q = qo.quantize_model(path, "int8-ch-sym-gptq-bc", calibration=calib, act_quant="block", act_block=8)
+        q = qo.quantize_model(path, "int8-ch-sym-gptq-bc", calibration=calib)
     else:
         q = qo.quantize_model(path, QCONV_SCHEMES[row], min_weights=MIN_WEIGHTS.get(row, 0))
     onnx.save(q, out)
