@@ -458,3 +458,41 @@ def test_float_model_runs_unchanged():
     sess = qo.InferenceSession(model, threads=1)
     assert sess.kernels == []
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], _float_run(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_squeeze_excite_blocks_join_the_chain(residual):
+    """conv -> SE (GlobalAveragePool -> conv+Relu -> conv -> HardSigmoid -> Mul [-> Add x]) -> conv runs as one
+    operator call with a SqueezeExcite step; it equals the unchained session (onnxruntime's own GlobalAveragePool,
+    HardSigmoid, Mul, Add) within float32 rounding, and the float model within the scheme's error. An SE block whose
+    intermediate is also a graph output stays apart."""
+    # ws2 large: the HardSigmoid saturates at both ends for some channels
+    w = dict(w1=_w(16, 8, 3, 3), ws1=_w(4, 16, 1, 1, scale=4.0), bs1=_w(4), ws2=_w(16, 4, 1, 1, scale=12.0),
+             bs2=_w(16, scale=3.0), w3=_w(8, 16, 1, 1))
+    tail = ([helper.make_node("Add", ["x1", "m"], ["s"], name="res")] if residual else [])
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["x1"], name="c1", pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["x1"], ["g"], name="gap"),
+             helper.make_node("Conv", ["g", "ws1", "bs1"], ["s1"], name="se1"),
+             helper.make_node("Relu", ["s1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "ws2", "bs2"], ["s2"], name="se2"),
+             helper.make_node("HardSigmoid", ["s2"], ["h"], name="hs", alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["x1", "h"], ["m"], name="scale")] + tail + [
+             helper.make_node("Conv", ["s" if residual else "m", "w3"], ["y"], name="c3")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 9, 11])], ["y"], w)
+    q = qo.quantize_model(model, "int8-ch-sym")
+    x = RNG.standard_normal((2, 8, 9, 11)).astype(np.float32)
+    with qo.InferenceSession(q, threads=2) as sess, qo.InferenceSession(q, threads=2, chain=False) as plain:
+        chains = [qk.KERNELS[k] for k in qk.KERNELS if k.startswith(sess._id + "/") and "|" in k]
+        assert [[type(s).__name__ for s in c.kernels] for c in chains] == [["ConvKernel", "SqueezeExcite",
+                                                                            "ConvKernel"]]
+        y, = sess.run(None, {"x": x})
+        y_plain, = plain.run(None, {"x": x})
+    np.testing.assert_allclose(y, y_plain, rtol=1e-5, atol=1e-5 * float(np.abs(y_plain).max()))
+    assert sqnr_db(y, _float_run(model, {"x": x})[0]) >= 30
+    # the Mul's input also a graph output: no SE step (its chain would hide the tensor)
+    model.graph.output.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, None))
+    with qo.InferenceSession(qo.quantize_model(model, "int8-ch-sym"), threads=2) as sess:
+        chains = [qk.KERNELS[k] for k in qk.KERNELS if k.startswith(sess._id + "/") and "|" in k]
+        assert not any(isinstance(s, qk.SqueezeExcite) for c in chains for s in c.kernels)
+        ys = sess.run(None, {"x": x})
+    np.testing.assert_allclose(ys[0], y_plain, rtol=1e-5, atol=1e-5 * float(np.abs(y_plain).max()))

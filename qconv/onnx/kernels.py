@@ -117,6 +117,29 @@ class MatMulKernel:
         return y.reshape(x.shape[:-1] + (y.shape[-1],))
 
 
+class SqueezeExcite:
+    """A squeeze-and-excitation block as one step of a :class:`ChainKernel`: ``x * HardSigmoid(s2(s1(mean(x))))``
+    (``mean`` over H and W: ONNX GlobalAveragePool; ``HardSigmoid``: ``min(max(alpha*v + beta, 0), 1)``), plus
+    ``x`` when ``residual``, in float32; ``s1`` / ``s2``: the prepared 1x1 qconv kernels of the block."""
+
+    def __init__(self, s1, s2, alpha: float, beta: float, residual: bool):
+        self.s1, self.s2, self.residual = s1, s2, residual
+        self.alpha, self.beta = np.float32(alpha), np.float32(beta)
+        self.name = f"se({s1.name}, {s2.name})"
+
+    def __call__(self, x: np.ndarray, out: str = "onnx_out") -> np.ndarray:
+        from ..cpu import scratch
+
+        g = x.mean(axis=(2, 3), keepdims=True, dtype=np.float32)
+        h = self.s2(self.s1(g, "onnx_se0"), "onnx_se1") * self.alpha + self.beta
+        np.clip(h, 0, 1, out=h)
+        y = scratch.arena().take(out, x.size, np.float32).reshape(x.shape)
+        np.multiply(x, h, out=y)
+        if self.residual:
+            np.add(y, x, out=y)
+        return y
+
+
 class ChainKernel:
     """qconv nodes where each feeds only the next, run as one operator call: onnxruntime-extensions copies a
     Python operator's input in and its output out, so a chain of n layers makes 2 copies instead of 2n. The layers
@@ -124,7 +147,7 @@ class ChainKernel:
     ``"onnx_out"``; each layer's result is exactly what it gives alone."""
 
     def __init__(self, kernels):
-        self.kernels = list(kernels)
+        self.kernels = list(kernels)   # ConvKernel / MatMulKernel / SqueezeExcite steps
         self.name = "+".join(k.name for k in self.kernels)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
