@@ -11,10 +11,10 @@ Results do not depend on the thread count.
 import numpy as np
 
 from cython.parallel cimport prange, parallel, threadid
-from libc.stdint cimport int8_t, int32_t, int64_t
+from libc.stdint cimport uint8_t, int32_t, int64_t
 from libc.string cimport memset
 
-from . import _cpu
+from ..layouts.int4 import ONNX_INT4
 
 
 cdef extern from "qconv_direct.h" nogil:
@@ -27,7 +27,8 @@ cdef extern from "qconv_direct.h" nogil:
         int32_t KH, KW, sh, sw, ph, pw, dh, dw
         int32_t O, OCB, NB
         int64_t kblock
-        const int8_t *q
+        const uint8_t *q
+        int32_t bits
         const float *scale
         const float *offset
         const float *bias
@@ -118,14 +119,15 @@ cdef class DirectPlan:
     ``spec``: the :class:`~qconv.geometry.ConvSpec`; ``kernel``: the engine's kernel name (``"scalar"`` runs the
     portable code, the others AVX2 + FMA).
 
-    Prepared arrays: ``q`` int8 ``(ceil(O/4), K, 4)`` the integer codes (int4 codes one a byte), ``K = C*KH*KW`` in
-    ``(c, ky, kx)`` order, four output channels interleaved; ``scale`` / ``offset`` float32 ``(O, n_blocks)``
+    Prepared arrays: ``q`` uint8 ``(ceil(O/4), K, 4)`` the int8 codes, or ``(ceil(O/4), K, 2)`` two int4 codes a
+    byte (channel 2m low nibble, 2m+1 high), ``K = C*KH*KW`` in ``(c, ky, kx)`` order, four output channels
+    interleaved; ``scale`` / ``offset`` float32 ``(O, n_blocks)``
     (``offset`` None when symmetric); ``bias`` float32 ``(O,)``.
     """
     cdef readonly object spec, kernel
     cdef readonly int vec
     cdef object q, scale, offset, bias, pa_s, pa_t
-    cdef int C, O, OCB, NB, KH, KW, sh, sw, ph, pw, dh, dw, hswish
+    cdef int C, O, OCB, NB, KH, KW, sh, sw, ph, pw, dh, dw, hswish, bits
     cdef int64_t K, kblock
     cdef float lo, hi
     # (quantization threads, conv threads) of the last forward call (no quantization pass: 0)
@@ -146,7 +148,10 @@ cdef class DirectPlan:
         self.kblock = w.block_channels * self.KH * self.KW
         q = np.zeros((self.OCB * 4, self.K), np.int8)
         q[:o] = w.q.reshape(o, self.K)
-        self.q = np.ascontiguousarray(q.reshape(self.OCB, 4, self.K).transpose(0, 2, 1))
+        q = np.ascontiguousarray(q.reshape(self.OCB, 4, self.K).transpose(0, 2, 1))
+        # int4: two codes a byte (ONNX's packing: channel 2m in the low nibble, 2m+1 in the high one, q & 15)
+        self.q = ONNX_INT4.pack_array(q) if w.bits == 4 else q.view(np.uint8)
+        self.bits = w.bits
         self.scale = np.ascontiguousarray(w.scales, np.float32).reshape(o, self.NB)
         self.offset = None if w.offsets is None else np.ascontiguousarray(w.offsets, np.float32).reshape(o, self.NB)
         self.bias = np.ascontiguousarray(spec.bias_or_zeros(), dtype=np.float32).reshape(o)
@@ -196,7 +201,7 @@ cdef class DirectPlan:
         cdef qc_direct_job j
         cdef const float[::1] xv = x.reshape(-1)
         cdef float[::1] yv = y.reshape(-1)
-        cdef const int8_t[:, :, ::1] qv = self.q
+        cdef const uint8_t[:, :, ::1] qv = self.q
         cdef const float[:, ::1] scv = self.scale
         cdef const float[:, ::1] ofv
         cdef const float[::1] biv = self.bias
@@ -208,6 +213,7 @@ cdef class DirectPlan:
         if bv.shape[0] < self.buffer_floats(x, nchw_input, threads) or (<size_t> &bv[0]) % 8:
             raise ValueError("buf is too small or not 8-byte aligned")
         j.q = &qv[0, 0, 0]
+        j.bits = self.bits
         j.scale = &scv[0, 0]
         j.offset = NULL
         if self.offset is not None:

@@ -46,7 +46,10 @@ typedef struct {
     int32_t KH, KW, sh, sw, ph, pw, dh, dw;
     int32_t O, OCB, NB;              /* output channels, their blocks of 4, weight blocks per channel */
     int64_t kblock;                  /* k values per weight block */
-    const int8_t *q;                 /* (OCB, K, 4) integer codes (int4: -8..7), channels past O hold 0 */
+    const uint8_t *q;                /* (OCB, K, 4) int8 codes, or (OCB, K, 2) bytes of two int4 codes (channel
+                                      * 2m in the low nibble, 2m+1 in the high one, two's complement); channels past
+                                      * O hold 0 */
+    int32_t bits;                    /* 8 or 4 */
     const float *scale;              /* (O, NB) */
     const float *offset;             /* (O, NB), or NULL (symmetric) */
     const float *bias;               /* (O,) */
@@ -178,7 +181,7 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
 /* block `ocb` of the dequantized weight into wf + ocb*K*4 */
 static void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
 {
-    const int8_t *q = j->q + ocb * j->K * 4;
+    const uint8_t *q = j->q + ocb * j->K * (j->bits == 8 ? 4 : 2);
     float *d = wf + ocb * j->K * 4;
     for (int i = 0; i < QC_DIRECT_MR; ++i) {
         const int64_t o = 4 * ocb + i;
@@ -189,7 +192,11 @@ static void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
         for (int b = 0; b < j->NB; ++b) {
             const float s = j->scale[o * j->NB + b], f = j->offset ? j->offset[o * j->NB + b] : 0.0f;
             const int64_t k1 = (b + 1) * j->kblock < j->K ? (b + 1) * j->kblock : j->K;
-            for (int64_t k = b * j->kblock; k < k1; ++k) d[4 * k + i] = s * (float)q[4 * k + i] + f;
+            if (j->bits == 8)
+                for (int64_t k = b * j->kblock; k < k1; ++k) d[4 * k + i] = s * (float)(int8_t)q[4 * k + i] + f;
+            else   /* the nibble, sign-extended: shift it to the top of a signed byte and back */
+                for (int64_t k = b * j->kblock; k < k1; ++k)
+                    d[4 * k + i] = s * (float)((int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4) + f;
         }
     }
 }
