@@ -157,7 +157,11 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                 const int64_t b = j->pw + j->W < j->Wph ? j->pw + j->W : j->Wph;
                 memset(row, 0, (size_t)a * sizeof(float));
                 memcpy(row + a, s, (size_t)(b - a) * sizeof(float));
+#ifdef QC_HAVE_X86
+                bad |= j->vec ? qc_direct_run_bad_avx2(row + a, b - a) : qc_direct_run_bad(row + a, b - a);
+#else
                 bad |= qc_direct_run_bad(row + a, b - a);
+#endif
                 memset(row + b, 0, (size_t)(j->Wph - b) * sizeof(float));
                 continue;
             }
