@@ -356,16 +356,7 @@ int qc_dw_fill_row_body(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, fl
         else for (int64_t i = 0; i < W; ++i) u[i] = s[4 * i];
     }
     int bad = 0;
-    if (j->kind == 3) {   /* float activations: the rows read are checked here (x*0 is NaN exactly for NaN / inf) */
-        float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        int64_t i = 0;
-        for (; i + 8 <= W; i += 8)
-            for (int l = 0; l < 8; ++l) acc[l] += u[i + l] * 0.0f;
-        for (; i < W; ++i) acc[0] += u[i] * 0.0f;
-        float t = 0.0f;
-        for (int l = 0; l < 8; ++l) t += acc[l];
-        bad = t != t;
-    }
+    if (j->kind == 3) bad = qc_nonfinite_run(u, W);   /* float activations: the rows read are checked here */
     if (sw > 1 && scatter)   /* phase ph holds padded columns ph, ph + sw, ...: input columns i = ph - pw + k*sw */
         for (int64_t ph = 0; ph < sw; ++ph) {
             int64_t i = ph - pw, k = 0;

@@ -101,22 +101,20 @@ static void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
             }
 }
 
-/* 1 when one of v[0:n] is NaN / inf (x*0 is NaN exactly for them; independent sums, so no latency chain) */
-static int qc_direct_run_bad(const float *v, int64_t n)
+#ifdef QC_HAVE_X86
+QC_TGT_AVX2 static int qc_direct_run_bad_avx2(const float *v, int64_t n);
+#endif
+
+/* 1 when one of v[0:n] is NaN / inf (the AVX2 check when j->vec) */
+static inline int qc_direct_bad(const qc_direct_job *j, const float *v, int64_t n)
 {
-    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; ++l) s[l] += v[i + l] * 0.0f;
-    for (; i < n; ++i) s[0] += v[i] * 0.0f;
-    float t = 0.0f;
-    for (int l = 0; l < 8; ++l) t += s[l];
-    return t != t;
+#ifdef QC_HAVE_X86
+    if (j->vec) return qc_direct_run_bad_avx2(v, n);
+#endif
+    return qc_nonfinite_run(v, n);
 }
 
 #ifdef QC_HAVE_X86
-QC_TGT_AVX2 static int qc_direct_run_bad_avx2(const float *v, int64_t n);
-
 /* row[col] = s[ix0 + 2*col] where 0 <= ix0 + 2*col < W, else 0, for col < ncols: 16 floats deinterleaved at a time */
 QC_TGT_AVX2 static void qc_direct_deint2_avx2(const float *s, int64_t W, int64_t ix0, float *row, int64_t ncols)
 {
@@ -157,18 +155,14 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                 const int64_t b = j->pw + j->W < j->Wph ? j->pw + j->W : j->Wph;
                 memset(row, 0, (size_t)a * sizeof(float));
                 memcpy(row + a, s, (size_t)(b - a) * sizeof(float));
-#ifdef QC_HAVE_X86
-                bad |= j->vec ? qc_direct_run_bad_avx2(row + a, b - a) : qc_direct_run_bad(row + a, b - a);
-#else
-                bad |= qc_direct_run_bad(row + a, b - a);
-#endif
+                bad |= qc_direct_bad(j, row + a, b - a);
                 memset(row + b, 0, (size_t)(j->Wph - b) * sizeof(float));
                 continue;
             }
 #ifdef QC_HAVE_X86
             if (j->vec && step == 1 && j->sw == 2) {
                 qc_direct_deint2_avx2(s, j->W, rx - j->pw, row, j->Wph);
-                bad |= qc_direct_run_bad_avx2(row, j->Wph);
+                bad |= qc_direct_bad(j, row, j->Wph);
                 continue;
             }
 #endif
@@ -176,7 +170,7 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                 const int64_t ix = col * j->sw + rx - j->pw;
                 row[col] = ix >= 0 && ix < j->W ? s[ix * step] : 0.0f;
             }
-            bad |= qc_direct_run_bad(row, j->Wph);
+            bad |= qc_direct_bad(j, row, j->Wph);
         }
     }
     return bad;
@@ -273,7 +267,7 @@ QC_TGT_AVX2 static int qc_direct_run_bad_avx2(const float *v, int64_t n)
         s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_loadu_ps(v + i + 8), z));
     }
     s0 = _mm256_add_ps(s0, s1);
-    return _mm256_movemask_ps(_mm256_cmp_ps(s0, s0, _CMP_UNORD_Q)) != 0 || qc_direct_run_bad(v + i, n - i);
+    return _mm256_movemask_ps(_mm256_cmp_ps(s0, s0, _CMP_UNORD_Q)) != 0 || qc_nonfinite_run(v + i, n - i);
 }
 
 /* the epilogue of NP pixels of one channel, acc -> dst (which may be acc) */
@@ -313,12 +307,7 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
         const int64_t run = grid - s0 * NP < (s1 - s0) * NP ? grid - s0 * NP : (s1 - s0) * NP;
         const float *B = j->xp + n * qc_direct_sample(j) + s0 * NP;
         int bad = 0;
-        for (int64_t k = 0; k < j->K && !bad; ++k)
-#ifdef QC_HAVE_X86
-            bad = j->vec ? qc_direct_run_bad_avx2(B + j->koff[k], run) : qc_direct_run_bad(B + j->koff[k], run);
-#else
-            bad = qc_direct_run_bad(B + j->koff[k], run);
-#endif
+        for (int64_t k = 0; k < j->K && !bad; ++k) bad = qc_direct_bad(j, B + j->koff[k], run);
         if (bad) return 1;
     }
     for (int64_t st = s0; st < s1; ++st) {

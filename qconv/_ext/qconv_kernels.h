@@ -86,6 +86,20 @@ typedef struct {
 
 static inline int32_t qc_load_i32(const uint8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
+/* 1 when one of v[0:n] is NaN or infinite (x*0 is NaN exactly for them; 8 independent sums: no latency chain, and
+ * the compiler vectorises it in AVX2 callers) */
+static inline int qc_nonfinite_run(const float *v, int64_t n)
+{
+    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; ++l) s[l] += v[i + l] * 0.0f;
+    for (; i < n; ++i) s[0] += v[i] * 0.0f;
+    float t = 0.0f;
+    for (int l = 0; l < 8; ++l) t += s[l];
+    return t != t;
+}
+
 /* float16 bits -> float32 (exact; portable) */
 static inline float qc_half(uint16_t h)
 {
