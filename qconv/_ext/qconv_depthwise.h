@@ -481,13 +481,7 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
 #endif
                     qc_dw_epi_c(accI + r * ow, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
                 if (j->hswish) qc_hardswish(yo, OW, j->vec ? QC_KERNEL_AVX2 : QC_KERNEL_SCALAR);
-                if (j->pa_s) {
-                    const float ps = j->pa_s[o], pt = j->pa_t[o];
-                    for (int64_t i = 0; i < OW; ++i) {
-                        volatile float p = yo[i] * ps;   /* numpy's y * s + t: no fused multiply-add */
-                        yo[i] = p + pt;
-                    }
-                }
+                if (j->pa_s) qc_affine_run(yo, OW, j->pa_s[o], j->pa_t[o]);
                 if (direct) continue;
                 const int64_t idx = j->out_nc4hw4 ? ((((o >> 2) * j->N + n) * OHW + y0) * 4 + (o & 3))
                                                   : (n * O + o) * OHW + y0;

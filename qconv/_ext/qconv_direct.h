@@ -22,7 +22,7 @@
  * x 24 pixels, 12 float32 FMA chains (3 row loads and 4 broadcasts a k). Every output is one chain over k in
  * increasing order, so results do not depend on the thread count or the work split; they match the oracle within
  * its float tolerance (float32 sums of dequantized weights), not bitwise the GEMM path.
- * Epilogue: v = acc + bias; v = min(max(v, lo), hi); hardswish (v*min(max(v+3, 0), 6))/6; v*pa_s + pa_t.
+ * Epilogue: v = acc + bias; v = min(max(v, lo), hi); then the engine's qc_hardswish and post_affine (qc_affine_run).
  *
  * vec = 1 runs the AVX2 + FMA code (target attributes, picked at run time by the caller), vec = 0 portable C.
  */
@@ -210,20 +210,13 @@ static void qc_direct_mk_scalar(const float *w, const float *B, const int64_t *k
             for (int t = 0; t < QC_DIRECT_NP; ++t) acc[i * QC_DIRECT_NP + t] += w[4 * k + i] * B[koff[k] + t];
 }
 
-static inline float qc_direct_epi1(float v, float bias, float lo, float hi, int hswish, const float *pas,
-                                   const float *pat)
+/* v[t] <- min(max(v[t] + bias, lo), hi) for t < NP: the clamp of the activation (a NaN stays NaN) */
+static void qc_direct_bias_clamp(float *v, float bias, float lo, float hi)
 {
-    v += bias;
-    v = v < lo ? lo : v;
-    v = v > hi ? hi : v;
-    if (hswish) {
-        float t = v + 3.0f;
-        t = t < 0.0f ? 0.0f : t;
-        t = t > 6.0f ? 6.0f : t;
-        v = (v * t) / 6.0f;
+    for (int t = 0; t < QC_DIRECT_NP; ++t) {
+        const float x = v[t] + bias;
+        v[t] = x < lo ? lo : x > hi ? hi : x;
     }
-    if (pas) v = v * *pas + *pat;
-    return v;
 }
 
 #ifdef QC_HAVE_X86
@@ -270,24 +263,11 @@ QC_TGT_AVX2 static int qc_direct_run_bad_avx2(const float *v, int64_t n)
     return _mm256_movemask_ps(_mm256_cmp_ps(s0, s0, _CMP_UNORD_Q)) != 0 || qc_nonfinite_run(v + i, n - i);
 }
 
-/* the epilogue of NP pixels of one channel, acc -> dst (which may be acc) */
-QC_TGT_AVX2 static void qc_direct_epi_avx2(const float *acc, float bias, float lo, float hi, int hswish,
-                                           const float *pas, const float *pat, float *dst)
+QC_TGT_AVX2 static void qc_direct_bias_clamp_avx2(float *v, float bias, float lo, float hi)
 {
     const __m256 b = _mm256_set1_ps(bias), l = _mm256_set1_ps(lo), h = _mm256_set1_ps(hi);
-    const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
-    for (int t = 0; t < QC_DIRECT_NP; t += 8) {
-        /* max / min return their second operand when one is NaN: the value goes second, so NaN propagates */
-        __m256 v = _mm256_min_ps(h, _mm256_max_ps(l, _mm256_add_ps(_mm256_loadu_ps(acc + t), b)));
-        if (hswish)
-            v = _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
-        if (pas) {   /* two roundings, as y*s + t in numpy: the barrier keeps the compiler from fusing them */
-            v = _mm256_mul_ps(v, _mm256_set1_ps(*pas));
-            __asm__("" : "+x"(v));
-            v = _mm256_add_ps(v, _mm256_set1_ps(*pat));
-        }
-        _mm256_storeu_ps(dst + t, v);
-    }
+    for (int t = 0; t < QC_DIRECT_NP; t += 8)   /* max / min return their second operand on NaN: the value goes second */
+        _mm256_storeu_ps(v + t, _mm256_min_ps(h, _mm256_max_ps(l, _mm256_add_ps(_mm256_loadu_ps(v + t), b))));
 }
 #endif
 
@@ -347,19 +327,21 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
                 for (int i = 0; i < QC_DIRECT_MR; ++i) {
                     const int64_t o = 4 * ocb + i;
                     if (o >= j->O) break;
-                    const float *pas = j->pa_s ? j->pa_s + o : NULL, *pat = j->pa_t ? j->pa_t + o : NULL;
                     float *a = acc + ((st - s0) * QC_DIRECT_OG + ocb - g0) * AB + i * NP;
                     const int64_t ys = j->out_nc4hw4 ? 4 : 1;
                     const int64_t ybase = j->out_nc4hw4 ? ((o / 4) * j->N + n) * ohw * 4 + o % 4 : (n * j->O + o) * ohw;
+                    /* the engine's epilogue, in place on the strip's row: bias and clamp, hardswish, post_affine */
 #ifdef QC_HAVE_X86
-                    if (j->vec) {
-                        qc_direct_epi_avx2(a, j->bias[o], j->lo, j->hi, j->hswish, pas, pat,
-                                           contiguous ? j->y + ybase + p0 : a);
-                        if (contiguous) continue;
-                    } else
+                    if (j->vec) qc_direct_bias_clamp_avx2(a, j->bias[o], j->lo, j->hi);
+                    else
 #endif
-                        for (int64_t t = 0; t < np; ++t)
-                            a[t] = qc_direct_epi1(a[t], j->bias[o], j->lo, j->hi, j->hswish, pas, pat);
+                        qc_direct_bias_clamp(a, j->bias[o], j->lo, j->hi);
+                    if (j->hswish) qc_hardswish(a, np, j->vec ? QC_KERNEL_AVX2 : QC_KERNEL_SCALAR);
+                    if (j->pa_s) qc_affine_run(a, np, j->pa_s[o], j->pa_t[o]);
+                    if (contiguous) {
+                        memcpy(j->y + ybase + p0, a, NP * sizeof(float));
+                        continue;
+                    }
                     /* grid pixels p0 .. p0+np-1 -> outputs (oy, ox), ox < OW */
                     for (int64_t t = 0; t < np;) {
                         const int64_t oy = (p0 + t) / j->Wph, ox = (p0 + t) % j->Wph;

@@ -1269,6 +1269,9 @@ static inline void qc_affine_rows(float *v, int64_t rows, int64_t ld, int64_t n,
     qc_affine_rows_scalar(v, rows, ld, n, s, t);
 }
 
+/* v[i] <- v[i] * s + t for i < n: one channel's run (the same two roundings) */
+static inline void qc_affine_run(float *v, int64_t n, float s, float t) { qc_affine_rows_scalar(v, n, 1, 1, &s, &t); }
+
 static inline void qc_block_sums(const uint8_t *Q, int64_t npix, int64_t ltot, int64_t gnb, int64_t bcp,
                                  int32_t zpu, int32_t flip, int32_t *ps, int variant)
 {
