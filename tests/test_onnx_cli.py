@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx", reason="needs onnx (interop extra)")
-pytest.importorskip("onnxruntime_extensions", reason="needs onnxruntime-extensions (interop extra)")
+pytest.importorskip("onnxruntime", reason="needs onnxruntime (interop extra)")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 

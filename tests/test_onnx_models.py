@@ -10,7 +10,6 @@ import pytest
 
 onnx = pytest.importorskip("onnx", reason="needs onnx (interop extra)")
 ort = pytest.importorskip("onnxruntime", reason="needs onnxruntime (interop extra)")
-pytest.importorskip("onnxruntime_extensions", reason="needs onnxruntime-extensions (interop extra)")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 

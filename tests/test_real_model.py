@@ -80,7 +80,6 @@ def test_whole_model_quantized_runs_end_to_end_in_onnxruntime():
 
     Measured 2026-12-01: int8-ch-sym output SQNR 15.8 dB at 160x160 (21.3 dB at 640x640), weights 0.256x;
     int4-b32-asym weights 0.182x."""
-    pytest.importorskip("onnxruntime_extensions", reason="needs onnxruntime-extensions (interop extra)")
     import onnxruntime as ort
 
     import qconv.onnx as qo
@@ -108,7 +107,6 @@ def test_whole_recognizer_with_matmuls_quantized():
     """PP-OCRv4 rec (conv backbone + attention/MLP MatMuls): every MatMul becomes a QMatMul with its bias Add
     fused; on the picture's first text line (48x320) the int8 model picks the float model's character at
     >= 90% of the steps (measured 2026-12-01: 97.5%, output SQNR 19.7 dB; at 48x160 only 80%)."""
-    pytest.importorskip("onnxruntime_extensions", reason="needs onnxruntime-extensions (interop extra)")
     import onnxruntime as ort
     from PIL import Image
 

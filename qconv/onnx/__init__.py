@@ -8,9 +8,9 @@
     sess = qconv.onnx.InferenceSession("model.q.onnx", threads=2)
     y, = sess.run(None, {"x": x})
 
-Needs ``onnx``, ``onnxruntime`` and ``onnxruntime-extensions`` (``pip install qconv[interop]``).
+Needs ``onnx`` and ``onnxruntime`` (``pip install qconv[onnx]``).
 :mod:`qconv.onnx.nodes` describes the custom nodes, :mod:`qconv.onnx.quantize` the rewrite,
-:mod:`qconv.onnx.session` the session and its activation default, :mod:`qconv.onnx.kernels` the operators.
+:mod:`qconv.onnx.session` the session and its activation default, :mod:`qconv.onnx.kernels` the prepared kernels behind the native operators (:mod:`qconv._ext._ortops`).
 """
 from .nodes import DOMAIN, QCONV, QMATMUL, weight_bytes
 from .quantize import model_summary, quantize_model

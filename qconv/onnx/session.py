@@ -19,7 +19,8 @@ import weakref
 
 import numpy as np
 
-from .kernels import KERNELS, KEY_ATTR, make_kernel, register, take_error
+from .._ext._ortops import KEY_ATTR
+from .kernels import KERNELS, make_kernel, register, take_error
 from .nodes import DOMAIN, is_qnode, read_qnode
 
 _IDS = itertools.count(1)

@@ -1,0 +1,162 @@
+# cython: language_level=3
+"""qconv's onnxruntime custom operators ``ai.qconv::QConv`` and ``ai.qconv::QMatMul``, native (``qconv_ort.h``).
+
+This module's own file is the custom-op library a session registers (:func:`library_path`). Each node of those
+types carries one string attribute, ``qconv_key``; at kernel creation the resolver given to :func:`install` maps
+it to a prepared Python kernel, which the kernel holds a reference to until onnxruntime destroys it. A compute
+call takes the GIL and passes the kernel numpy views of onnxruntime's own memory, no copies:
+
+1. ``x``: the float32 input tensor, read-only;
+2. ``kernel.out_shape(x.shape)`` -> the output shape, for which onnxruntime allocates the output tensor;
+3. ``kernel(x, y)`` writes the result into ``y``, the view of that tensor.
+
+A Python exception in steps 2-3 goes to the error hook given to :func:`install` and fails the node with its
+message (onnxruntime's ``run`` then raises); neither view outlives the call.
+"""
+cimport numpy as cnp
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from libc.stdint cimport int64_t
+from libc.stdlib cimport malloc, free
+
+cnp.import_array()
+
+cdef extern from "Python.h":
+    int Py_IsInitialized() nogil
+
+cdef extern from "qconv_ort.h" nogil:
+    ctypedef struct OrtStatus
+    ctypedef struct OrtKernelInfo
+    ctypedef struct OrtKernelContext
+    ctypedef void *const *qc_ort_api
+    ctypedef struct qc_ort_op:
+        const char *name
+    ctypedef OrtStatus *(*qc_ort_create_fn)(const qc_ort_op *, qc_ort_api, const OrtKernelInfo *, void **)
+    ctypedef OrtStatus *(*qc_ort_compute_fn)(void *, OrtKernelContext *)
+    ctypedef void (*qc_ort_destroy_fn)(void *)
+    qc_ort_create_fn qc_ort_create
+    qc_ort_compute_fn qc_ort_compute
+    qc_ort_destroy_fn qc_ort_destroy
+    OrtStatus *qc_ort_status(qc_ort_api api, const char *msg)
+    OrtStatus *qc_ort_attr_string(qc_ort_api api, const OrtKernelInfo *info, const char *name, char **out)
+    OrtStatus *qc_ort_input(qc_ort_api api, OrtKernelContext *ctx, size_t i, const float **data, int64_t *dims,
+                            size_t cap, size_t *nd)
+    OrtStatus *qc_ort_output(qc_ort_api api, OrtKernelContext *ctx, size_t i, const int64_t *dims, size_t nd,
+                             float **data)
+
+DEF MAX_DIMS = 8
+cdef const char *_KEY = "qconv_key"
+KEY_ATTR = _KEY.decode()   # the node attribute naming its prepared kernel
+
+cdef object _resolve = None    # key (str) -> prepared kernel
+cdef object _on_error = None   # exception -> None
+
+
+ctypedef struct _kernel:
+    qc_ort_api api
+    PyObject *obj
+
+
+def install(resolve, on_error) -> None:
+    """``resolve(key)`` -> the prepared kernel of a node (raises for an unknown key); ``on_error(exc)`` receives an
+    exception a kernel raised (the node then fails with its message)."""
+    global _resolve, _on_error
+    _resolve, _on_error = resolve, on_error
+
+
+def library_path() -> str:
+    """The file to pass to ``onnxruntime.SessionOptions.register_custom_ops_library``."""
+    return __file__
+
+
+cdef OrtStatus *_error(qc_ort_api api, exc) noexcept:
+    if _on_error is not None:
+        try:
+            _on_error(exc)
+        except BaseException:
+            pass
+    msg = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")
+    return qc_ort_status(api, msg)
+
+
+cdef OrtStatus *_create(const qc_ort_op *op, qc_ort_api api, const OrtKernelInfo *info, void **out) noexcept nogil:
+    cdef char *key = NULL
+    cdef OrtStatus *s = qc_ort_attr_string(api, info, _KEY, &key)
+    out[0] = NULL
+    if s != NULL:
+        return s
+    cdef _kernel *k = <_kernel *>malloc(sizeof(_kernel))
+    if k == NULL:
+        free(key)
+        return qc_ort_status(api, "qconv: out of memory creating a kernel")
+    k.api = api
+    with gil:
+        try:
+            if _resolve is None:
+                raise RuntimeError("qconv: the native operators are not installed")
+            obj = _resolve(key.decode("utf-8"))
+            Py_INCREF(obj)
+            k.obj = <PyObject *>obj
+        except BaseException as exc:
+            s = _error(api, exc)
+    free(key)
+    if s != NULL:
+        free(k)
+        return s
+    out[0] = k
+    return NULL
+
+
+cdef OrtStatus *_run(_kernel *k, OrtKernelContext *ctx, const float *x, const int64_t *dims, size_t nd) noexcept:
+    cdef cnp.npy_intp shape[MAX_DIMS]
+    cdef int64_t odims[MAX_DIMS]
+    cdef float *y = NULL
+    cdef size_t i, ond
+    cdef OrtStatus *s
+    kernel = <object>k.obj
+    try:
+        for i in range(nd):
+            shape[i] = dims[i]
+        xa = cnp.PyArray_SimpleNewFromData(<int>nd, shape, cnp.NPY_FLOAT32, <void *>x)
+        cnp.PyArray_CLEARFLAGS(xa, cnp.NPY_ARRAY_WRITEABLE)
+        oshape = kernel.out_shape(xa.shape)
+        ond = len(oshape)
+        if ond > MAX_DIMS:
+            raise ValueError(f"qconv: an output of {ond} dimensions")
+        for i in range(ond):
+            odims[i] = oshape[i]
+            shape[i] = oshape[i]
+        s = qc_ort_output(k.api, ctx, 0, odims, ond, &y)
+        if s != NULL:
+            return s
+        ya = cnp.PyArray_SimpleNewFromData(<int>ond, shape, cnp.NPY_FLOAT32, <void *>y)
+        kernel(xa, ya)
+        return NULL
+    except BaseException as exc:
+        return _error(k.api, exc)
+
+
+cdef OrtStatus *_compute(void *kp, OrtKernelContext *ctx) noexcept nogil:
+    cdef _kernel *k = <_kernel *>kp
+    cdef const float *x = NULL
+    cdef int64_t dims[MAX_DIMS]
+    cdef size_t nd = 0
+    cdef OrtStatus *s = qc_ort_input(k.api, ctx, 0, &x, dims, MAX_DIMS, &nd)
+    if s != NULL:
+        return s
+    with gil:
+        return _run(k, ctx, x, dims, nd)
+
+
+cdef void _destroy(void *kp) noexcept nogil:
+    cdef _kernel *k = <_kernel *>kp
+    if k == NULL:
+        return
+    if Py_IsInitialized():
+        with gil:
+            Py_DECREF(<object>k.obj)
+    free(k)
+
+
+qc_ort_create = _create
+qc_ort_compute = _compute
+qc_ort_destroy = _destroy
