@@ -20,15 +20,6 @@ _LOCK = threading.Lock()
 _INSTALLED = False
 
 
-def _target(out, shape) -> np.ndarray:
-    """``out`` itself (an array of ``shape``), or the calling thread's arena buffer named ``out``."""
-    if isinstance(out, np.ndarray):
-        return out
-    from ..cpu import scratch
-
-    return scratch.arena().take(out, int(np.prod(shape)), np.float32).reshape(shape)
-
-
 # act_quant="auto" of a QConv node on the CPU: float activations (weight-only quantization, MNN's "low memory"
 # mode). On PP-OCRv4 det at 640 (2026-12-01, AVX2, 2 threads, one process, runs interleaved) they measure 26.6 dB
 # output SQNR against per-tensor int8's 15.3 dB, and run a whole session in 0.96x its time (the direct path).
@@ -60,9 +51,8 @@ class ConvKernel:
         t, b, l, r = self.extra_pad
         return (shape[0], self.layer.out_channels) + self.layer.spec.out_hw(shape[2] + t + b, shape[3] + l + r)
 
-    def __call__(self, x: np.ndarray, out) -> np.ndarray:
-        """Writes the result into ``out`` (an array of ``out_shape(x.shape)``, or an arena buffer's name)."""
-        y = _target(out, self.out_shape(x.shape))
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Writes the result into ``y``, a float32 array of ``out_shape(x.shape)``; returns it."""
         if any(self.extra_pad):
             t, b, l, r = self.extra_pad
             x = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
@@ -87,55 +77,10 @@ class MatMulKernel:
                              f"last axis, the weight takes {self.k} (input shape {tuple(shape)})")
         return tuple(shape[:-1]) + (self.layer.out_channels,)
 
-    def __call__(self, x: np.ndarray, out) -> np.ndarray:
-        y = _target(out, self.out_shape(x.shape))
+    def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Writes the result into ``y``, a float32 array of ``out_shape(x.shape)``; returns it."""
         self.layer(x.reshape(-1, self.k), out=y.reshape(-1, y.shape[-1]))
         return _apply(y, self.host_affine)
-
-
-class SqueezeExcite:
-    """A squeeze-and-excitation block as one step of a :class:`ChainKernel`: ``x * HardSigmoid(s2(s1(mean(x))))``
-    (``mean`` over H and W: ONNX GlobalAveragePool; ``HardSigmoid``: ``min(max(alpha*v + beta, 0), 1)``), plus
-    ``x`` when ``residual``, in float32; ``s1`` / ``s2``: the prepared 1x1 qconv kernels of the block."""
-
-    def __init__(self, s1, s2, alpha: float, beta: float, residual: bool):
-        self.s1, self.s2, self.residual = s1, s2, residual
-        self.alpha, self.beta = np.float32(alpha), np.float32(beta)
-        self.name = f"se({s1.name}, {s2.name})"
-
-    def out_shape(self, shape) -> tuple:
-        return tuple(shape)
-
-    def __call__(self, x: np.ndarray, out) -> np.ndarray:
-        g = x.mean(axis=(2, 3), keepdims=True, dtype=np.float32)
-        h = self.s2(self.s1(g, "onnx_se0"), "onnx_se1") * self.alpha + self.beta
-        np.clip(h, 0, 1, out=h)
-        y = _target(out, x.shape)
-        np.multiply(x, h, out=y)
-        if self.residual:
-            np.add(y, x, out=y)
-        return y
-
-
-class ChainKernel:
-    """qconv nodes where each feeds only the next, run as one operator call: the layers between write into two
-    arena buffers in turn (``"onnx_chain0"`` / ``"onnx_chain1"``), the last into onnxruntime's output; each
-    layer's result is exactly what it gives alone."""
-
-    def __init__(self, kernels):
-        self.kernels = list(kernels)   # ConvKernel / MatMulKernel / SqueezeExcite steps
-        self.name = "+".join(k.name for k in self.kernels)
-
-    def out_shape(self, shape) -> tuple:
-        for k in self.kernels:
-            shape = k.out_shape(shape)
-        return shape
-
-    def __call__(self, x: np.ndarray, out) -> np.ndarray:
-        last = len(self.kernels) - 1
-        for i, k in enumerate(self.kernels):
-            x = k(x, out if i == last else f"onnx_chain{i % 2}")
-        return x
 
 
 def _post_affine(qnode: QNode, device, shape):

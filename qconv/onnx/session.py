@@ -29,10 +29,9 @@ _NP_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(
              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
 
 
-def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict, chain: bool = True) -> dict:
+def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict) -> dict:
     """Replace every qconv node of ``model`` (in place) by its ``X -> Y`` form; returns ``{key: kernel}``.
-    ``act_blocks``: ``{node name: act_block}`` overriding ``layer_options`` per node; ``chain``: merge runs of
-    nodes into one operator call (:func:`_chain`)."""
+    ``act_blocks``: ``{node name: act_block}`` overriding ``layer_options`` per node."""
     import onnx
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -54,110 +53,7 @@ def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict
     keep = [t for t in model.graph.initializer if not (t.name in drop and t.name not in used)]
     del model.graph.initializer[:]
     model.graph.initializer.extend(keep)
-    if chain:
-        _chain(model, kernels)
     return kernels
-
-
-def _chain(model, kernels: dict) -> None:
-    """Merge every run of qconv nodes in which each node's output feeds only the next step (and is no graph output)
-    into one node of a :class:`~qconv.onnx.kernels.ChainKernel`, in place. A step is the next qconv node, or a
-    squeeze-and-excitation block on the node's output ``x`` (:class:`~qconv.onnx.kernels.SqueezeExcite`:
-    ``GlobalAveragePool -> qconv -> qconv -> HardSigmoid -> Mul(x, .)``, optionally ``-> Add(., x)``, every
-    intermediate read by the next op only). The chain is registered in ``kernels`` under its qconv nodes' keys
-    joined by ``"|"``."""
-    import onnx
-
-    from .kernels import ChainKernel, SqueezeExcite
-
-    graph = model.graph
-    consumers: dict = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    outputs = {o.name for o in graph.output}
-
-    def key_of(node):
-        return next(a.s.decode() for a in node.attribute if a.name == KEY_ATTR) if node.domain == DOMAIN else None
-
-    def only(name, op=None):
-        """The single consumer of tensor ``name`` (of ``op`` type, or a qconv node for op="q"), or None."""
-        nxt = consumers.get(name, [])
-        if name in outputs or len(nxt) != 1:
-            return None
-        n = nxt[0]
-        ok = key_of(n) is not None if op == "q" else (op is None or (n.op_type == op and n.domain in ("", "ai.onnx")))
-        return n if ok else None
-
-    def se_after(x):
-        """``(SqueezeExcite args, its nodes, its output name)`` when an SE block reads tensor ``x``, else None."""
-        users = consumers.get(x, [])
-        if x in outputs or len(users) not in (2, 3):
-            return None
-        gap = next((u for u in users if u.op_type == "GlobalAveragePool"), None)
-        if gap is None or (s1 := only(gap.output[0], "q")) is None or s1.input[0] != gap.output[0]:
-            return None
-        if (s2 := only(s1.output[0], "q")) is None or (hs := only(s2.output[0], "HardSigmoid")) is None:
-            return None
-        mul = only(hs.output[0], "Mul")
-        if mul is None or sorted(mul.input) != sorted([x, hs.output[0]]) or mul not in users:
-            return None
-        nodes, out, add = [gap, s1, s2, hs, mul], mul.output[0], None
-        if len(users) == 3:
-            add = only(mul.output[0], "Add")
-            if add is None or sorted(add.input) != sorted([x, mul.output[0]]) or add not in users:
-                return None
-            nodes.append(add)
-            out = add.output[0]
-        if any(n.output[0] in outputs for n in nodes[:-1]):
-            return None
-        attrs = {a.name: a.f for a in hs.attribute}
-        return (s1, s2, attrs.get("alpha", 0.2), attrs.get("beta", 0.5), add is not None), nodes, out
-
-    def step_after(out):
-        """The step that reads tensor ``out``: ``("q", node, node's output)``, ``("se", (args, nodes), output)``."""
-        nxt = only(out, "q")
-        if nxt is not None and nxt.input[0] == out and id(nxt) not in absorbed:
-            return "q", nxt, nxt.output[0]
-        se = se_after(out)
-        return ("se", se[:2], se[2]) if se is not None else None
-
-    absorbed: set = set()   # the SE blocks' qconv nodes: never chain heads of their own
-    for node in graph.node:
-        if key_of(node) is not None and (se := se_after(node.output[0])) is not None:
-            absorbed.update(id(n) for n in se[1] if key_of(n) is not None)
-    qnodes = [n for n in graph.node if key_of(n) is not None and id(n) not in absorbed]
-    links = {id(n): step_after(n.output[0]) for n in qnodes}
-    targets = set()
-    for n in qnodes:
-        out = n.output[0]
-        while (st := step_after(out)) is not None and st[0] == "se":   # the node after an SE block
-            out = st[2]
-        if st is not None:
-            targets.add(id(st[1]))
-    merged: dict = {}   # id(head) -> the chain's node; id(other members) -> None (dropped)
-    for head in (n for n in qnodes if links[id(n)] is not None and id(n) not in targets):
-        steps, keys, dropped, out = [kernels[key_of(head)]], [key_of(head)], [], head.output[0]
-        while (st := step_after(out)) is not None:
-            kind, what, out = st
-            if kind == "q":
-                steps.append(kernels[key_of(what)])
-                keys.append(key_of(what))
-                dropped.append(what)
-            else:
-                (s1, s2, alpha, beta, residual), nodes = what
-                steps.append(SqueezeExcite(kernels[key_of(s1)], kernels[key_of(s2)], alpha, beta, residual))
-                keys += [key_of(s1), key_of(s2)]
-                dropped += nodes
-        key = "|".join(keys)
-        kernels[key] = ChainKernel(steps)
-        merged[id(head)] = onnx.helper.make_node(head.op_type, [head.input[0]], [out],
-                                                 name="+".join(k.split("/", 1)[-1] for k in keys), domain=DOMAIN,
-                                                 **{KEY_ATTR: key})
-        merged.update({id(n): None for n in dropped})
-    nodes = [merged.get(id(n), n) for n in graph.node]
-    del graph.node[:]
-    graph.node.extend(n for n in nodes if n is not None)
 
 
 def _release(keys):
@@ -177,9 +73,7 @@ class InferenceSession:
     docstring; the ``act_quant`` the model was quantized with, if any), ``act_block`` (default: each node's
     from ``quantize_model(act_block=...)``, else the weight's block), other qconv layer
     options (``kernel``, ...) and any ``onnxruntime.SessionOptions`` attribute (``graph_optimization_level``,
-    ``log_severity_level``, ...), and ``chain`` (default True: a run of qconv nodes that each feed only the next is
-    one operator call; False keeps one per node, e.g. for onnxruntime's per-node profile). ``providers`` defaults
-    to the CPU execution provider.
+    ``log_severity_level``, ...). ``providers`` defaults to the CPU execution provider.
 
     ``run(output_names, feeds)`` -> list of numpy arrays, as onnxruntime's; ``get_inputs()``, ``get_outputs()``.
     """
@@ -216,10 +110,9 @@ class InferenceSession:
             name: e["act_block"] for name, e in summary.get("layers", {}).items() if "act_block" in e}
         self.device, self.threads, self.act_quant = device, threads, act_quant
         self._id = f"s{next(_IDS)}"
-        chain = bool(options.pop("chain", True))
         kernels = _runtime_graph(model, self._id, dict(device=device, threads=threads, act_quant=act_quant,
-                                                       **options), act_blocks, chain)
-        self.kernels = [k for key, k in kernels.items() if "|" not in key]   # one per qconv node
+                                                       **options), act_blocks)
+        self.kernels = list(kernels.values())   # one per qconv node
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
         if kernels:
