@@ -60,6 +60,23 @@ def test_direct_matches_reference_bitwise_over_threads(kernel, case, nc4hw4):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("c,h,w,bits", [(5, 32, 32, 8), (100, 33, 41, 4), (200, 40, 26, 8)])
+def test_direct_in_place_on_large_planes(kernel, c, h, w, bits):
+    """1x1 stride-1 convs on planes of >= 1024 pixels (the kernel reads chunks of rows copied to one block:
+    QC_DIRECT_GATHER_MIN), input channels past a chunk of 96 and a last partial strip: the oracle, bitwise over
+    thread counts."""
+    rng = np.random.default_rng(c)
+    weight = qconv.quantize_weight(rng.standard_normal((13, c, 1, 1)).astype(np.float32), bits=bits)
+    bias = rng.standard_normal(13).astype(np.float32)
+    x = rng.standard_normal((2, c, h, w)).astype(np.float32)
+    spec = ConvSpec(weight, bias, 1, 0, activation="relu", act_quant=None)
+    y1 = CpuEngine(spec, kernel=kernel, threads=1).forward(x)
+    assert_matches_reference(y1, x, weight, bias, 1, 0, activation="relu", act_quant=None)
+    y2 = CpuEngine(spec, kernel=kernel, threads=2).forward(x)
+    assert np.array_equal(y2.view(np.uint32), y1.view(np.uint32))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_direct_hands_small_outputs_to_the_gemm(kernel):
     """Fewer than DIRECT_MIN_PIXELS output pixels a sample: the GEMM path, prepared on that first call; both paths
     match the oracle, and a Linear (one pixel a sample) never prepares the direct path."""

@@ -19,7 +19,8 @@
  *       are 0). Made per call and freed after it: no float copy of the weight outlives a call.
  *
  * A work item is a strip of QC_DIRECT_NP grid pixels of one sample, every output channel: micro-tiles of 4 channels
- * x 24 pixels, 12 float32 FMA chains (3 row loads and 4 broadcasts a k). Every output is one chain over k in
+ * x 24 pixels, 12 float32 FMA chains (3 row loads and 4 broadcasts a k), over chunks of QC_DIRECT_KC k values (in
+ * place on large planes each chunk's rows are first copied to one block: QC_DIRECT_GATHER_MIN). Every output is one chain over k in
  * increasing order, so results do not depend on the thread count or the work split; they match the oracle within
  * its float tolerance (float32 sums of dequantized weights), not bitwise the GEMM path.
  * Epilogue: v = acc + bias; v = min(max(v, lo), hi); then the engine's qc_hardswish and post_affine (qc_affine_run).
@@ -38,6 +39,11 @@
 #define QC_DIRECT_MR 4    /* output channels a micro-tile (one wf block) */
 #define QC_DIRECT_OG 8    /* wf blocks a group: a group's accumulators, and its weights over a k chunk, stay in L1 */
 #define QC_DIRECT_KC 96   /* k values a chunk: the strip's rows of a chunk stay in L1 for every block of a group */
+/* In place, the rows a strip reads are one per input channel, H*W floats apart: on large planes (H*W*4 often a
+ * multiple of 4096, e.g. 160x160, 320x320) they fall into the same few L1 sets and evict each other while the
+ * kernel reads them once per block of a group. Copying a chunk's rows to one block first was measured 0.79-0.92x
+ * the time on det's 1x1 layers at 320 and 160, about even at 80 and 40, 1.08x at 20x20 (2026-12-02, AVX2). */
+#define QC_DIRECT_GATHER_MIN 1024
 #define QC_DIRECT_NS 8    /* strips a work item at most: each row of a chunk is read as one run of NS*NP pixels
                            * (NCHW rows of different channels are far apart: short runs defeat the prefetchers) */
 
@@ -61,6 +67,8 @@ typedef struct {
     float *y;                        /* NCHW (N, O, OH, OW), or NC4HW4 (ceil(O/4), N, OH, OW, 4) */
     int32_t vec;
     int32_t ns;                      /* strips a work item (1 .. QC_DIRECT_NS; results do not depend on it) */
+    int32_t gather;                  /* 1: each chunk's rows of a strip are copied to one contiguous block first
+                                      * (qc_direct_setup: in place on planes of >= QC_DIRECT_GATHER_MIN pixels) */
     /* per call (qc_direct_setup, then the caller's buffers) */
     int32_t in_place;                /* 1: xp = x (1x1, stride 1, no padding, NCHW) */
     int64_t Hph, Wph;                /* phase plane rows and columns */
@@ -75,6 +83,7 @@ static inline void qc_direct_setup(qc_direct_job *j)
     j->in_place = j->KH == 1 && j->KW == 1 && j->sh == 1 && j->sw == 1 && j->ph == 0 && j->pw == 0 && !j->in_nc4hw4;
     j->Hph = j->in_place ? j->H : (j->H + 2 * (int64_t)j->ph + j->sh - 1) / j->sh;
     j->Wph = j->in_place ? j->W : (j->W + 2 * (int64_t)j->pw + j->sw - 1) / j->sw;
+    j->gather = j->in_place && j->H * j->W >= QC_DIRECT_GATHER_MIN;
 }
 static inline int64_t qc_direct_sample(const qc_direct_job *j) { return j->C * j->sh * j->sw * j->Hph * j->Wph; }
 /* zeros after the phase planes: the furthest read of a strip past its sample's planes */
@@ -86,7 +95,8 @@ static inline int64_t qc_direct_items(const qc_direct_job *j) { return j->N * qc
  * strip) and its offset table (K int64) */
 static inline int64_t qc_direct_scratch_floats(const qc_direct_job *j)
 {
-    return QC_DIRECT_NS * QC_DIRECT_OG * QC_DIRECT_MR * QC_DIRECT_NP + j->K * QC_DIRECT_NP + 2 * j->K;
+    return QC_DIRECT_NS * QC_DIRECT_OG * QC_DIRECT_MR * QC_DIRECT_NP + j->K * QC_DIRECT_NP + 4 * j->K
+           + QC_DIRECT_KC * QC_DIRECT_NP + 16;
 }
 
 static void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
@@ -280,7 +290,12 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
     const int64_t ohw = j->OH * j->OW, n = item / ips, s0 = (item % ips) * j->ns;
     const int64_t s1 = s0 + j->ns < qc_direct_strips(j) ? s0 + j->ns : qc_direct_strips(j);
     float *acc = scratch, *strip = scratch + QC_DIRECT_NS * QC_DIRECT_OG * AB;
-    int64_t *gk = (int64_t *)(strip + j->K * NP);
+    int64_t *gk = (int64_t *)(strip + j->K * NP), *ck = gk + j->K;
+    /* a chunk's rows of one strip, gathered: one contiguous block, 64-byte aligned */
+    float *chunk = (float *)(ck + j->K);
+    chunk += (16 - ((uintptr_t)chunk / sizeof(float)) % 16) % 16;
+    if (j->gather)
+        for (int64_t k = 0; k < j->K; ++k) ck[k] = (k % QC_DIRECT_KC) * NP;
     const float *Bs[QC_DIRECT_NS];
     const int64_t *ks[QC_DIRECT_NS];
     if (j->in_place) {   /* every row's run of this item's pixels, checked once (one sequential run a row) */
@@ -310,15 +325,23 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
         const int64_t g1 = g0 + QC_DIRECT_OG < j->OCB ? g0 + QC_DIRECT_OG : j->OCB;
         for (int64_t k0 = 0; k0 < j->K; k0 += QC_DIRECT_KC) {
             const int64_t k1 = k0 + QC_DIRECT_KC < j->K ? k0 + QC_DIRECT_KC : j->K;
-            for (int64_t st = 0; st < s1 - s0; ++st)
+            for (int64_t st = 0; st < s1 - s0; ++st) {
+                const float *B = Bs[st];
+                const int64_t *koff = ks[st];
+                if (j->gather) {
+                    for (int64_t k = k0; k < k1; ++k) memcpy(chunk + (k - k0) * NP, B + koff[k], NP * sizeof(float));
+                    B = chunk;
+                    koff = ck;
+                }
                 for (int64_t ocb = g0; ocb < g1; ++ocb) {
                     float *a = acc + (st * QC_DIRECT_OG + ocb - g0) * AB;
 #ifdef QC_HAVE_X86
-                    if (j->vec) qc_direct_mk_avx2(j->wf + ocb * j->K * 4, Bs[st], ks[st], k0, k1, a, k0 == 0);
+                    if (j->vec) qc_direct_mk_avx2(j->wf + ocb * j->K * 4, B, koff, k0, k1, a, k0 == 0);
                     else
 #endif
-                        qc_direct_mk_scalar(j->wf + ocb * j->K * 4, Bs[st], ks[st], k0, k1, a, k0 == 0);
+                        qc_direct_mk_scalar(j->wf + ocb * j->K * 4, B, koff, k0, k1, a, k0 == 0);
                 }
+            }
         }
         for (int64_t st = s0; st < s1; ++st) {
             const int64_t p0 = st * NP, np = grid - p0 < NP ? grid - p0 : NP;
