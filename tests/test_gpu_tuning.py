@@ -288,6 +288,32 @@ def test_budget_never_skips_a_candidate(cl_device, cache_dir, monkeypatch):
     assert calls[:3] == ["v0", "v1", "v2"]
 
 
+@pytest.mark.parametrize("compile_s", [0.0, 0.02])
+def test_compile_time_does_not_change_what_is_timed(cl_device, cache_dir, monkeypatch, compile_s):
+    """The budget counts timed launches only: with each warm-up taking compile_s (a cold or warm driver binary
+    cache), the same (candidate, local size) pairs are timed and the same one is picked. Every timing here costs
+    4 ms of timed launches against a budget of 13 ms: both sizes of v0 and v1, then v2's first (counting the
+    compiles, 20 ms each, the old budget ended after v0's first size: v1's second was never timed)."""
+    monkeypatch.setitem(tuning.BUDGET_S, "fast", 0.013)
+    timed = []
+    true_us = {("v0", 1): 100.0, ("v0", 2): 95.0, ("v1", 1): 90.0, ("v1", 2): 92.0, ("v2", 1): 80.0, ("v2", 2): 50.0}
+
+    def launch_times(queue, cand, lws, repeats):
+        import time
+        time.sleep(compile_s)   # the warm-up launch and its compile
+        timed.append((cand.variant, lws[0]))
+        tuning._TIMED.s = tuning._timed_s() + 0.004
+        return [true_us[(cand.variant, lws[0])] * 1e3] * repeats
+
+    monkeypatch.setattr(tuning, "launch_times", launch_times)
+    cands = _fake_candidates([0.0, 0.0, 0.0], f"compile {compile_s}")
+    for c in cands:
+        c.local_sizes = [(1, 1), (2, 2)]
+    cand, lws, _ = tuning.select(gpu.resolve(cl_device)[1], None, cands, "fast")
+    assert timed[:5] == [("v0", 1), ("v0", 2), ("v1", 1), ("v1", 2), ("v2", 1)]   # then past the budget
+    assert (cand.variant, lws) == ("v2", (1, 1))
+
+
 def test_final_timing_adds_a_few_timings(cl_device, cache_dir, monkeypatch):
     """The re-timing costs ROUNDS timings of at most FINALISTS candidates on top of one per (candidate, size)."""
     calls = []
