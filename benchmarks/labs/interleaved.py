@@ -1,9 +1,15 @@
 """Latency ratio of a qconv session to onnxruntime float on PP-OCRv4 det (or rec), both sessions in one process and
-their runs interleaved (run f, run q, run f, ...), so that the speed changes of a shared VM hit both alike: medians
-and the median of the per-pair ratios (with p10 / p90). Public API only (``qconv.onnx``).
+their runs interleaved, so that the speed changes of a shared VM hit both alike: medians and the median of the
+per-pair ratios (with p10 / p90). Public API only (``qconv.onnx``).
+
+onnxruntime float runs as a user runs it (its intra-op threads spinning between ops, its default), unless
+``--ort-spinning off``. Spinning threads of one session would slow the other session's next run, so each pair
+is: float run, float run (timed), pause, qconv run, qconv run (timed), pause (``--gap-ms``): each session is
+timed back to back with itself, as in a process of its own.
 
     python -m benchmarks.labs.interleaved [--model det|rec] [--runs 20] [--scheme int8-ch-sym] [--size 640]
                                           [--threads 2] [--min-weights N] [--act-quant auto|tensor|none|...]
+                                          [--ort-spinning on|off] [--gap-ms 50]
 """
 from __future__ import annotations
 
@@ -30,6 +36,9 @@ def main(argv=None):
     ap.add_argument("--min-weights", type=int, default=0, help="quantize_model(min_weights=...)")
     ap.add_argument("--act-quant", default="auto", choices=("auto", "tensor", "row", "block", "none"),
                     help="the session's activation mode (none: float activations)")
+    ap.add_argument("--ort-spinning", default="on", choices=("on", "off"),
+                    help="onnxruntime float's intra-op spinning (on: its default)")
+    ap.add_argument("--gap-ms", type=float, default=50.0, help="pause after each timed run")
     args = ap.parse_args(argv)
     path = rapidocr_model(f"ch_PP-OCRv4_{args.model}_infer.onnx")
     x = det_input(args.size) if args.model == "det" else rec_input()
@@ -37,7 +46,8 @@ def main(argv=None):
     q = qo.InferenceSession(q, threads=args.threads, act_quant=None if args.act_quant == "none" else args.act_quant)
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if args.ort_spinning == "off":
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     f = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     feed = {f.get_inputs()[0].name: x}
     for _ in range(3):
@@ -45,15 +55,15 @@ def main(argv=None):
         f.run(None, feed)
     tq, tf = np.empty(args.runs), np.empty(args.runs)
     for i in range(args.runs):
-        t = time.perf_counter()
-        f.run(None, feed)
-        tf[i] = time.perf_counter() - t
-        t = time.perf_counter()
-        q.run(None, feed)
-        tq[i] = time.perf_counter() - t
+        for sess, times in ((f, tf), (q, tq)):
+            sess.run(None, feed)
+            t = time.perf_counter()
+            sess.run(None, feed)
+            times[i] = time.perf_counter() - t
+            time.sleep(args.gap_ms / 1e3)
     r = tq / tf
     what = f"det {args.size}" if args.model == "det" else "rec 48x320"
-    print(f"{what}: onnxruntime float {np.median(tf) * 1e3:.1f} ms, qconv {args.scheme} ({q.act_quant}) "
+    print(f"{what}: onnxruntime float (spinning {args.ort_spinning}) {np.median(tf) * 1e3:.1f} ms, qconv {args.scheme} ({q.act_quant}) "
           f"{np.median(tq) * 1e3:.1f} ms; qconv / float per pair: median {np.median(r):.2f} "
           f"(p10 {np.percentile(r, 10):.2f}, p90 {np.percentile(r, 90):.2f})")
 
