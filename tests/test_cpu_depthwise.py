@@ -197,6 +197,22 @@ def test_dispatch_option_and_env(monkeypatch):
     np.testing.assert_array_equal(layer(x), CpuEngine(spec, threads=1, depthwise=False).forward(x))
 
 
+def test_many_planes_run_threaded():
+    """A depthwise call under SERIAL_MACS runs on one thread only with fewer than DW_SERIAL_PLANES (sample, channel)
+    planes: each plane's set-up is work too. Both give the same bits."""
+    from qconv.cpu.engine import DW_SERIAL_PLANES
+
+    rng = np.random.default_rng(3)
+    for c, threads in ((DW_SERIAL_PLANES - 1, 1), (DW_SERIAL_PLANES, 2)):
+        w = qconv.quantize_weight(rng.standard_normal((c, 1, 3, 3)).astype(np.float32), groups=c)
+        eng = CpuEngine(ConvSpec(w, None, 2, 1, act_quant=None), threads=2)
+        x = rng.standard_normal((1, c, 12, 12)).astype(np.float32)
+        with serial_thresholds(macs=1 << 21):
+            y = eng.forward(x)
+        assert eng.last_call["gemm_threads"] == threads
+        np.testing.assert_array_equal(y, CpuEngine(ConvSpec(w, None, 2, 1, act_quant=None), threads=1).forward(x))
+
+
 def test_last_call_reports_threads():
     w = qconv.quantize_weight(np.ones((6, 1, 3, 3), np.float32), groups=6)
     eng = CpuEngine(ConvSpec(w, None, 1, 1), threads=2)

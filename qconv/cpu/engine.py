@@ -96,6 +96,11 @@ MAX_BLOCK_VALUES = {8: 65536, 4: 524288}
 # work (measured ~50-70 us per parallel region on this 2-vCPU VM with the passive wait policy, vs ~20 us for a
 # whole 8->8 3x3 6x6 call on one thread). Results do not depend on the thread count.
 SERIAL_MACS = 1 << 21
+# Depthwise calls of fewer multiply-adds run on one thread only when they also have fewer (sample, channel)
+# planes than this: each plane costs about a microsecond of set-up (its padded rows, its epilogue calls) besides its
+# multiply-adds. Two threads took 0.59-0.65x the time of one on stride-2 3x3 layers of 1.4M / 0.7M / 0.35M
+# multiply-adds and 96 / 192 / 384 channels (2026-12-02, AVX2, float activations).
+DW_SERIAL_PLANES = 64
 # Inputs with fewer values (N*C*H*W) than this are quantized by one thread (GEMV rows: no barrier for tiny work).
 SERIAL_QUANT_VALUES = 1 << 14
 MAX_THREADS = 256
@@ -597,7 +602,8 @@ class CpuEngine:
         with self._lock:
             if self._dw is not None:
                 macs = n * oh * ow * o * self.spec.weight.taps
-                return self._dw.forward(x, int(nchw), y, int(not nchw), 1 if macs < SERIAL_MACS else self.threads,
+                serial = macs < SERIAL_MACS and n * self.spec.in_channels < DW_SERIAL_PLANES
+                return self._dw.forward(x, int(nchw), y, int(not nchw), 1 if serial else self.threads,
                                         self.threads)
             self._last_direct = self._direct is not None and oh * ow >= DIRECT_MIN_PIXELS
             if self._last_direct:
