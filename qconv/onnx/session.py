@@ -163,22 +163,19 @@ class InferenceSession:
                                  f"{bad[0][0]} must be {bad[0][1]})")
 
     def run(self, output_names, feeds, run_options=None):
-        """``output_names`` (None = all) -> list of numpy arrays for ``feeds`` ``{input name: array}``."""
+        """``output_names`` (None = all) -> list of numpy arrays for ``feeds`` ``{input name: array}``. An exception
+        of a qconv layer fails its node (onnxruntime raises) and is raised as it is, onnxruntime's error chained."""
         if self._sess is None:
             raise RuntimeError("this session is closed")
         self.check_feeds(feeds)
         take_error()
         try:
-            out = self._sess.run(output_names, feeds, run_options)
+            return self._sess.run(output_names, feeds, run_options)
         except Exception as exc:
             kernel_exc = take_error()
             if kernel_exc is not None:
                 raise kernel_exc from exc
             raise
-        kernel_exc = take_error()
-        if kernel_exc is not None:
-            raise kernel_exc
-        return out
 
     def close(self) -> None:
         """Release the prepared kernels (the session cannot run afterwards)."""
