@@ -361,6 +361,34 @@ def test_scratch_is_one_arena_per_thread():
     np.testing.assert_array_equal(big.forward(xb), yb)
 
 
+def test_arena_views_are_reused_until_a_buffer_grows():
+    """``Arena.take_all`` returns the same views for the same sizes (a small layer's per-call set-up) and new ones
+    once one of the arena's buffers was replaced: never a view of a freed buffer. Layers alternating with a growing
+    one on the same thread keep their exact results."""
+    from qconv.cpu import scratch
+    ar = scratch.Arena()
+    sizes = (("a", 10, np.dtype(np.float32)), ("b", 3, np.dtype(np.int32)))
+    v1 = ar.take_all(sizes)
+    v2 = ar.take_all(sizes)
+    assert all(v1[k] is v2[k] for k in v1) and v1 is not v2
+    ar.take("a", 1000, np.float32)                 # "a" grows: its old buffer is dropped
+    v3 = ar.take_all(sizes)
+    assert np.shares_memory(v3["a"], ar._bufs["a"]) and not np.shares_memory(v1["a"], ar._bufs["a"])
+    ar.clear()
+    assert not np.shares_memory(ar.take_all(sizes)["b"], v3["b"])
+    rng = np.random.default_rng(4)
+    small = CpuEngine(ConvSpec(qconv.quantize_weight(rng.standard_normal((8, 4, 3, 3)).astype(np.float32)),
+                               None, 1, 1), threads=2)
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    y = small.forward(x)
+    for c in (8, 16, 32, 64):   # each bigger layer replaces arena buffers the small layer's cached views held
+        w = qconv.quantize_weight(rng.standard_normal((16, c, 3, 3)).astype(np.float32))
+        xb = rng.standard_normal((1, c, 16, 16)).astype(np.float32)
+        big = CpuEngine(ConvSpec(w, None, 1, 1), threads=2)
+        assert_matches_reference(big.forward(xb), xb, w, None, 1, 1)
+        np.testing.assert_array_equal(small.forward(x), y)
+
+
 def test_depthwise_layer_prepares_no_gemm_plan():
     """A layer the depthwise path runs builds no GEMM tiles, tables or native plan (memory of whole models)."""
     rng = np.random.default_rng(1)

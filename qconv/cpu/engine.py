@@ -505,6 +505,7 @@ class CpuEngine:
             if self._block_mode:
                 sz.update(A=(slots * tc * plan.lcol, np.uint8), DXB=(slots * tc * gnb, np.float32),
                           XP=(n * h * w * self.spec.in_channels if h * w > 1 else 0, np.float32))
+            sz["take"] = tuple((k, v[0], np.dtype(v[1])) for k, v in sz.items() if k != "macs" and v[0])
             if len(self._sizes) >= 8:
                 self._sizes.clear()
             self._sizes[key] = sz
@@ -514,8 +515,7 @@ class CpuEngine:
         """Views of the calling thread's arena for an ``(n, h, w)`` input, bound to the native plan (released by
         :meth:`forward` after the call)."""
         sz = self._scratch_sizes(n, h, w)
-        ar = scratch.arena()
-        s = {k: ar.take(k, *v) for k, v in sz.items() if k != "macs" and v[0]}
+        s = scratch.arena().take_all(sz["take"])
         s["macs"] = sz["macs"]
         if self._block_mode:
             s["XP"] = s["XP"].reshape(n * h * w, self.spec.in_channels) if "XP" in s else None
