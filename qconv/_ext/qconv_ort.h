@@ -38,12 +38,10 @@ typedef struct {
 /* indices in the OrtApi table */
 enum {
     QC_ORT_CreateStatus = 0,                  /* OrtStatus *(int code, const char *msg) */
-    QC_ORT_GetErrorMessage = 2,               /* const char *(const OrtStatus *) */
     QC_ORT_CreateCustomOpDomain = 26,         /* (const char *domain, OrtCustomOpDomain **out) */
     QC_ORT_CustomOpDomain_Add = 27,           /* (OrtCustomOpDomain *, const OrtCustomOp *) */
     QC_ORT_AddCustomOpDomain = 28,            /* (OrtSessionOptions *, OrtCustomOpDomain *) */
     QC_ORT_GetTensorMutableData = 51,         /* (OrtValue *, void **out) */
-    QC_ORT_GetTensorElementType = 60,         /* (const OrtTensorTypeAndShapeInfo *, int *out) */
     QC_ORT_GetDimensionsCount = 61,           /* (const OrtTensorTypeAndShapeInfo *, size_t *out) */
     QC_ORT_GetDimensions = 62,                /* (const OrtTensorTypeAndShapeInfo *, int64_t *dims, size_t n) */
     QC_ORT_GetTensorTypeAndShape = 65,        /* (const OrtValue *, OrtTensorTypeAndShapeInfo **out) */
@@ -51,7 +49,6 @@ enum {
     QC_ORT_KernelContext_GetInput = 90,       /* (const OrtKernelContext *, size_t i, const OrtValue **out) */
     QC_ORT_KernelContext_GetOutput = 91,      /* (OrtKernelContext *, size_t i, const int64_t *dims, size_t n,
                                                   OrtValue **out) */
-    QC_ORT_ReleaseStatus = 93,                /* void (OrtStatus *) */
     QC_ORT_ReleaseTensorTypeAndShapeInfo = 99 /* void (OrtTensorTypeAndShapeInfo *) */
 };
 
@@ -87,10 +84,6 @@ typedef struct qc_ort_op {   /* OrtCustomOp, version 16 */
 
 static inline OrtStatus *qc_ort_status(qc_ort_api api, const char *msg) {
     return QC_ORT_FN(api, QC_ORT_CreateStatus, OrtStatus *(*)(int, const char *))(QC_ORT_ERROR_FAIL, msg);
-}
-
-static inline void qc_ort_release_status(qc_ort_api api, OrtStatus *s) {
-    if (s) QC_ORT_FN(api, QC_ORT_ReleaseStatus, void (*)(OrtStatus *))(s);
 }
 
 /* Attribute ``name`` of a node as a malloc'd NUL-terminated string (*out; free it), or an error status. */
