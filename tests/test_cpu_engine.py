@@ -298,10 +298,10 @@ def test_float_activations_take_nonfinite_through_the_layer(kernel, direct):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("shape", [(16, 3, 3, 3, 1), (12, 1, 3, 3, 12), (40, 20, 1, 1, 2)])
+@pytest.mark.parametrize("shape", [(16, 3, 3, 3, 1), (16, 8, 1, 1, 1), (12, 1, 3, 3, 12), (40, 20, 1, 1, 2)])
 @pytest.mark.parametrize("aq", ["tensor", None])
 def test_post_affine_is_y_times_scale_plus_shift(kernel, shape, aq):
-    """post_affine=(s, t) (GEMM, depthwise and grouped pointwise paths) is bitwise the layer's output without it,
+    """post_affine=(s, t) (GEMM, direct, depthwise and grouped pointwise paths) is bitwise the layer's output without it,
     times s plus t in float32 (two roundings), after a hardswish; the oracle applies the same rule."""
     o, i, kh, kw, groups = shape
     rng = np.random.default_rng(o + 1)

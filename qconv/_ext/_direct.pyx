@@ -41,6 +41,7 @@ cdef extern from "qconv_direct.h" nogil:
         float *y
         int32_t vec
         int32_t ns
+        int64_t ips
         int32_t in_place
         int64_t Hph, Wph
         const float *xp
@@ -72,8 +73,13 @@ cdef int64_t _layout(qc_direct_job *j, int nt, int64_t *parts) noexcept nogil:
     """Float offsets in the caller's buffer of koff (K int64), wf, xp (0 floats in place) and the threads' scratch;
     returns the floats needed."""
     qc_direct_setup(j)
-    # strips an item: up to QC_DIRECT_NS, but at least 4 items a thread where the layer has them
-    j.ns = max(1, min(QC_DIRECT_NS, j.N * qc_direct_strips(j) // (4 * nt)))
+    # strips an item: up to QC_DIRECT_NS, but at least 4 items a thread where the layer has them; the items of a
+    # sample split its strips evenly, and their count is a multiple of the threads where the strips allow
+    cdef int64_t strips = qc_direct_strips(j)
+    j.ns = max(1, min(QC_DIRECT_NS, j.N * strips // (4 * nt)))
+    j.ips = (strips + j.ns - 1) // j.ns
+    while (j.N * j.ips) % nt and j.ips < strips:
+        j.ips += 1
     parts[0] = 0
     parts[1] = 2 * j.K
     parts[2] = parts[1] + j.OCB * j.K * 4

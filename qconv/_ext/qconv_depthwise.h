@@ -21,6 +21,7 @@
  *   epilogue, per output: the GEMM kernels' formula and order (bitwise the same results):
  *          F = fma(scale, I, offset*S) [* dx_pixel];  y = clamp(fma(dx, F, bias), lo, hi)
  *          (the scalar variant: F = scale*I; F += offset*S; ...; y = dx*F + bias, as qc_gemm_scalar).
+ *          then hardswish and post_affine (the engine's float32 operations, in registers in the AVX2 code);
  *          int8 output: clip(roundf(y/oscale) + ozp, -128, 127) (qc_requant of qconv_kernels.h).
  *
  * vec = 1 runs the AVX2 + FMA code (target attributes, picked at run time by the caller), vec = 0 portable C.
@@ -161,7 +162,9 @@ QC_DW_TGT static inline __m256i qc_dw_mask(int64_t n)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* NR rows x 16 columns per step (2*NR independent accumulators), then 8 columns, then a masked tail */
+/* NR rows x 16 columns per step (2*NR independent accumulators), then 8 columns at a time: the last step reads and
+ * writes up to 7 lanes past n (acc rows are lda >= QC_DW_UP(n) floats apart; a tap run ends at most 7 floats past
+ * the plane, inside the thread's scratch, whose later parts follow it). Those lanes are never stored to y. */
 #define QC_DW_MAC_ROWS(NR)                                                                                    \
     do {                                                                                                      \
         int64_t i = 0;                                                                                        \
@@ -181,7 +184,7 @@ QC_DW_TGT static inline __m256i qc_dw_mask(int64_t n)
                 _mm256_storeu_ps(acc + r * lda + i + 8, a1[r]);                                               \
             }                                                                                                 \
         }                                                                                                     \
-        for (; i + 8 <= n; i += 8) {                                                                          \
+        for (; i < n; i += 8) {   /* the last 8 run past n: see QC_DW_MAC_ROWS's comment */                    \
             __m256 a0[NR];                                                                                    \
             for (int r = 0; r < NR; ++r) a0[r] = _mm256_setzero_ps();                                         \
             for (int64_t t = 0; t < K; ++t) {                                                                 \
@@ -191,18 +194,6 @@ QC_DW_TGT static inline __m256i qc_dw_mask(int64_t n)
                     a0[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + r * rst), a0[r]);                         \
             }                                                                                                 \
             for (int r = 0; r < NR; ++r) _mm256_storeu_ps(acc + r * lda + i, a0[r]);                          \
-        }                                                                                                     \
-        if (i < n) {                                                                                          \
-            const __m256i m = qc_dw_mask(n - i);                                                              \
-            __m256 a0[NR];                                                                                    \
-            for (int r = 0; r < NR; ++r) a0[r] = _mm256_setzero_ps();                                         \
-            for (int64_t t = 0; t < K; ++t) {                                                                 \
-                const __m256 wv = _mm256_broadcast_ss(w + t);                                                 \
-                const float *s = src[t] + r0 + i;                                                             \
-                for (int r = 0; r < NR; ++r)                                                                  \
-                    a0[r] = _mm256_fmadd_ps(wv, _mm256_maskload_ps(s + r * rst, m), a0[r]);                   \
-            }                                                                                                 \
-            for (int r = 0; r < NR; ++r) _mm256_maskstore_ps(acc + r * lda + i, m, a0[r]);                    \
         }                                                                                                     \
     } while (0)
 
@@ -267,24 +258,43 @@ QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t ro, 
     return bad;
 }
 
-/* the GEMM kernels' epilogue: F = fma(scale, I, offset*S) [* dxp]; y = min(max(fma(dx, F, bias), lo), hi) */
+/* the GEMM kernels' epilogue: F = fma(scale, I, offset*S) [* dxp]; y = min(max(fma(dx, F, bias), lo), hi); then
+ * hardswish and post_affine (*pas, *pat) in registers, the float32 operations of qc_hardswish and qc_affine_run.
+ * I, S and dxp rows are read 8 lanes at a time up to QC_DW_UP(n); only y[0:n] is written. */
 QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float *dxp, float sc, float of, float dx,
-                                     float bias, float lo, float hi, int64_t n, float *y)
+                                     float bias, float lo, float hi, int hswish, const float *pas, const float *pat,
+                                     int64_t n, float *y)
 {
     const __m256 scv = _mm256_set1_ps(sc), ofv = _mm256_set1_ps(of), dxv = _mm256_set1_ps(dx);
     const __m256 bv = _mm256_set1_ps(bias), lov = _mm256_set1_ps(lo), hiv = _mm256_set1_ps(hi);
+    const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
+    const __m256 ps = _mm256_set1_ps(pas ? *pas : 1.0f), pt = _mm256_set1_ps(pas ? *pat : 0.0f);
     for (int64_t i = 0; i < n; i += 8) {
-        const __m256i m = n - i >= 8 ? _mm256_set1_epi32(-1) : qc_dw_mask(n - i);
-        const __m256 c = S ? _mm256_mul_ps(ofv, _mm256_maskload_ps(S + i, m)) : _mm256_setzero_ps();
-        __m256 f = _mm256_fmadd_ps(scv, _mm256_maskload_ps(I + i, m), c);
+        const __m256 c = S ? _mm256_mul_ps(ofv, _mm256_loadu_ps(S + i)) : _mm256_setzero_ps();
+        __m256 f = _mm256_fmadd_ps(scv, _mm256_loadu_ps(I + i), c);
         if (dxp) {   /* rounded before the fma below, as the GEMM kernels (no contraction) */
-            f = _mm256_mul_ps(f, _mm256_maskload_ps(dxp + i, m));
+            f = _mm256_mul_ps(f, _mm256_loadu_ps(dxp + i));
             __asm__("" : "+x"(f));
         }
         f = _mm256_fmadd_ps(dxv, f, bv);
         f = _mm256_min_ps(_mm256_max_ps(f, lov), hiv);
-        if (n - i >= 8) _mm256_storeu_ps(y + i, f);
-        else _mm256_maskstore_ps(y + i, m, f);
+        /* max / min return their second operand on NaN: the value goes second, so NaN propagates */
+        if (hswish) f = _mm256_div_ps(_mm256_mul_ps(f, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(f, three)))), six);
+        if (pas) {
+            f = _mm256_mul_ps(f, ps);
+            __asm__("" : "+x"(f));   /* keep the float32 product: no fused multiply-add */
+            f = _mm256_add_ps(f, pt);
+        }
+        if (n - i >= 8) {
+            _mm256_storeu_ps(y + i, f);
+            continue;
+        }
+        float *d = y + i;   /* the last 1..7 values: 4, 2, 1 at a time */
+        int64_t r = n - i;
+        __m128 h = _mm256_castps256_ps128(f);
+        if (r >= 4) { _mm_storeu_ps(d, h); h = _mm256_extractf128_ps(f, 1); d += 4; r -= 4; }
+        if (r >= 2) { _mm_storel_pi((__m64 *)d, h); h = _mm_movehl_ps(h, h); d += 2; r -= 2; }
+        if (r) _mm_store_ss(d, h);
     }
 }
 #endif
@@ -476,12 +486,15 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
                 const float *dxpix = j->kind == 2 ? dxp + r * ow : NULL;
 #ifdef QC_DW_X86
                 if (j->vec)
-                    qc_dw_epi_avx2(accI + r * ow, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
+                    qc_dw_epi_avx2(accI + r * ow, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, j->hswish,
+                                   j->pa_s ? j->pa_s + o : NULL, j->pa_s ? j->pa_t + o : NULL, OW, yo);
                 else
 #endif
+                {
                     qc_dw_epi_c(accI + r * ow, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
-                if (j->hswish) qc_hardswish(yo, OW, j->vec ? QC_KERNEL_AVX2 : QC_KERNEL_SCALAR);
-                if (j->pa_s) qc_affine_run(yo, OW, j->pa_s[o], j->pa_t[o]);
+                    if (j->hswish) qc_hardswish_scalar(yo, OW);
+                    if (j->pa_s) qc_affine_run(yo, OW, j->pa_s[o], j->pa_t[o]);
+                }
                 if (direct) continue;
                 const int64_t idx = j->out_nc4hw4 ? ((((o >> 2) * j->N + n) * OHW + y0) * 4 + (o & 3))
                                                   : (n * O + o) * OHW + y0;

@@ -23,7 +23,8 @@
  * place on large planes each chunk's rows are first copied to one block: QC_DIRECT_GATHER_MIN). Every output is one chain over k in
  * increasing order, so results do not depend on the thread count or the work split; they match the oracle within
  * its float tolerance (float32 sums of dequantized weights), not bitwise the GEMM path.
- * Epilogue: v = acc + bias; v = min(max(v, lo), hi); then the engine's qc_hardswish and post_affine (qc_affine_run).
+ * Epilogue, one pass a row (qc_direct_epilogue_avx2): v = acc + bias; v = min(max(v, lo), hi); then the engine's
+ * hardswish and post_affine (qc_hardswish, qc_affine_run), stored straight to NCHW when the row is one run.
  *
  * vec = 1 runs the AVX2 + FMA code (target attributes, picked at run time by the caller), vec = 0 portable C.
  */
@@ -66,7 +67,9 @@ typedef struct {
     int32_t in_nc4hw4, out_nc4hw4;
     float *y;                        /* NCHW (N, O, OH, OW), or NC4HW4 (ceil(O/4), N, OH, OW, 4) */
     int32_t vec;
-    int32_t ns;                      /* strips a work item (1 .. QC_DIRECT_NS; results do not depend on it) */
+    int32_t ns;                      /* strips a work item at most (1 .. QC_DIRECT_NS; results do not depend on it) */
+    int64_t ips;                     /* work items a sample, >= ceil(strips / ns): item i of a sample takes strips
+                                      * [i*strips/ips, (i+1)*strips/ips), so items differ by one strip at most */
     int32_t gather;                  /* 1: each chunk's rows of a strip are copied to one contiguous block first
                                       * (qc_direct_setup: in place on planes of >= QC_DIRECT_GATHER_MIN pixels) */
     /* per call (qc_direct_setup, then the caller's buffers) */
@@ -89,8 +92,7 @@ static inline int64_t qc_direct_sample(const qc_direct_job *j) { return j->C * j
 /* zeros after the phase planes: the furthest read of a strip past its sample's planes */
 static inline int64_t qc_direct_slack(const qc_direct_job *j) { return QC_DIRECT_NP + (int64_t)j->KW * j->dw + 16; }
 static inline int64_t qc_direct_strips(const qc_direct_job *j) { return (j->OH * j->Wph + QC_DIRECT_NP - 1) / QC_DIRECT_NP; }
-static inline int64_t qc_direct_item_strips(const qc_direct_job *j) { return (qc_direct_strips(j) + j->ns - 1) / j->ns; }
-static inline int64_t qc_direct_items(const qc_direct_job *j) { return j->N * qc_direct_item_strips(j); }
+static inline int64_t qc_direct_items(const qc_direct_job *j) { return j->N * j->ips; }
 /* floats of one thread's scratch: a group's accumulators, a gathered strip (in place: a sample's last, partial
  * strip) and its offset table (K int64) */
 static inline int64_t qc_direct_scratch_floats(const qc_direct_job *j)
@@ -273,22 +275,37 @@ QC_TGT_AVX2 static int qc_direct_run_bad_avx2(const float *v, int64_t n)
     return _mm256_movemask_ps(_mm256_cmp_ps(s0, s0, _CMP_UNORD_Q)) != 0 || qc_nonfinite_run(v + i, n - i);
 }
 
-QC_TGT_AVX2 static void qc_direct_bias_clamp_avx2(float *v, float bias, float lo, float hi)
+/* the epilogue of one channel's row of NP results: dst[t] = post(hswish(min(max(a[t] + bias, lo), hi))) for t < NP,
+ * the float32 operations of qc_direct_bias_clamp, qc_hardswish and qc_affine_run in a row, kept in
+ * registers (dst may be a) */
+QC_TGT_AVX2 static void qc_direct_epilogue_avx2(const float *a, float bias, float lo, float hi, int hswish,
+                                                const float *pa_s, const float *pa_t, float *dst)
 {
     const __m256 b = _mm256_set1_ps(bias), l = _mm256_set1_ps(lo), h = _mm256_set1_ps(hi);
-    for (int t = 0; t < QC_DIRECT_NP; t += 8)   /* max / min return their second operand on NaN: the value goes second */
-        _mm256_storeu_ps(v + t, _mm256_min_ps(h, _mm256_max_ps(l, _mm256_add_ps(_mm256_loadu_ps(v + t), b))));
+    const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
+    const __m256 ps = _mm256_set1_ps(pa_s ? *pa_s : 1.0f), pt = _mm256_set1_ps(pa_s ? *pa_t : 0.0f);
+    for (int t = 0; t < QC_DIRECT_NP; t += 8) {
+        /* max / min return their second operand on NaN: the value goes second */
+        __m256 v = _mm256_min_ps(h, _mm256_max_ps(l, _mm256_add_ps(_mm256_loadu_ps(a + t), b)));
+        if (hswish) v = _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
+        if (pa_s) {
+            v = _mm256_mul_ps(v, ps);
+            __asm__("" : "+x"(v));   /* keep the float32 product: no fused multiply-add */
+            v = _mm256_add_ps(v, pt);
+        }
+        _mm256_storeu_ps(dst + t, v);
+    }
 }
 #endif
 
-/* one work item: strips ns*(item % items_per_sample) .. of sample item / items_per_sample, every output channel, in
+/* one work item: strips [i*S/ips, (i+1)*S/ips) (i = item % ips, S strips) of sample item / ips, every output channel, in
  * groups of QC_DIRECT_OG blocks over chunks of QC_DIRECT_KC k values. Returns 1 when an in-place strip read a NaN /
  * inf (nothing stored then). */
 static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
 {
-    const int64_t NP = QC_DIRECT_NP, AB = QC_DIRECT_MR * NP, ips = qc_direct_item_strips(j), grid = j->OH * j->Wph;
-    const int64_t ohw = j->OH * j->OW, n = item / ips, s0 = (item % ips) * j->ns;
-    const int64_t s1 = s0 + j->ns < qc_direct_strips(j) ? s0 + j->ns : qc_direct_strips(j);
+    const int64_t NP = QC_DIRECT_NP, AB = QC_DIRECT_MR * NP, ips = j->ips, grid = j->OH * j->Wph;
+    const int64_t S = qc_direct_strips(j), ohw = j->OH * j->OW, n = item / ips;
+    const int64_t s0 = (item % ips) * S / ips, s1 = (item % ips + 1) * S / ips;
     float *acc = scratch, *strip = scratch + QC_DIRECT_NS * QC_DIRECT_OG * AB;
     int64_t *gk = (int64_t *)(strip + j->K * NP), *ck = gk + j->K;
     /* a chunk's rows of one strip, gathered: one contiguous block, 64-byte aligned */
@@ -355,15 +372,20 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
                     const int64_t ybase = j->out_nc4hw4 ? ((o / 4) * j->N + n) * ohw * 4 + o % 4 : (n * j->O + o) * ohw;
                     /* the engine's epilogue, in place on the strip's row: bias and clamp, hardswish, post_affine */
 #ifdef QC_HAVE_X86
-                    if (j->vec) qc_direct_bias_clamp_avx2(a, j->bias[o], j->lo, j->hi);
-                    else
+                    if (j->vec) {
+                        qc_direct_epilogue_avx2(a, j->bias[o], j->lo, j->hi, j->hswish, j->pa_s ? j->pa_s + o : NULL,
+                                                j->pa_s ? j->pa_t + o : NULL, contiguous ? j->y + ybase + p0 : a);
+                        if (contiguous) continue;
+                    } else
 #endif
+                    {
                         qc_direct_bias_clamp(a, j->bias[o], j->lo, j->hi);
-                    if (j->hswish) qc_hardswish(a, np, j->vec ? QC_KERNEL_AVX2 : QC_KERNEL_SCALAR);
-                    if (j->pa_s) qc_affine_run(a, np, j->pa_s[o], j->pa_t[o]);
-                    if (contiguous) {
-                        memcpy(j->y + ybase + p0, a, NP * sizeof(float));
-                        continue;
+                        if (j->hswish) qc_hardswish_scalar(a, np);
+                        if (j->pa_s) qc_affine_run(a, np, j->pa_s[o], j->pa_t[o]);
+                        if (contiguous) {
+                            memcpy(j->y + ybase + p0, a, NP * sizeof(float));
+                            continue;
+                        }
                     }
                     /* grid pixels p0 .. p0+np-1 -> outputs (oy, ox), ox < OW */
                     for (int64_t t = 0; t < np;) {
