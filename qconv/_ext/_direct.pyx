@@ -57,6 +57,7 @@ cdef extern from "qconv_direct.h" nogil:
     int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
     void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
     int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
+    void qc_direct_barrier()
 
 
 STRIP_PIXELS = QC_DIRECT_NP
@@ -109,13 +110,15 @@ cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
         j.xp = xp
         for i in prange(j.N * j.C, nogil=True, num_threads=nt, schedule="static"):
             bad += qc_direct_pad(j, i // j.C, i % j.C, xp)
-    for i in prange(j.OCB, nogil=True, num_threads=nt, schedule="static"):
-        qc_direct_dequant(j, i, wf)
-    if bad == 0:
-        with parallel(num_threads=nt):
-            t = threadid()
-            for i in prange(nitems, schedule="static"):
-                bad += qc_direct_item(j, i, buf + parts[3] + t * nf)
+    if bad:
+        return bad
+    with parallel(num_threads=nt):   # one team: the weight's blocks, then (after the loop's barrier) the strips
+        t = threadid()
+        for i in prange(j.OCB, schedule="static"):
+            qc_direct_dequant(j, i, wf)
+        qc_direct_barrier()   # Cython's prange ends with nowait: every block is in wf before any strip reads it
+        for i in prange(nitems, schedule="static"):
+            bad += qc_direct_item(j, i, buf + parts[3] + t * nf)
     return bad
 
 

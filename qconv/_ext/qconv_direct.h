@@ -93,12 +93,12 @@ static inline int64_t qc_direct_sample(const qc_direct_job *j) { return j->C * j
 static inline int64_t qc_direct_slack(const qc_direct_job *j) { return QC_DIRECT_NP + (int64_t)j->KW * j->dw + 16; }
 static inline int64_t qc_direct_strips(const qc_direct_job *j) { return (j->OH * j->Wph + QC_DIRECT_NP - 1) / QC_DIRECT_NP; }
 static inline int64_t qc_direct_items(const qc_direct_job *j) { return j->N * j->ips; }
-/* floats of one thread's scratch: a group's accumulators, a gathered strip (in place: a sample's last, partial
- * strip) and its offset table (K int64) */
+/* floats of one thread's scratch: a group's accumulators, the gathered strips (gather: an item's; else in place: a
+ * sample's last, partial strip), 64-byte aligned, and their offset table (K int64) */
 static inline int64_t qc_direct_scratch_floats(const qc_direct_job *j)
 {
-    return QC_DIRECT_NS * QC_DIRECT_OG * QC_DIRECT_MR * QC_DIRECT_NP + j->K * QC_DIRECT_NP + 4 * j->K
-           + QC_DIRECT_KC * QC_DIRECT_NP + 16;
+    return QC_DIRECT_NS * QC_DIRECT_OG * QC_DIRECT_MR * QC_DIRECT_NP + 16
+           + (j->gather ? QC_DIRECT_NS : 1) * j->K * QC_DIRECT_NP + 2 * j->K;
 }
 
 static void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
@@ -186,6 +186,14 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
         }
     }
     return bad;
+}
+
+/* a barrier of the calling thread's OpenMP team (an orphaned directive; nothing in a build without OpenMP) */
+static inline void qc_direct_barrier(void)
+{
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
 }
 
 /* block `ocb` of the dequantized weight into wf + ocb*K*4 */
@@ -306,13 +314,9 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
     const int64_t NP = QC_DIRECT_NP, AB = QC_DIRECT_MR * NP, ips = j->ips, grid = j->OH * j->Wph;
     const int64_t S = qc_direct_strips(j), ohw = j->OH * j->OW, n = item / ips;
     const int64_t s0 = (item % ips) * S / ips, s1 = (item % ips + 1) * S / ips;
-    float *acc = scratch, *strip = scratch + QC_DIRECT_NS * QC_DIRECT_OG * AB;
-    int64_t *gk = (int64_t *)(strip + j->K * NP), *ck = gk + j->K;
-    /* a chunk's rows of one strip, gathered: one contiguous block, 64-byte aligned */
-    float *chunk = (float *)(ck + j->K);
-    chunk += (16 - ((uintptr_t)chunk / sizeof(float)) % 16) % 16;
-    if (j->gather)
-        for (int64_t k = 0; k < j->K; ++k) ck[k] = (k % QC_DIRECT_KC) * NP;
+    float *acc = scratch, *strips = scratch + QC_DIRECT_NS * QC_DIRECT_OG * AB;
+    strips += (16 - ((uintptr_t)strips / sizeof(float)) % 16) % 16;   /* 64-byte aligned */
+    int64_t *gk = (int64_t *)(strips + (j->gather ? QC_DIRECT_NS : 1) * j->K * NP);
     const float *Bs[QC_DIRECT_NS];
     const int64_t *ks[QC_DIRECT_NS];
     if (j->in_place) {   /* every row's run of this item's pixels, checked once (one sequential run a row) */
@@ -321,18 +325,21 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
         int bad = 0;
         for (int64_t k = 0; k < j->K && !bad; ++k) bad = qc_direct_bad(j, B + j->koff[k], run);
         if (bad) return 1;
+        for (int64_t k = 0; k < j->K; ++k) gk[k] = k * NP;
     }
     for (int64_t st = s0; st < s1; ++st) {
         const int64_t p0 = st * NP, np = grid - p0 < NP ? grid - p0 : NP;
         const float *B = j->xp + n * qc_direct_sample(j) + p0;
         const int64_t *koff = j->koff;
-        if (j->in_place && np < NP) {   /* the sample's last strip: gathered, so no read runs past x */
+        /* gathered: the strip's rows as one contiguous block, read by every block of every group; and the sample's
+         * last, partial strip in place, so that no read runs past x */
+        if (j->gather || (j->in_place && np < NP)) {
+            float *g = strips + (j->gather ? st - s0 : 0) * j->K * NP;
             for (int64_t k = 0; k < j->K; ++k) {
-                memcpy(strip + k * NP, B + koff[k], (size_t)np * sizeof(float));
-                memset(strip + k * NP + np, 0, (size_t)(NP - np) * sizeof(float));
-                gk[k] = k * NP;
+                memcpy(g + k * NP, B + koff[k], (size_t)np * sizeof(float));
+                if (np < NP) memset(g + k * NP + np, 0, (size_t)(NP - np) * sizeof(float));
             }
-            B = strip;
+            B = g;
             koff = gk;
         }
         Bs[st - s0] = B;
@@ -345,11 +352,6 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
             for (int64_t st = 0; st < s1 - s0; ++st) {
                 const float *B = Bs[st];
                 const int64_t *koff = ks[st];
-                if (j->gather) {
-                    for (int64_t k = k0; k < k1; ++k) memcpy(chunk + (k - k0) * NP, B + koff[k], NP * sizeof(float));
-                    B = chunk;
-                    koff = ck;
-                }
                 for (int64_t ocb = g0; ocb < g1; ++ocb) {
                     float *a = acc + (st * QC_DIRECT_OG + ocb - g0) * AB;
 #ifdef QC_HAVE_X86
