@@ -40,6 +40,7 @@ class ConvKernel:
         self.layer = qconv.Conv2d(qnode.weight, qnode.bias, qnode.stride, qnode.padding, qnode.dilation,
                                   qnode.activation, device=device, act_quant=act_quant, threads=threads,
                                   post_affine=pa, **options)
+        self._forward = _engine_forward(self.layer)
 
     def out_shape(self, shape) -> tuple:
         """The output shape for an input of ``shape``; ``ValueError`` naming the node for one it cannot take."""
@@ -56,7 +57,11 @@ class ConvKernel:
         if any(self.extra_pad):
             t, b, l, r = self.extra_pad
             x = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
-        return _apply(self.layer(x, out=y), self.host_affine)
+        if self._forward is not None and x.size:
+            self._forward(x, "nchw", y)
+        else:
+            self.layer(x, out=y)
+        return _apply(y, self.host_affine)
 
 
 class MatMulKernel:
@@ -69,6 +74,7 @@ class MatMulKernel:
         pa, self.host_affine = _post_affine(qnode, device, (1, -1))
         self.layer = qconv.Linear(qnode.weight, qnode.bias, qnode.activation, device=device, act_quant=act_quant,
                                   threads=threads, post_affine=pa, **options)
+        self._forward = _engine_forward(self.layer)
         self.k = qnode.weight.in_channels
 
     def out_shape(self, shape) -> tuple:
@@ -79,8 +85,21 @@ class MatMulKernel:
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Writes the result into ``y``, a float32 array of ``out_shape(x.shape)``; returns it."""
-        self.layer(x.reshape(-1, self.k), out=y.reshape(-1, y.shape[-1]))
+        x2, y2 = x.reshape(-1, self.k), y.reshape(-1, y.shape[-1])
+        if self._forward is not None and x2.shape[0]:
+            self._forward(x2.reshape(x2.shape + (1, 1)), "nchw", y2.reshape(y2.shape + (1, 1)))
+        else:
+            self.layer(x2, out=y2)
         return _apply(y, self.host_affine)
+
+
+def _engine_forward(layer):
+    """``layer.engine.forward`` when that engine writes numpy outputs in place and checks its input itself, values
+    included (the CPU engine), else None. onnxruntime hands a kernel float32 C-contiguous arrays whose shapes
+    ``out_shape`` has checked, so the layer's own input checks would repeat the engine's: the kernel calls the
+    engine directly (~10 us a node less; a ``Linear`` also skips a copy of its output)."""
+    e = layer.engine
+    return e.forward if getattr(e, "writes_out", False) and getattr(e, "rejects_nonfinite", False) else None
 
 
 def _post_affine(qnode: QNode, device, shape):
