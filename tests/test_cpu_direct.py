@@ -1,6 +1,7 @@
 """The CPU engine's direct float-activation path (qconv._ext._direct: act_quant=None, one group) against the
 oracle over the property space (kernel sizes, strides, padding, dilation, odd channel counts, int8 / int4, blocks,
-both layouts, batches), bitwise across thread counts, and its hand-over to the GEMM for small outputs."""
+both layouts, batches), bitwise across thread counts, its Winograd F(2x2, 3x3) for 3x3 stride-1 layers, and its
+hand-over to the GEMM for small outputs."""
 import dataclasses
 
 import numpy as np
@@ -93,6 +94,81 @@ def test_direct_hands_small_outputs_to_the_gemm(kernel):
     lw = qconv.quantize_weight(rng.standard_normal((9, 40)).astype(np.float32))
     lin = qconv.Linear(lw, act_quant=None, kernel=kernel, threads=2)
     assert lin.engine.path == "gemm"
+
+
+VEC_KERNELS = [k for k in KERNELS if k != "scalar"]
+
+
+@st.composite
+def winograd_cases(draw):
+    """A 3x3 stride-1 conv with at least WINOGRAD_MIN_PIXELS output pixels a sample (odd sizes: half tiles)."""
+    c, o, n = draw(st.integers(1, 13)), draw(st.integers(1, 11)), draw(st.integers(1, 2))
+    p = draw(st.integers(0, 2))
+    side = int(np.ceil(np.sqrt(_direct.WINOGRAD_MIN_PIXELS))) + 2 - 2 * p
+    h, w = side + draw(st.integers(0, 9)), side + draw(st.integers(0, 9))
+    geo = qst.ConvGeometry(n, c, o, h, w, (3, 3), (1, 1), (p, p), (1, 1))
+    weight = draw(qst.quantized_weights(geo))
+    x = draw(qst.activations((n, c, h, w)))
+    rng = np.random.default_rng(draw(st.integers(0, 99)))
+    bias = rng.standard_normal(o).astype(np.float32) if draw(st.booleans()) else None
+    pa = (rng.standard_normal(o).astype(np.float32), rng.standard_normal(o).astype(np.float32))
+    return geo, weight, x, bias, draw(st.sampled_from([None, "relu", "relu6", "hardswish"])), \
+        pa if draw(st.booleans()) else None
+
+
+@pytest.mark.skipif(not VEC_KERNELS, reason="Winograd runs in the AVX2 code; this CPU has no AVX2")
+@pytest.mark.parametrize("kernel", VEC_KERNELS)
+@settings(max_examples=25, deadline=None)
+@given(case=winograd_cases())
+def test_winograd_matches_reference_bitwise_over_threads(kernel, case):
+    """3x3 stride-1 layers of >= WINOGRAD_MIN_PIXELS output pixels run Winograd: the oracle within the float
+    tolerance (odd sizes leave half tiles; padding 0-2; int8 / int4, blocks, post_affine), bitwise over 1, 2 and 3
+    threads."""
+    geo, weight, x, bias, act, pa = case
+    spec = ConvSpec(weight, bias, 1, geo.padding, 1, act, None)
+    one = CpuEngine(spec, kernel=kernel, threads=1)
+    y1 = one.forward(x)
+    assert one.last_call["winograd"]
+    assert_matches_reference(y1, x, weight, bias, 1, geo.padding, 1, activation=act, act_quant=None)
+    for threads in (2, 3):
+        yt = CpuEngine(spec, kernel=kernel, threads=threads).forward(x)
+        assert np.array_equal(yt.view(np.uint32), y1.view(np.uint32))
+    if pa is not None:   # post_affine: the same outputs times s plus t (two float32 roundings), bitwise
+        post = CpuEngine(ConvSpec(weight, bias, 1, geo.padding, 1, act, None, post_affine=pa), kernel=kernel,
+                         threads=2).forward(x)
+        np.testing.assert_array_equal(post, y1 * pa[0].reshape(1, -1, 1, 1) + pa[1].reshape(1, -1, 1, 1))
+
+
+@pytest.mark.skipif(not VEC_KERNELS, reason="Winograd runs in the AVX2 code; this CPU has no AVX2")
+def test_winograd_only_where_it_applies(monkeypatch):
+    """Strides, dilations, other kernel sizes, NC4HW4, small outputs, the portable code and
+    QCONV_CPU_WINOGRAD=0 run the strips; NaN input is refused."""
+    rng = np.random.default_rng(8)
+    side = int(np.ceil(np.sqrt(_direct.WINOGRAD_MIN_PIXELS))) + 2
+    w3 = qconv.quantize_weight(rng.standard_normal((6, 5, 3, 3)).astype(np.float32))
+    x = rng.standard_normal((1, 5, side, side)).astype(np.float32)
+
+    def ran(spec, x, layout="nchw", **kw):
+        eng = CpuEngine(spec, threads=2, **kw)
+        eng.forward(x, layout)
+        return eng.last_call["winograd"]
+
+    assert ran(ConvSpec(w3, None, 1, 1, act_quant=None), x)
+    assert not ran(ConvSpec(w3, None, 2, 1, act_quant=None), x)
+    assert not ran(ConvSpec(w3, None, 1, 2, 2, act_quant=None), x)
+    assert not ran(ConvSpec(w3, None, 1, 1, act_quant=None), x[:, :, :40, :40])
+    assert not ran(ConvSpec(w3, None, 1, 1, act_quant=None), P4.pack_array(x), "nc4hw4")
+    assert not ran(ConvSpec(w3, None, 1, 1, act_quant=None), x, kernel="scalar")
+    w5 = qconv.quantize_weight(rng.standard_normal((6, 5, 5, 5)).astype(np.float32))
+    assert not ran(ConvSpec(w5, None, 1, 2, act_quant=None), x)
+    monkeypatch.setenv("QCONV_CPU_WINOGRAD", "0")
+    assert not ran(ConvSpec(w3, None, 1, 1, act_quant=None), x)
+    monkeypatch.delenv("QCONV_CPU_WINOGRAD")
+    bad = x.copy()
+    bad[0, 3, side - 1, 7] = np.nan
+    eng = CpuEngine(ConvSpec(w3, None, 1, 1, act_quant=None), threads=2)
+    with pytest.raises(ValueError, match="NaN"):
+        eng.forward(bad)
 
 
 def test_direct_option():

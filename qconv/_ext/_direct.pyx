@@ -22,6 +22,7 @@ cdef extern from "qconv_direct.h" nogil:
         QC_DIRECT_NP
         QC_DIRECT_MR
         QC_DIRECT_NS
+        QC_WINO_MIN_PIXELS
     ctypedef struct qc_direct_job:
         int64_t N, C, H, W, OH, OW, K
         int32_t KH, KW, sh, sw, ph, pw, dh, dw
@@ -42,6 +43,7 @@ cdef extern from "qconv_direct.h" nogil:
         int32_t vec
         int32_t ns
         int64_t ips
+        int32_t winograd, wino
         int32_t in_place
         int64_t Hph, Wph
         const float *xp
@@ -53,6 +55,7 @@ cdef extern from "qconv_direct.h" nogil:
     int64_t qc_direct_items(const qc_direct_job *j)
     int64_t qc_direct_strips(const qc_direct_job *j)
     int64_t qc_direct_scratch_floats(const qc_direct_job *j)
+    int64_t qc_direct_wf_floats(const qc_direct_job *j)
     void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
     int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
     void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
@@ -62,6 +65,8 @@ cdef extern from "qconv_direct.h" nogil:
 
 STRIP_PIXELS = QC_DIRECT_NP
 CHANNELS_PER_BLOCK = QC_DIRECT_MR
+# output pixels a sample from which 3x3 stride-1 layers run Winograd F(2x2, 3x3) (qconv_winograd.h)
+WINOGRAD_MIN_PIXELS = QC_WINO_MIN_PIXELS
 
 
 def is_direct(spec):
@@ -77,13 +82,13 @@ cdef int64_t _layout(qc_direct_job *j, int nt, int64_t *parts) noexcept nogil:
     # strips an item: up to QC_DIRECT_NS, but at least 4 items a thread where the layer has them; the items of a
     # sample split its strips evenly, and their count is a multiple of the threads where the strips allow
     cdef int64_t strips = qc_direct_strips(j)
-    j.ns = max(1, min(QC_DIRECT_NS, j.N * strips // (4 * nt)))
+    j.ns = 1 if j.wino else max(1, min(QC_DIRECT_NS, j.N * strips // (4 * nt)))
     j.ips = (strips + j.ns - 1) // j.ns
     while (j.N * j.ips) % nt and j.ips < strips:
         j.ips += 1
     parts[0] = 0
     parts[1] = 2 * j.K
-    parts[2] = parts[1] + j.OCB * j.K * 4
+    parts[2] = parts[1] + qc_direct_wf_floats(j)
     parts[3] = parts[2] + (0 if j.in_place else j.N * qc_direct_sample(j) + qc_direct_slack(j))
     return parts[3] + nt * qc_direct_scratch_floats(j)
 
@@ -135,6 +140,10 @@ cdef class DirectPlan:
     """
     cdef readonly object spec, kernel
     cdef readonly int vec
+    # Winograd F(2x2, 3x3) where the layer allows it (3x3, stride 1, dilation 1, NCHW, AVX2; qconv_winograd.h)
+    cdef public bint winograd
+    # True when the last forward call ran Winograd
+    cdef readonly bint last_winograd
     cdef object q, scale, offset, bias, pa_s, pa_t
     cdef int C, O, OCB, NB, KH, KW, sh, sw, ph, pw, dh, dw, hswish, bits
     cdef int64_t K, kblock
@@ -142,13 +151,15 @@ cdef class DirectPlan:
     # (quantization threads, conv threads) of the last forward call (no quantization pass: 0)
     cdef readonly tuple last_threads
 
-    def __init__(self, spec, str kernel):
+    def __init__(self, spec, str kernel, bint winograd=True):
         if not is_direct(spec):
             raise ValueError("the direct path takes float activations (act_quant=None) and groups == 1")
         w = spec.weight
         self.spec = spec
         self.kernel = kernel
         self.vec = 0 if kernel == "scalar" else 1
+        self.winograd = winograd
+        self.last_winograd = False
         o, c = w.out_channels, w.in_channels
         (self.KH, self.KW), (self.sh, self.sw) = spec.kernel_size, spec.stride
         (self.ph, self.pw), (self.dh, self.dw) = spec.padding, spec.dilation
@@ -179,8 +190,8 @@ cdef class DirectPlan:
         return int(sum(a.nbytes for a in (self.q, self.scale, self.bias) + (() if self.offset is None
                                                                            else (self.offset,))))
 
-    cdef void _job(self, qc_direct_job *j, x, bint nchw_input):
-        """The shape fields of ``j`` for input ``x`` (pointers are the caller's)."""
+    cdef void _job(self, qc_direct_job *j, x, bint nchw_input, bint nc4hw4_output):
+        """The shape and mode fields of ``j`` for input ``x`` (pointers are the caller's)."""
         if nchw_input:
             j.N, j.H, j.W = x.shape[0], x.shape[2], x.shape[3]
         else:
@@ -191,14 +202,17 @@ cdef class DirectPlan:
                                                           self.dh, self.dw)
         j.O, j.OCB, j.NB, j.kblock = self.O, self.OCB, self.NB, self.kblock
         j.in_nc4hw4 = not nchw_input
+        j.out_nc4hw4 = nc4hw4_output
+        j.vec = self.vec
+        j.winograd = self.winograd
 
-    def buffer_floats(self, x, int nchw_input, int threads):
-        """float32 values of the buffer :meth:`forward` needs for ``x`` on ``threads`` threads: the tap offsets,
-        the dequantized weight, the phase planes of the input (none for an in-place 1x1 conv) and each thread's
-        scratch."""
+    def buffer_floats(self, x, int nchw_input, int threads, nc4hw4_output=None):
+        """float32 values of the buffer :meth:`forward` needs for ``x`` on ``threads`` threads (the output in
+        the input's layout unless ``nc4hw4_output`` says): the tap offsets, the dequantized weight (Winograd: its
+        transform), the phase planes of the input (none for an in-place 1x1 conv) and each thread's scratch."""
         cdef qc_direct_job j
         cdef int64_t parts[4]
-        self._job(&j, x, nchw_input)
+        self._job(&j, x, nchw_input, not nchw_input if nc4hw4_output is None else nc4hw4_output)
         return _layout(&j, threads, parts)
 
     def forward(self, x, int nchw_input, y, int nc4hw4_output, int threads, buf):
@@ -218,8 +232,8 @@ cdef class DirectPlan:
         cdef float[::1] bv = buf
         cdef int64_t bad = 0
         cdef int nt = threads
-        self._job(&j, x, nchw_input)
-        if bv.shape[0] < self.buffer_floats(x, nchw_input, threads) or (<size_t> &bv[0]) % 8:
+        self._job(&j, x, nchw_input, nc4hw4_output)
+        if bv.shape[0] < self.buffer_floats(x, nchw_input, threads, nc4hw4_output) or (<size_t> &bv[0]) % 8:
             raise ValueError("buf is too small or not 8-byte aligned")
         j.q = &qv[0, 0, 0]
         j.bits = self.bits
@@ -235,12 +249,11 @@ cdef class DirectPlan:
             pasv, patv = self.pa_s, self.pa_t
             j.pa_s, j.pa_t = &pasv[0], &patv[0]
         j.x = &xv[0]
-        j.out_nc4hw4 = nc4hw4_output
         j.y = &yv[0]
-        j.vec = self.vec
         with nogil:
             bad = _run(&j, nt, &bv[0])
         self.last_threads = (0, nt)
+        self.last_winograd = j.wino
         if bad:
             raise ValueError("x contains NaN or infinite values")
         return y

@@ -45,6 +45,10 @@
  * kernel reads them once per block of a group. Copying a chunk's rows to one block first was measured 0.79-0.92x
  * the time on det's 1x1 layers at 320 and 160, about even at 80 and 40, 1.08x at 20x20 (2026-12-02, AVX2). */
 #define QC_DIRECT_GATHER_MIN 1024
+/* Winograd from this many output pixels a sample (3x3 stride 1; qconv_winograd.h). On det's 96 -> 24 layers
+ * (2026-12-02, AVX2, 2 threads, A/B in one process) it took 0.53-0.78x the strips' time at 160x160, 0.64-0.91x at
+ * 80x80, 0.87-1.22x at 40x40 and 0.99-1.18x at 20x20. */
+#define QC_WINO_MIN_PIXELS 4096
 #define QC_DIRECT_NS 8    /* strips a work item at most: each row of a chunk is read as one run of NS*NP pixels
                            * (NCHW rows of different channels are far apart: short runs defeat the prefetchers) */
 
@@ -72,33 +76,63 @@ typedef struct {
                                       * [i*strips/ips, (i+1)*strips/ips), so items differ by one strip at most */
     int32_t gather;                  /* 1: each chunk's rows of a strip are copied to one contiguous block first
                                       * (qc_direct_setup: in place on planes of >= QC_DIRECT_GATHER_MIN pixels) */
+    int32_t winograd;                /* 1: Winograd F(2x2, 3x3) where the layer allows it (the caller's choice) */
+    int32_t wino;                    /* 1: this call runs Winograd (qc_direct_setup; qconv_winograd.h) */
     /* per call (qc_direct_setup, then the caller's buffers) */
     int32_t in_place;                /* 1: xp = x (1x1, stride 1, no padding, NCHW) */
     int64_t Hph, Wph;                /* phase plane rows and columns */
+    int32_t psw;                     /* column phases of the planes: sw (Winograd: 2, even and odd columns) */
     const float *xp;                 /* the phase planes: (N, C, sh, sw, Hph, Wph) and qc_direct_slack floats of 0 */
     const int64_t *koff;             /* (K,) */
     const float *wf;                 /* (OCB, K, 4) */
 } qc_direct_job;
 
-/* fill in_place, Hph, Wph */
+/* fill in_place, Hph, Wph, gather, wino */
 static inline void qc_direct_setup(qc_direct_job *j)
 {
     j->in_place = j->KH == 1 && j->KW == 1 && j->sh == 1 && j->sw == 1 && j->ph == 0 && j->pw == 0 && !j->in_nc4hw4;
     j->Hph = j->in_place ? j->H : (j->H + 2 * (int64_t)j->ph + j->sh - 1) / j->sh;
     j->Wph = j->in_place ? j->W : (j->W + 2 * (int64_t)j->pw + j->sw - 1) / j->sw;
     j->gather = j->in_place && j->H * j->W >= QC_DIRECT_GATHER_MIN;
+    j->psw = j->sw;
+    j->wino = 0;
+#ifdef QC_HAVE_X86
+    j->wino = j->winograd && j->vec && j->KH == 3 && j->KW == 3 && j->sh == 1 && j->sw == 1 && j->dh == 1
+              && j->dw == 1 && !j->in_nc4hw4 && !j->out_nc4hw4 && j->OH * j->OW >= QC_WINO_MIN_PIXELS;
+    if (j->wino) {   /* 2*TH + 2 padded rows and 2*TW + 2 columns, as even and odd columns: every patch inside */
+        j->Hph = 2 * ((j->OH + 1) / 2) + 2;
+        j->Wph = (j->OW + 1) / 2 + 1;
+        j->psw = 2;
+    }
+#endif
 }
-static inline int64_t qc_direct_sample(const qc_direct_job *j) { return j->C * j->sh * j->sw * j->Hph * j->Wph; }
+static inline int64_t qc_direct_sample(const qc_direct_job *j) { return j->C * j->sh * j->psw * j->Hph * j->Wph; }
 /* zeros after the phase planes: the furthest read of a strip past its sample's planes */
 static inline int64_t qc_direct_slack(const qc_direct_job *j) { return QC_DIRECT_NP + (int64_t)j->KW * j->dw + 16; }
-static inline int64_t qc_direct_strips(const qc_direct_job *j) { return (j->OH * j->Wph + QC_DIRECT_NP - 1) / QC_DIRECT_NP; }
+static inline int64_t qc_direct_strips(const qc_direct_job *j)
+{
+    const int64_t grid = j->wino ? ((j->OH + 1) / 2) * ((j->OW + 1) / 2) : j->OH * j->Wph;   /* Winograd: tiles */
+    return (grid + QC_DIRECT_NP - 1) / QC_DIRECT_NP;
+}
 static inline int64_t qc_direct_items(const qc_direct_job *j) { return j->N * j->ips; }
 /* floats of one thread's scratch: a group's accumulators, the gathered strips (gather: an item's; else in place: a
  * sample's last, partial strip), 64-byte aligned, and their offset table (K int64) */
+#ifdef QC_HAVE_X86
+static inline int64_t qc_wino_scratch_floats(const qc_direct_job *j);
+#endif
 static inline int64_t qc_direct_scratch_floats(const qc_direct_job *j)
 {
+#ifdef QC_HAVE_X86
+    if (j->wino) return qc_wino_scratch_floats(j);
+#endif
     return QC_DIRECT_NS * QC_DIRECT_OG * QC_DIRECT_MR * QC_DIRECT_NP + 16
            + (j->gather ? QC_DIRECT_NS : 1) * j->K * QC_DIRECT_NP + 2 * j->K;
+}
+
+/* floats of wf: the dequantized weight (OCB, K, 4), or Winograd's U (16, OCB, C, 4) */
+static inline int64_t qc_direct_wf_floats(const qc_direct_job *j)
+{
+    return j->wino ? 16 * (int64_t)j->OCB * j->C * 4 : (int64_t)j->OCB * j->K * 4;
 }
 
 static void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
@@ -151,18 +185,18 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
     const int64_t hw = j->Hph * j->Wph, step = j->in_nc4hw4 ? 4 : 1;
     const float *src = j->in_nc4hw4 ? j->x + ((c / 4) * j->N + n) * j->H * j->W * 4 + c % 4
                                     : j->x + (n * j->C + c) * j->H * j->W;
-    float *dst = xp + n * qc_direct_sample(j) + c * j->sh * j->sw * hw;
+    float *dst = xp + n * qc_direct_sample(j) + c * j->sh * j->psw * hw;
     int bad = 0;
     for (int64_t iyp = 0; iyp < j->Hph * j->sh; ++iyp) {
         const int64_t iy = iyp - j->ph;
-        for (int rx = 0; rx < j->sw; ++rx) {
-            float *row = dst + ((iyp % j->sh) * j->sw + rx) * hw + iyp / j->sh * j->Wph;
+        for (int rx = 0; rx < j->psw; ++rx) {
+            float *row = dst + ((iyp % j->sh) * j->psw + rx) * hw + iyp / j->sh * j->Wph;
             if (iy < 0 || iy >= j->H) {
                 memset(row, 0, (size_t)j->Wph * sizeof(float));
                 continue;
             }
             const float *s = src + iy * j->W * step;
-            if (step == 1 && j->sw == 1) {   /* zeros, the row, zeros */
+            if (step == 1 && j->psw == 1) {   /* zeros, the row, zeros */
                 const int64_t a = j->pw < j->Wph ? j->pw : j->Wph;
                 const int64_t b = j->pw + j->W < j->Wph ? j->pw + j->W : j->Wph;
                 memset(row, 0, (size_t)a * sizeof(float));
@@ -172,14 +206,14 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                 continue;
             }
 #ifdef QC_HAVE_X86
-            if (j->vec && step == 1 && j->sw == 2) {
+            if (j->vec && step == 1 && j->psw == 2) {
                 qc_direct_deint2_avx2(s, j->W, rx - j->pw, row, j->Wph);
                 bad |= qc_direct_bad(j, row, j->Wph);
                 continue;
             }
 #endif
             for (int64_t col = 0; col < j->Wph; ++col) {
-                const int64_t ix = col * j->sw + rx - j->pw;
+                const int64_t ix = col * j->psw + rx - j->pw;
                 row[col] = ix >= 0 && ix < j->W ? s[ix * step] : 0.0f;
             }
             bad |= qc_direct_bad(j, row, j->Wph);
@@ -196,9 +230,16 @@ static inline void qc_direct_barrier(void)
 #endif
 }
 
-/* block `ocb` of the dequantized weight into wf + ocb*K*4 */
+#ifdef QC_HAVE_X86
+static void qc_wino_weights(const qc_direct_job *j, int64_t ocb, float *wf);
+#endif
+
+/* block `ocb` of the dequantized weight into wf + ocb*K*4 (Winograd: of U, qc_wino_weights) */
 static void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
 {
+#ifdef QC_HAVE_X86
+    if (j->wino) { qc_wino_weights(j, ocb, wf); return; }
+#endif
     const uint8_t *q = j->q + ocb * j->K * (j->bits == 8 ? 4 : 2);
     float *d = wf + ocb * j->K * 4;
     for (int i = 0; i < QC_DIRECT_MR; ++i) {
@@ -283,34 +324,46 @@ QC_TGT_AVX2 static int qc_direct_run_bad_avx2(const float *v, int64_t n)
     return _mm256_movemask_ps(_mm256_cmp_ps(s0, s0, _CMP_UNORD_Q)) != 0 || qc_nonfinite_run(v + i, n - i);
 }
 
-/* the epilogue of one channel's row of NP results: dst[t] = post(hswish(min(max(a[t] + bias, lo), hi))) for t < NP,
- * the float32 operations of qc_direct_bias_clamp, qc_hardswish and qc_affine_run in a row, kept in
- * registers (dst may be a) */
+/* the epilogue of 8 results: post(hswish(min(max(v + b, lo), hi))), the float32 operations of qc_direct_bias_clamp,
+ * qc_hardswish and qc_affine_run (max / min return their second operand on NaN: the value goes second) */
+QC_TGT_AVX2 static inline __m256 qc_direct_post_avx2(__m256 v, __m256 b, __m256 lo, __m256 hi, int hswish, int pa,
+                                                     __m256 ps, __m256 pt, __m256 three, __m256 zero, __m256 six)
+{
+    v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_add_ps(v, b)));
+    if (hswish) v = _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
+    if (pa) {
+        v = _mm256_mul_ps(v, ps);
+        __asm__("" : "+x"(v));   /* keep the float32 product: no fused multiply-add */
+        v = _mm256_add_ps(v, pt);
+    }
+    return v;
+}
+
+/* the epilogue of one channel's row of NP results into dst (dst may be a) */
 QC_TGT_AVX2 static void qc_direct_epilogue_avx2(const float *a, float bias, float lo, float hi, int hswish,
                                                 const float *pa_s, const float *pa_t, float *dst)
 {
     const __m256 b = _mm256_set1_ps(bias), l = _mm256_set1_ps(lo), h = _mm256_set1_ps(hi);
     const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
     const __m256 ps = _mm256_set1_ps(pa_s ? *pa_s : 1.0f), pt = _mm256_set1_ps(pa_s ? *pa_t : 0.0f);
-    for (int t = 0; t < QC_DIRECT_NP; t += 8) {
-        /* max / min return their second operand on NaN: the value goes second */
-        __m256 v = _mm256_min_ps(h, _mm256_max_ps(l, _mm256_add_ps(_mm256_loadu_ps(a + t), b)));
-        if (hswish) v = _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
-        if (pa_s) {
-            v = _mm256_mul_ps(v, ps);
-            __asm__("" : "+x"(v));   /* keep the float32 product: no fused multiply-add */
-            v = _mm256_add_ps(v, pt);
-        }
-        _mm256_storeu_ps(dst + t, v);
-    }
+    for (int t = 0; t < QC_DIRECT_NP; t += 8)
+        _mm256_storeu_ps(dst + t, qc_direct_post_avx2(_mm256_loadu_ps(a + t), b, l, h, hswish, pa_s != NULL, ps, pt,
+                                                      three, zero, six));
 }
 #endif
 
 /* one work item: strips [i*S/ips, (i+1)*S/ips) (i = item % ips, S strips) of sample item / ips, every output channel, in
  * groups of QC_DIRECT_OG blocks over chunks of QC_DIRECT_KC k values. Returns 1 when an in-place strip read a NaN /
  * inf (nothing stored then). */
+#ifdef QC_HAVE_X86
+QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float *scratch);
+#endif
+
 static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
 {
+#ifdef QC_HAVE_X86
+    if (j->wino) return qc_wino_item(j, item, scratch);
+#endif
     const int64_t NP = QC_DIRECT_NP, AB = QC_DIRECT_MR * NP, ips = j->ips, grid = j->OH * j->Wph;
     const int64_t S = qc_direct_strips(j), ohw = j->OH * j->OW, n = item / ips;
     const int64_t s0 = (item % ips) * S / ips, s1 = (item % ips + 1) * S / ips;
@@ -404,5 +457,7 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
     }
     return 0;
 }
+
+#include "qconv_winograd.h"
 
 #endif /* QCONV_DIRECT_H */

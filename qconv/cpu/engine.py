@@ -81,6 +81,8 @@ except ImportError:  # pragma: no cover - built with _cpu; without it float acti
 ENV_DEPTHWISE = "QCONV_CPU_DEPTHWISE"
 # "0": float-activation layers take the GEMM path (engine option direct=None reads it)
 ENV_DIRECT = "QCONV_CPU_DIRECT"
+# "0": the direct path's 3x3 stride-1 layers run as strips, not Winograd F(2x2, 3x3) (read when a layer is built)
+ENV_WINOGRAD = "QCONV_CPU_WINOGRAD"
 # float activations: calls with fewer output pixels per sample than this run the GEMM path (a strip of the direct
 # path is this many pixels of one sample)
 DIRECT_MIN_PIXELS = 24
@@ -296,7 +298,7 @@ class CpuEngine:
             return None if last is None else dict(quant_threads=last[0], gemm_threads=last[1], split="planes")
         if self._last_direct:   # direct path: threads take (sample, strip of output pixels) items
             last = self._direct.last_threads
-            return dict(quant_threads=0, gemm_threads=last[1], split="strips")
+            return dict(quant_threads=0, gemm_threads=last[1], split="strips", winograd=self._direct.last_winograd)
         last = self._plan.last_threads
         if last is None:
             return None
@@ -417,7 +419,9 @@ class CpuEngine:
             raise ValueError("direct=True needs float activations (act_quant=None), one group, and the built "
                              "qconv._ext._direct extension")
         want = os.environ.get(ENV_DIRECT, "1") != "0" if opt is None else bool(opt)
-        return _direct.DirectPlan(self.spec, self.kernel) if want and able else None
+        if not (want and able):
+            return None
+        return _direct.DirectPlan(self.spec, self.kernel, winograd=os.environ.get(ENV_WINOGRAD, "1") != "0")
 
     def _sign_form(self, w) -> bool:
         """True when the AVX2 kernel multiplies these int8 weights in its exact ``vpmaddubsw`` sign form (signed
