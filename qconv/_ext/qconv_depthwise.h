@@ -409,10 +409,67 @@ QC_DW_TGT static int qc_dw_fill_row_avx2(const qc_dw_job *j, int64_t n, int64_t 
     return bad;
 }
 #endif
+#ifdef QC_DW_X86
+/* kind 3 (float activations), NCHW, column stride 1 or 2: the padded row straight from x in one pass, checked for NaN
+ * / inf on the way (the general code copies it to tmp, checks it, then scatters it). Returns 1 for a NaN / inf. */
+QC_DW_TGT static int qc_dw_fill_float_row_avx2(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst)
+{
+    const int64_t W = j->W, wph = qc_dw_wph(j), sw = j->sw, pw = j->pw;
+    if (iy < 0 || iy >= j->H) {
+        memset(dst, 0, (size_t)qc_dw_rs(j) * sizeof(float));
+        return 0;
+    }
+    const float *s = (const float *)j->x + ((n * j->C + c) * j->H + iy) * W;
+    const __m256 z = _mm256_setzero_ps();
+    __m256 chk = z;
+    int64_t k0[2], cnt[2], par[2];   /* a phase's first in-image index, its count, the parity of its columns */
+    for (int64_t ph = 0; ph < sw; ++ph) {
+        int64_t i = ph - pw, k = 0;
+        if (i < 0) {
+            k = (-i + sw - 1) / sw;
+            i += k * sw;
+        }
+        k0[ph] = k < wph ? k : wph;
+        cnt[ph] = i < W ? (W - i + sw - 1) / sw : 0;
+        if (k0[ph] + cnt[ph] > wph) cnt[ph] = wph - k0[ph];
+        par[ph] = i;   /* the first column read: 0 or 1 (sw 2), 0 (sw 1) */
+        memset(dst + ph * wph, 0, (size_t)k0[ph] * sizeof(float));
+        memset(dst + ph * wph + k0[ph] + cnt[ph], 0, (size_t)(wph - k0[ph] - cnt[ph]) * sizeof(float));
+    }
+    int64_t m = 0;
+    if (sw == 1) {
+        float *d = dst + k0[0];
+        for (; m + 8 <= cnt[0]; m += 8) {
+            const __m256 v = _mm256_loadu_ps(s + par[0] + m);
+            chk = _mm256_add_ps(chk, _mm256_mul_ps(v, z));
+            _mm256_storeu_ps(d + m, v);
+        }
+        for (int64_t u = m; u < cnt[0]; ++u) d[u] = s[par[0] + u];
+    } else {   /* m-th even and odd columns of the row go to the phases that start on that parity */
+        const int64_t top = cnt[0] < cnt[1] ? cnt[0] : cnt[1];
+        for (; m + 8 <= top && 2 * m + 16 <= W; m += 8) {
+            const __m256 a = _mm256_loadu_ps(s + 2 * m), b = _mm256_loadu_ps(s + 2 * m + 8);
+            chk = _mm256_add_ps(chk, _mm256_add_ps(_mm256_mul_ps(a, z), _mm256_mul_ps(b, z)));
+            const __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+            const __m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+            _mm256_storeu_ps(dst + k0[0] + m, par[0] ? o : e);
+            _mm256_storeu_ps(dst + wph + k0[1] + m, par[1] ? o : e);
+        }
+        for (int64_t ph = 0; ph < 2; ++ph)
+            for (int64_t u = m; u < cnt[ph]; ++u) dst[ph * wph + k0[ph] + u] = s[par[ph] + 2 * u];
+    }
+    /* the values not looked at above (the tails; and for stride 2 every value, as both phases' runs overlap) */
+    const int64_t seen = sw == 1 ? par[0] + m : 2 * m;
+    return _mm256_movemask_ps(_mm256_cmp_ps(chk, chk, _CMP_UNORD_Q)) != 0 || qc_nonfinite_run(s + seen, W - seen)
+           || (sw == 1 && qc_nonfinite_run(s, par[0]));
+}
+#endif
+
 /* returns 1 when kind 3 read a NaN / inf */
 static inline int qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64_t iy, float *dst, float *tmp)
 {
 #ifdef QC_DW_X86
+    if (j->vec && j->kind == 3 && !j->in_nc4hw4 && j->sw <= 2) return qc_dw_fill_float_row_avx2(j, n, c, iy, dst);
     if (j->vec) return qc_dw_fill_row_avx2(j, n, c, iy, dst, tmp);
 #endif
     return qc_dw_fill_row_c(j, n, c, iy, dst, tmp);
