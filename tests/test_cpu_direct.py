@@ -63,9 +63,9 @@ def test_direct_matches_reference_bitwise_over_threads(kernel, case, nc4hw4):
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("c,h,w,bits", [(5, 32, 32, 8), (100, 33, 41, 4), (200, 40, 26, 8)])
 def test_direct_in_place_on_large_planes(kernel, c, h, w, bits):
-    """1x1 stride-1 convs on planes of >= 1024 pixels (the kernel reads chunks of rows copied to one block:
-    QC_DIRECT_GATHER_MIN), input channels past a chunk of 96 and a last partial strip: the oracle, bitwise over
-    thread counts."""
+    """1x1 stride-1 convs read in place (each item's rows gathered to one block first: a bug there shows on
+    large planes), input channels past a chunk of 96 and a last partial strip: the oracle, bitwise over thread
+    counts."""
     rng = np.random.default_rng(c)
     weight = qconv.quantize_weight(rng.standard_normal((13, c, 1, 1)).astype(np.float32), bits=bits)
     bias = rng.standard_normal(13).astype(np.float32)

@@ -20,7 +20,7 @@
  *
  * A work item is a strip of QC_DIRECT_NP grid pixels of one sample, every output channel: micro-tiles of 4 channels
  * x 24 pixels, 12 float32 FMA chains (3 row loads and 4 broadcasts a k), over chunks of QC_DIRECT_KC k values (in
- * place on large planes each chunk's rows are first copied to one block: QC_DIRECT_GATHER_MIN). Every output is one chain over k in
+ * place, an item's rows are first copied to one block). Every output is one chain over k in
  * increasing order, so results do not depend on the thread count or the work split; they match the oracle within
  * its float tolerance (float32 sums of dequantized weights), not bitwise the GEMM path.
  * Epilogue, one pass a row (qc_direct_epilogue_avx2): v = acc + bias; v = min(max(v, lo), hi); then the engine's
@@ -42,9 +42,9 @@
 #define QC_DIRECT_KC 96   /* k values a chunk: the strip's rows of a chunk stay in L1 for every block of a group */
 /* In place, the rows a strip reads are one per input channel, H*W floats apart: on large planes (H*W*4 often a
  * multiple of 4096, e.g. 160x160, 320x320) they fall into the same few L1 sets and evict each other while the
- * kernel reads them once per block of a group. Copying a chunk's rows to one block first was measured 0.79-0.92x
- * the time on det's 1x1 layers at 320 and 160, about even at 80 and 40, 1.08x at 20x20 (2026-12-02, AVX2). */
-#define QC_DIRECT_GATHER_MIN 1024
+ * kernel reads them once per block. So an item first copies its strips' rows to one contiguous block (gather);
+ * once per strip, that measured 0.94-0.96x the time of reading them in place on det's and rec's 1x1 layers of
+ * 400-480 pixels, about even at 240 (2026-12-02, AVX2, A/B in one process), and 0.79-0.92x at 160x160 and 320x320. */
 /* Winograd from this many output pixels a sample (3x3 stride 1; qconv_winograd.h). On det's 96 -> 24 layers
  * (2026-12-02, AVX2, 2 threads, A/B in one process) it took 0.53-0.78x the strips' time at 160x160, 0.64-0.91x at
  * 80x80, 0.87-1.22x at 40x40 and 0.99-1.18x at 20x20. */
@@ -74,12 +74,11 @@ typedef struct {
     int32_t ns;                      /* strips a work item at most (1 .. QC_DIRECT_NS; results do not depend on it) */
     int64_t ips;                     /* work items a sample, >= ceil(strips / ns): item i of a sample takes strips
                                       * [i*strips/ips, (i+1)*strips/ips), so items differ by one strip at most */
-    int32_t gather;                  /* 1: each chunk's rows of a strip are copied to one contiguous block first
-                                      * (qc_direct_setup: in place on planes of >= QC_DIRECT_GATHER_MIN pixels) */
     int32_t winograd;                /* 1: Winograd F(2x2, 3x3) where the layer allows it (the caller's choice) */
     int32_t wino;                    /* 1: this call runs Winograd (qc_direct_setup; qconv_winograd.h) */
     /* per call (qc_direct_setup, then the caller's buffers) */
-    int32_t in_place;                /* 1: xp = x (1x1, stride 1, no padding, NCHW) */
+    int32_t in_place;                /* 1: xp = x (1x1, stride 1, no padding, NCHW); an item's strips' rows are
+                                      * copied to one contiguous block first */
     int64_t Hph, Wph;                /* phase plane rows and columns */
     int32_t psw;                     /* column phases of the planes: sw (Winograd: 2, even and odd columns) */
     const float *xp;                 /* the phase planes: (N, C, sh, sw, Hph, Wph) and qc_direct_slack floats of 0 */
@@ -87,13 +86,12 @@ typedef struct {
     const float *wf;                 /* (OCB, K, 4) */
 } qc_direct_job;
 
-/* fill in_place, Hph, Wph, gather, wino */
+/* fill in_place, Hph, Wph, psw, wino */
 static inline void qc_direct_setup(qc_direct_job *j)
 {
     j->in_place = j->KH == 1 && j->KW == 1 && j->sh == 1 && j->sw == 1 && j->ph == 0 && j->pw == 0 && !j->in_nc4hw4;
     j->Hph = j->in_place ? j->H : (j->H + 2 * (int64_t)j->ph + j->sh - 1) / j->sh;
     j->Wph = j->in_place ? j->W : (j->W + 2 * (int64_t)j->pw + j->sw - 1) / j->sw;
-    j->gather = j->in_place && j->H * j->W >= QC_DIRECT_GATHER_MIN;
     j->psw = j->sw;
     j->wino = 0;
 #ifdef QC_HAVE_X86
@@ -115,8 +113,8 @@ static inline int64_t qc_direct_strips(const qc_direct_job *j)
     return (grid + QC_DIRECT_NP - 1) / QC_DIRECT_NP;
 }
 static inline int64_t qc_direct_items(const qc_direct_job *j) { return j->N * j->ips; }
-/* floats of one thread's scratch: a group's accumulators, the gathered strips (gather: an item's; else in place: a
- * sample's last, partial strip), 64-byte aligned, and their offset table (K int64) */
+/* floats of one thread's scratch: a group's accumulators, the gathered strips of an item (in place), 64-byte aligned,
+ * and their offset table (K int64) */
 #ifdef QC_HAVE_X86
 static inline int64_t qc_wino_scratch_floats(const qc_direct_job *j);
 #endif
@@ -126,7 +124,7 @@ static inline int64_t qc_direct_scratch_floats(const qc_direct_job *j)
     if (j->wino) return qc_wino_scratch_floats(j);
 #endif
     return QC_DIRECT_NS * QC_DIRECT_OG * QC_DIRECT_MR * QC_DIRECT_NP + 16
-           + (j->gather ? QC_DIRECT_NS : 1) * j->K * QC_DIRECT_NP + 2 * j->K;
+           + (j->in_place ? QC_DIRECT_NS * j->K * QC_DIRECT_NP + 2 * j->K : 0);
 }
 
 /* floats of wf: the dequantized weight (OCB, K, 4), or Winograd's U (16, OCB, C, 4) */
@@ -324,6 +322,18 @@ QC_TGT_AVX2 static int qc_direct_run_bad_avx2(const float *v, int64_t n)
     return _mm256_movemask_ps(_mm256_cmp_ps(s0, s0, _CMP_UNORD_Q)) != 0 || qc_nonfinite_run(v + i, n - i);
 }
 
+/* dst[0:NP] = src[0:NP]; 1 when one of them is NaN / inf */
+QC_TGT_AVX2 static int qc_direct_copy_row_avx2(float *dst, const float *src)
+{
+    const __m256 z = _mm256_setzero_ps(), a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
+    const __m256 c = _mm256_loadu_ps(src + 16);
+    _mm256_storeu_ps(dst, a);
+    _mm256_storeu_ps(dst + 8, b);
+    _mm256_storeu_ps(dst + 16, c);
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(a, z), _mm256_mul_ps(b, z)), _mm256_mul_ps(c, z));
+    return _mm256_movemask_ps(_mm256_cmp_ps(s, s, _CMP_UNORD_Q)) != 0;
+}
+
 /* the epilogue of 8 results: post(hswish(min(max(v + b, lo), hi))), the float32 operations of qc_direct_bias_clamp,
  * qc_hardswish and qc_affine_run (max / min return their second operand on NaN: the value goes second) */
 QC_TGT_AVX2 static inline __m256 qc_direct_post_avx2(__m256 v, __m256 b, __m256 lo, __m256 hi, int hswish, int pa,
@@ -369,29 +379,32 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
     const int64_t s0 = (item % ips) * S / ips, s1 = (item % ips + 1) * S / ips;
     float *acc = scratch, *strips = scratch + QC_DIRECT_NS * QC_DIRECT_OG * AB;
     strips += (16 - ((uintptr_t)strips / sizeof(float)) % 16) % 16;   /* 64-byte aligned */
-    int64_t *gk = (int64_t *)(strips + (j->gather ? QC_DIRECT_NS : 1) * j->K * NP);
+    int64_t *gk = (int64_t *)(strips + QC_DIRECT_NS * j->K * NP);   /* in place only */
     const float *Bs[QC_DIRECT_NS];
     const int64_t *ks[QC_DIRECT_NS];
-    if (j->in_place) {   /* every row's run of this item's pixels, checked once (one sequential run a row) */
-        const int64_t run = grid - s0 * NP < (s1 - s0) * NP ? grid - s0 * NP : (s1 - s0) * NP;
-        const float *B = j->xp + n * qc_direct_sample(j) + s0 * NP;
-        int bad = 0;
-        for (int64_t k = 0; k < j->K && !bad; ++k) bad = qc_direct_bad(j, B + j->koff[k], run);
-        if (bad) return 1;
+    if (j->in_place)
         for (int64_t k = 0; k < j->K; ++k) gk[k] = k * NP;
-    }
     for (int64_t st = s0; st < s1; ++st) {
         const int64_t p0 = st * NP, np = grid - p0 < NP ? grid - p0 : NP;
         const float *B = j->xp + n * qc_direct_sample(j) + p0;
         const int64_t *koff = j->koff;
-        /* gathered: the strip's rows as one contiguous block, read by every block of every group; and the sample's
-         * last, partial strip in place, so that no read runs past x */
-        if (j->gather || (j->in_place && np < NP)) {
-            float *g = strips + (j->gather ? st - s0 : 0) * j->K * NP;
+        /* in place: the strip's rows gathered to one contiguous block, read by every block of every group (the
+         * sample's last, partial strip padded with zeros, so that no read runs past x) */
+        if (j->in_place) {   /* the rows read are checked for NaN / inf on the way (nothing stored yet) */
+            float *g = strips + (st - s0) * j->K * NP;
+            int bad = 0;
             for (int64_t k = 0; k < j->K; ++k) {
+#ifdef QC_HAVE_X86
+                if (j->vec && np == NP) {
+                    bad |= qc_direct_copy_row_avx2(g + k * NP, B + koff[k]);
+                    continue;
+                }
+#endif
                 memcpy(g + k * NP, B + koff[k], (size_t)np * sizeof(float));
-                if (np < NP) memset(g + k * NP + np, 0, (size_t)(NP - np) * sizeof(float));
+                memset(g + k * NP + np, 0, (size_t)(NP - np) * sizeof(float));
+                bad |= qc_direct_bad(j, g + k * NP, np);
             }
+            if (bad) return 1;
             B = g;
             koff = gk;
         }
