@@ -3,13 +3,14 @@ their runs interleaved, so that the speed changes of a shared VM hit both alike:
 per-pair ratios (with p10 / p90). Public API only (``qconv.onnx``).
 
 onnxruntime float runs as a user runs it (its intra-op threads spinning between ops, its default), unless
-``--ort-spinning off``. Spinning threads of one session would slow the other session's next run, so each pair
+``--ort-spinning off``. ``--peer mnn-int8`` / ``mnn-int4-b32`` times MNN's low-memory run of the model converted with
+weight quantization (``mnnconvert``, as ``bench_models.py``) in the peer's place. Spinning threads of one session would slow the other session's next run, so each pair
 is: float run, float run (timed), pause, qconv run, qconv run (timed), pause (``--gap-ms``): each session is
 timed back to back with itself, as in a process of its own.
 
     python -m benchmarks.labs.interleaved [--model det|rec] [--runs 20] [--scheme int8-ch-sym] [--size 640]
                                           [--threads 2] [--min-weights N] [--act-quant auto|tensor|none|...]
-                                          [--ort-spinning on|off] [--gap-ms 50]
+                                          [--ort-spinning on|off] [--gap-ms 50] [--peer ort-float|mnn-int8|...]
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def main(argv=None):
     ap.add_argument("--ort-spinning", default="on", choices=("on", "off"),
                     help="onnxruntime float's intra-op spinning (on: its default)")
     ap.add_argument("--gap-ms", type=float, default=50.0, help="pause after each timed run")
+    ap.add_argument("--peer", default="ort-float", choices=("ort-float", "mnn-int8", "mnn-int4-b32"),
+                    help="what qconv is timed against (mnn-*: bench_models.py's MNN rows)")
     args = ap.parse_args(argv)
     path = rapidocr_model(f"ch_PP-OCRv4_{args.model}_infer.onnx")
     x = det_input(args.size) if args.model == "det" else rec_input()
@@ -50,6 +53,16 @@ def main(argv=None):
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     f = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     feed = {f.get_inputs()[0].name: x}
+    if args.peer != "ort-float":   # the peer's run() stands in for the float session's
+        import tempfile
+
+        from benchmarks.bench_models import _runner, make_artifact
+        work = tempfile.mkdtemp(prefix="qconv-lab-")
+        art, why = make_artifact(args.peer, path, x, work)
+        if art is None:
+            raise SystemExit(f"{args.peer}: {why}")
+        peer_run = _runner(args.peer, art, x, args.threads)[0]
+        f = type("Peer", (), {"run": staticmethod(lambda names, feeds: peer_run())})()
     for _ in range(3):
         q.run(None, feed)
         f.run(None, feed)
@@ -63,8 +76,9 @@ def main(argv=None):
             time.sleep(args.gap_ms / 1e3)
     r = tq / tf
     what = f"det {args.size}" if args.model == "det" else "rec 48x320"
-    print(f"{what}: onnxruntime float (spinning {args.ort_spinning}) {np.median(tf) * 1e3:.1f} ms, qconv {args.scheme} ({q.act_quant}) "
-          f"{np.median(tq) * 1e3:.1f} ms; qconv / float per pair: median {np.median(r):.2f} "
+    peer = f"onnxruntime float (spinning {args.ort_spinning})" if args.peer == "ort-float" else args.peer
+    print(f"{what}: {peer} {np.median(tf) * 1e3:.1f} ms, qconv {args.scheme} ({q.act_quant}) "
+          f"{np.median(tq) * 1e3:.1f} ms; qconv / peer per pair: median {np.median(r):.2f} "
           f"(p10 {np.percentile(r, 10):.2f}, p90 {np.percentile(r, 90):.2f})")
 
 

@@ -154,7 +154,7 @@ static void qc_dw_epi_c(const float *I, const float *S, const float *dxp, float 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define QC_DW_X86 1
-#define QC_DW_TGT __attribute__((target("avx2,fma")))
+#define QC_DW_TGT QC_TGT_AVX2
 
 /* the first n (< 8) lanes */
 QC_DW_TGT static inline __m256i qc_dw_mask(int64_t n)
@@ -267,7 +267,6 @@ QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float
 {
     const __m256 scv = _mm256_set1_ps(sc), ofv = _mm256_set1_ps(of), dxv = _mm256_set1_ps(dx);
     const __m256 bv = _mm256_set1_ps(bias), lov = _mm256_set1_ps(lo), hiv = _mm256_set1_ps(hi);
-    const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
     const __m256 ps = _mm256_set1_ps(pas ? *pas : 1.0f), pt = _mm256_set1_ps(pas ? *pat : 0.0f);
     for (int64_t i = 0; i < n; i += 8) {
         const __m256 c = S ? _mm256_mul_ps(ofv, _mm256_loadu_ps(S + i)) : _mm256_setzero_ps();
@@ -277,14 +276,7 @@ QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float
             __asm__("" : "+x"(f));
         }
         f = _mm256_fmadd_ps(dxv, f, bv);
-        f = _mm256_min_ps(_mm256_max_ps(f, lov), hiv);
-        /* max / min return their second operand on NaN: the value goes second, so NaN propagates */
-        if (hswish) f = _mm256_div_ps(_mm256_mul_ps(f, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(f, three)))), six);
-        if (pas) {
-            f = _mm256_mul_ps(f, ps);
-            __asm__("" : "+x"(f));   /* keep the float32 product: no fused multiply-add */
-            f = _mm256_add_ps(f, pt);
-        }
+        f = qc_hswish_affine_avx2(_mm256_min_ps(_mm256_max_ps(f, lov), hiv), hswish, pas != NULL, ps, pt);
         if (n - i >= 8) {
             _mm256_storeu_ps(y + i, f);
             continue;

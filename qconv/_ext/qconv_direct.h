@@ -337,16 +337,9 @@ QC_TGT_AVX2 static int qc_direct_copy_row_avx2(float *dst, const float *src)
 /* the epilogue of 8 results: post(hswish(min(max(v + b, lo), hi))), the float32 operations of qc_direct_bias_clamp,
  * qc_hardswish and qc_affine_run (max / min return their second operand on NaN: the value goes second) */
 QC_TGT_AVX2 static inline __m256 qc_direct_post_avx2(__m256 v, __m256 b, __m256 lo, __m256 hi, int hswish, int pa,
-                                                     __m256 ps, __m256 pt, __m256 three, __m256 zero, __m256 six)
+                                                     __m256 ps, __m256 pt)
 {
-    v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_add_ps(v, b)));
-    if (hswish) v = _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
-    if (pa) {
-        v = _mm256_mul_ps(v, ps);
-        __asm__("" : "+x"(v));   /* keep the float32 product: no fused multiply-add */
-        v = _mm256_add_ps(v, pt);
-    }
-    return v;
+    return qc_hswish_affine_avx2(_mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_add_ps(v, b))), hswish, pa, ps, pt);
 }
 
 /* the epilogue of one channel's row of NP results into dst (dst may be a) */
@@ -354,11 +347,9 @@ QC_TGT_AVX2 static void qc_direct_epilogue_avx2(const float *a, float bias, floa
                                                 const float *pa_s, const float *pa_t, float *dst)
 {
     const __m256 b = _mm256_set1_ps(bias), l = _mm256_set1_ps(lo), h = _mm256_set1_ps(hi);
-    const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
     const __m256 ps = _mm256_set1_ps(pa_s ? *pa_s : 1.0f), pt = _mm256_set1_ps(pa_s ? *pa_t : 0.0f);
     for (int t = 0; t < QC_DIRECT_NP; t += 8)
-        _mm256_storeu_ps(dst + t, qc_direct_post_avx2(_mm256_loadu_ps(a + t), b, l, h, hswish, pa_s != NULL, ps, pt,
-                                                      three, zero, six));
+        _mm256_storeu_ps(dst + t, qc_direct_post_avx2(_mm256_loadu_ps(a + t), b, l, h, hswish, pa_s != NULL, ps, pt));
 }
 #endif
 

@@ -1222,6 +1222,24 @@ QC_TGT_AVX2 static void qc_hardswish_avx2(float *v, int64_t n)
 }
 #endif
 
+#ifdef QC_HAVE_X86
+/* 8 values in registers: hardswish (when hswish), then v * ps + pt (when pa): the float32 operations of
+ * qc_hardswish_avx2 and qc_affine_run (max / min return their second operand on NaN: the value goes second) */
+QC_TGT_AVX2 static inline __m256 qc_hswish_affine_avx2(__m256 v, int hswish, int pa, __m256 ps, __m256 pt)
+{
+    if (hswish) {
+        const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
+        v = _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
+    }
+    if (pa) {
+        v = _mm256_mul_ps(v, ps);
+        __asm__("" : "+x"(v));   /* keep the float32 product: no fused multiply-add */
+        v = _mm256_add_ps(v, pt);
+    }
+    return v;
+}
+#endif
+
 static inline void qc_hardswish(float *v, int64_t n, int variant)
 {
 #ifdef QC_HAVE_X86

@@ -32,7 +32,8 @@
  * offsets (C int64) and 16 for alignment */
 static inline int64_t qc_wino_scratch_floats(const qc_direct_job *j)
 {
-    return 16 * j->C * QC_DIRECT_NP + QC_DIRECT_OG * 16 * QC_DIRECT_MR * QC_DIRECT_NP + 4 * QC_DIRECT_NP + 2 * j->C + 16;
+    return 16 * j->C * QC_DIRECT_NP + QC_DIRECT_OG * 16 * QC_DIRECT_MR * QC_DIRECT_NP + 4 * QC_DIRECT_NP
+           + 2 * j->C + 16;
 }
 
 /* block `ocb` of U into wf: wf[((xi*OCB + ocb)*C + c)*4 + i] = (G g G^T)[xi] of output channel 4*ocb + i (0 past O) */
@@ -51,7 +52,8 @@ static void qc_wino_weights(const qc_direct_job *j, int64_t ocb, float *wf)
                 const float s = j->scale[o * j->NB + b], f = j->offset ? j->offset[o * j->NB + b] : 0.0f;
                 for (int t = 0; t < 9; ++t) {
                     const int64_t k = c * 9 + t;
-                    const int v = j->bits == 8 ? (int8_t)q[4 * k + i] : (int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4;
+                    const int v = j->bits == 8 ? (int8_t)q[4 * k + i]
+                                               : (int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4;
                     g[t] = s * (float)v + f;
                 }
                 for (int col = 0; col < 3; ++col) {   /* G g: 4 x 3 */
@@ -147,7 +149,6 @@ QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float 
         if (np < NP)
             for (int x = 0; x < 16; ++x) memset(V + (x * C + c) * NP + np, 0, (size_t)(NP - np) * sizeof(float));
     }
-    const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
     const __m256 lo = _mm256_set1_ps(j->lo), hi = _mm256_set1_ps(j->hi);
     for (int64_t g0 = 0; g0 < OCB; g0 += QC_DIRECT_OG) {
         const int64_t g1 = g0 + QC_DIRECT_OG < OCB ? g0 + QC_DIRECT_OG : OCB;
@@ -164,12 +165,15 @@ QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float 
                 if (o >= j->O) break;
                 const float *m = M + (ocb - g0) * 16 * AB + i * NP;   /* m + xi*AB: position xi of the 24 tiles */
                 const __m256 b = _mm256_set1_ps(j->bias[o]);
-                const __m256 ps = _mm256_set1_ps(j->pa_s ? j->pa_s[o] : 1.0f), pt = _mm256_set1_ps(j->pa_s ? j->pa_t[o] : 0.0f);
+                const __m256 ps = _mm256_set1_ps(j->pa_s ? j->pa_s[o] : 1.0f);
+                const __m256 pt = _mm256_set1_ps(j->pa_s ? j->pa_t[o] : 0.0f);
                 for (int t = 0; t < NP; t += 8) {   /* A^T m A: rows first, then columns */
                     __m256 r0[4], r1[4];
                     for (int s = 0; s < 4; ++s) {
-                        const __m256 m0 = _mm256_loadu_ps(m + s * AB + t), m1 = _mm256_loadu_ps(m + (4 + s) * AB + t);
-                        const __m256 m2 = _mm256_loadu_ps(m + (8 + s) * AB + t), m3 = _mm256_loadu_ps(m + (12 + s) * AB + t);
+                        const __m256 m0 = _mm256_loadu_ps(m + s * AB + t);
+                        const __m256 m1 = _mm256_loadu_ps(m + (4 + s) * AB + t);
+                        const __m256 m2 = _mm256_loadu_ps(m + (8 + s) * AB + t);
+                        const __m256 m3 = _mm256_loadu_ps(m + (12 + s) * AB + t);
                         r0[s] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
                         r1[s] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
                     }
@@ -178,8 +182,8 @@ QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float 
                                          _mm256_add_ps(_mm256_add_ps(r1[0], r1[1]), r1[2]),
                                          _mm256_sub_ps(_mm256_sub_ps(r1[1], r1[2]), r1[3])};
                     for (int q = 0; q < 4; ++q)
-                        _mm256_storeu_ps(Y + q * NP + t, qc_direct_post_avx2(y[q], b, lo, hi, j->hswish, j->pa_s != NULL,
-                                                                             ps, pt, three, zero, six));
+                        _mm256_storeu_ps(Y + q * NP + t,
+                                         qc_direct_post_avx2(y[q], b, lo, hi, j->hswish, j->pa_s != NULL, ps, pt));
                 }
                 /* tile t -> outputs (2ty + dy, 2tx + dx): Y[2dy + dx] */
                 float *yo = j->y + (n * j->O + o) * j->OH * j->OW;
