@@ -40,11 +40,6 @@
 #define QC_DIRECT_MR 4    /* output channels a micro-tile (one wf block) */
 #define QC_DIRECT_OG 8    /* wf blocks a group: a group's accumulators, and its weights over a k chunk, stay in L1 */
 #define QC_DIRECT_KC 96   /* k values a chunk: the strip's rows of a chunk stay in L1 for every block of a group */
-/* In place, the rows a strip reads are one per input channel, H*W floats apart: on large planes (H*W*4 often a
- * multiple of 4096, e.g. 160x160, 320x320) they fall into the same few L1 sets and evict each other while the
- * kernel reads them once per block. So an item first copies its strips' rows to one contiguous block (gather);
- * once per strip, that measured 0.94-0.96x the time of reading them in place on det's and rec's 1x1 layers of
- * 400-480 pixels, about even at 240 (2026-12-02, AVX2, A/B in one process), and 0.79-0.92x at 160x160 and 320x320. */
 /* Winograd from this many output pixels a sample (3x3 stride 1; qconv_winograd.h). On det's 96 -> 24 layers
  * (2026-12-02, AVX2, 2 threads, A/B in one process) it took 0.53-0.78x the strips' time at 160x160, 0.64-0.91x at
  * 80x80, 0.87-1.22x at 40x40 and 0.99-1.18x at 20x20. */
@@ -81,7 +76,7 @@ typedef struct {
                                       * copied to one contiguous block first */
     int64_t Hph, Wph;                /* phase plane rows and columns */
     int32_t psw;                     /* column phases of the planes: sw (Winograd: 2, even and odd columns) */
-    const float *xp;                 /* the phase planes: (N, C, sh, sw, Hph, Wph) and qc_direct_slack floats of 0 */
+    const float *xp;                 /* the phase planes: (N, C, sh, psw, Hph, Wph) and qc_direct_slack floats of 0 */
     const int64_t *koff;             /* (K,) */
     const float *wf;                 /* (OCB, K, 4) */
 } qc_direct_job;
@@ -353,12 +348,13 @@ QC_TGT_AVX2 static void qc_direct_epilogue_avx2(const float *a, float bias, floa
 }
 #endif
 
-/* one work item: strips [i*S/ips, (i+1)*S/ips) (i = item % ips, S strips) of sample item / ips, every output channel, in
- * groups of QC_DIRECT_OG blocks over chunks of QC_DIRECT_KC k values. Returns 1 when an in-place strip read a NaN /
- * inf (nothing stored then). */
 #ifdef QC_HAVE_X86
 QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float *scratch);
 #endif
+
+/* one work item: strips [i*S/ips, (i+1)*S/ips) (i = item % ips, S strips) of sample item / ips, every output
+ * channel, in groups of QC_DIRECT_OG blocks over chunks of QC_DIRECT_KC k values (Winograd: qc_wino_item).
+ * Returns 1 when an in-place strip read a NaN / inf (nothing stored then). */
 
 static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
 {
@@ -380,7 +376,10 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
         const float *B = j->xp + n * qc_direct_sample(j) + p0;
         const int64_t *koff = j->koff;
         /* in place: the strip's rows gathered to one contiguous block, read by every block of every group (the
-         * sample's last, partial strip padded with zeros, so that no read runs past x) */
+         * sample's last, partial strip padded with zeros, so that no read runs past x). Rows H*W floats apart fall
+         * into the same few L1 sets on large planes (H*W*4 often a multiple of 4096) and evict each other; the
+         * gather measured 0.79-0.92x the time at 160x160 and 320x320 and 0.94-0.96x at 400-480 pixels, about even
+         * at 240 (2026-12-02, AVX2, A/B in one process). */
         if (j->in_place) {   /* the rows read are checked for NaN / inf on the way (nothing stored yet) */
             float *g = strips + (st - s0) * j->K * NP;
             int bad = 0;
