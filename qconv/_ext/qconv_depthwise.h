@@ -393,8 +393,7 @@ QC_DW_TGT static int qc_dw_fill_row_avx2(const qc_dw_job *j, int64_t n, int64_t 
         float *d = dst + ph * wph;
         for (; i + 16 <= W; i += 16, k += 8) {
             const __m256 a = _mm256_loadu_ps(tmp + i), b = _mm256_loadu_ps(tmp + i + 8);
-            const __m256 e = _mm256_shuffle_ps(a, b, 0x88);   /* a0 a2 b0 b2 | a4 a6 b4 b6 */
-            _mm256_storeu_ps(d + k, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+            _mm256_storeu_ps(d + k, qc_even_avx2(a, b));
         }
         for (; i < W; i += 2, ++k) d[k] = tmp[i];
     }
@@ -442,8 +441,7 @@ QC_DW_TGT static int qc_dw_fill_float_row_avx2(const qc_dw_job *j, int64_t n, in
         for (; m + 8 <= top && 2 * m + 16 <= W; m += 8) {
             const __m256 a = _mm256_loadu_ps(s + 2 * m), b = _mm256_loadu_ps(s + 2 * m + 8);
             chk = _mm256_add_ps(chk, _mm256_add_ps(_mm256_mul_ps(a, z), _mm256_mul_ps(b, z)));
-            const __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
-            const __m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+            const __m256 e = qc_even_avx2(a, b), o = qc_odd_avx2(a, b);
             _mm256_storeu_ps(dst + k0[0] + m, par[0] ? o : e);
             _mm256_storeu_ps(dst + wph + k0[1] + m, par[1] ? o : e);
         }

@@ -161,8 +161,7 @@ QC_TGT_AVX2 static void qc_direct_deint2_avx2(const float *s, int64_t W, int64_t
     for (; col < ncols && ix0 + 2 * col < 0; ++col) row[col] = 0.0f;
     for (; col + 8 <= ncols && ix0 + 2 * col + 16 <= W; col += 8) {
         const float *p = s + ix0 + 2 * col;
-        const __m256 e = _mm256_shuffle_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x88);   /* 0 2 8 10 | 4 6 12 14 */
-        _mm256_storeu_ps(row + col, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+        _mm256_storeu_ps(row + col, qc_even_avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)));
     }
     for (; col < ncols; ++col) {
         const int64_t ix = ix0 + 2 * col;

@@ -1223,6 +1223,16 @@ QC_TGT_AVX2 static void qc_hardswish_avx2(float *v, int64_t n)
 #endif
 
 #ifdef QC_HAVE_X86
+/* the even floats of a[0:8] b[0:8] (a0 a2 a4 a6 b0 b2 b4 b6; odd: the odd ones): stride-2 columns of a row */
+QC_TGT_AVX2 static inline __m256 qc_even_avx2(__m256 a, __m256 b)
+{
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+}
+QC_TGT_AVX2 static inline __m256 qc_odd_avx2(__m256 a, __m256 b)
+{
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+
 /* 8 values in registers: hardswish (when hswish), then v * ps + pt (when pa): the float32 operations of
  * qc_hardswish_avx2 and qc_affine_run (max / min return their second operand on NaN: the value goes second) */
 QC_TGT_AVX2 static inline __m256 qc_hswish_affine_avx2(__m256 v, int hswish, int pa, __m256 ps, __m256 pt)
