@@ -175,31 +175,39 @@ def load_layers(path) -> tuple[object, list[ModelLayer]]:
     return model, model_layers(model)
 
 
+def first_input(model) -> tuple[str, list]:
+    """``(name, dims)`` of the first input of an ``onnx.ModelProto`` or of a session (``get_inputs()``: an
+    onnxruntime or :class:`qconv.onnx.InferenceSession`, which has no ``onnx`` import behind it); dynamic
+    dims are 0."""
+    if hasattr(model, "graph"):
+        inp = model.graph.input[0]
+        return inp.name, [max(d.dim_value, 0) for d in inp.type.tensor_type.shape.dim]
+    inp = model.get_inputs()[0]
+    return inp.name, [d if isinstance(d, int) and d > 0 else 0 for d in inp.shape]
+
+
 def default_input(model, shape=None, seed: int = 0) -> dict:
-    """A seeded random feed for the model's first input; dynamic dims become 1 (batch) and 256."""
-    inp = model.graph.input[0]
-    if shape is None:
-        dims = [d.dim_value if d.dim_value > 0 else (1 if i == 0 else 256)
-                for i, d in enumerate(inp.type.tensor_type.shape.dim)]
-    else:
-        dims = list(shape)
+    """A seeded random feed for the first input of ``model`` (see :func:`first_input`); dynamic dims become 1
+    (batch) and 256."""
+    name, dims = first_input(model)
+    dims = list(shape) if shape is not None else [d or (1 if i == 0 else 256) for i, d in enumerate(dims)]
     rng = np.random.default_rng(seed)
-    return {inp.name: rng.standard_normal(dims).astype(np.float32)}
+    return {name: rng.standard_normal(dims).astype(np.float32)}
 
 
 def load_input(model, path, shape=None, mean=None, std=None) -> dict:
     """Feed from a ``.npy`` tensor or an image (PNG/JPEG through Pillow: RGB in [0, 1], NCHW float32
     ``(1, 3, H, W)``, resized to the model's spatial size or ``shape``; then ``(x - mean) / std`` when given,
-    scalars or one value per channel, e.g. PP-OCR's ``mean=0.5, std=0.5``)."""
-    inp = model.graph.input[0]
+    scalars or one value per channel, e.g. PP-OCR's ``mean=0.5, std=0.5``). ``model``: see :func:`first_input`."""
+    name, model_dims = first_input(model)
     if str(path).endswith(".npy"):
         x = np.load(path, allow_pickle=False)
-        return {inp.name: np.asarray(x, np.float32)}
+        return {name: np.asarray(x, np.float32)}
     try:
         from PIL import Image
     except ImportError:
         raise ImportError("reading an image needs Pillow: pip install pillow (or pass a .npy tensor)") from None
-    dims = list(shape) if shape else [d.dim_value or 0 for d in inp.type.tensor_type.shape.dim]
+    dims = list(shape) if shape else model_dims
     h, w = (dims[2] or 256, dims[3] or 256) if len(dims) == 4 else (256, 256)
     img = Image.open(path).convert("RGB").resize((w, h))
     x = np.asarray(img, np.float32).transpose(2, 0, 1)[None] / np.float32(255.0)
@@ -207,7 +215,7 @@ def load_input(model, path, shape=None, mean=None, std=None) -> dict:
         m = np.asarray(0.0 if mean is None else mean, np.float32).reshape(1, -1, 1, 1)
         sd = np.asarray(1.0 if std is None else std, np.float32).reshape(1, -1, 1, 1)
         x = (x - m) / sd
-    return {inp.name: np.ascontiguousarray(x, np.float32)}
+    return {name: np.ascontiguousarray(x, np.float32)}
 
 
 def capture(model, layers, feed: dict, threads: int = 2) -> dict:

@@ -237,6 +237,7 @@ def test_conv_integer_and_qlinear_conv_nodes(onnx):
 def test_qconv_node_stores_float16_params_of_half_exact_weights(onnx, sym):
     """A qconv ONNX node keeps scales/offsets as FLOAT16 for half-exact weights (half the bytes, read back
     bit-identical as float32) and as FLOAT otherwise; weight_bytes counts what is stored."""
+    from qconv.onnx import wire
     from qconv.onnx.nodes import make_qnode, read_qnode, weight_bytes
 
     w = np.random.default_rng(6).standard_normal((16, 64)).astype(np.float32)
@@ -246,7 +247,8 @@ def test_qconv_node_stores_float16_params_of_half_exact_weights(onnx, sym):
         node, inits = make_qnode("l", "QMatMul", qw, None, None, "x", "y")
         params = [t for t in inits if t.name in ("l.scales", "l.offsets")]
         assert len(params) == (1 if sym else 2) and all(t.data_type == want for t in params)
-        back = read_qnode(node, {t.name: t for t in inits}).weight
+        back = read_qnode(wire.read_node(node.SerializeToString()),
+                          {t.name: wire.read_tensor(t.SerializeToString()) for t in inits}).weight
         assert back == qw and back.scales.dtype == np.float32
         assert np.array_equal(back.scales.view(np.uint32), qw.scales.view(np.uint32))
         graph = onnx.helper.make_graph([node], "g", [], [], inits)

@@ -299,9 +299,10 @@ def test_saved_model_is_small_and_round_trips(tmp_path):
         if scheme.startswith("int4"):
             t = {t.name: t for t in onnx.load(path).graph.initializer}["conv1.q"]
             assert t.data_type == TensorProto.INT4 and len(t.raw_data) == 16 * 8 * 9 // 2
+        from qconv.onnx import wire
         from qconv.onnx.nodes import read_qnode
-        loaded = onnx.load(path)
-        qn = read_qnode(loaded.graph.node[0], {t.name: t for t in loaded.graph.initializer})
+        nodes, inits = wire.graph_parts(path.read_bytes())
+        qn = read_qnode(nodes[0], inits)
         w1 = numpy_helper.to_array({t.name: t for t in model.graph.initializer}["w1"])
         assert qn.name == "conv1" and qn.weight == Scheme.parse(scheme).quantize(w1, 1)
 
@@ -435,8 +436,10 @@ def test_gptq_scheme_is_calibrated_on_the_given_inputs():
                          for c in calib])
     want = Scheme.parse("int4-b8-asym-gptq").quantize(layers[0].weight, 1, x1, stride=(1, 1), padding=(1, 1),
                                                       dilation=(1, 1))
+    from qconv.onnx import wire
     from qconv.onnx.nodes import read_qnode
-    got = read_qnode(q.graph.node[0], {t.name: t for t in q.graph.initializer}).weight
+    nodes, inits = wire.graph_parts(q.SerializeToString())
+    got = read_qnode(nodes[0], inits).weight
     assert got == want and got != Scheme.parse("int4-b8-asym").quantize(layers[0].weight, 1)
     x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
     y, = qo.InferenceSession(q, threads=1).run(None, {"x": x})

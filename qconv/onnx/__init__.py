@@ -10,7 +10,8 @@
 
 Needs ``onnx`` and ``onnxruntime`` (``pip install qconv[onnx]``).
 :mod:`qconv.onnx.nodes` describes the custom nodes, :mod:`qconv.onnx.quantize` the rewrite,
-:mod:`qconv.onnx.session` the session and its activation default, :mod:`qconv.onnx.kernels` the prepared kernels behind the native operators (:mod:`qconv._ext._ortops`).
+:mod:`qconv.onnx.session` the session and its activation default, :mod:`qconv.onnx.kernels` the prepared kernels behind the native operators (:mod:`qconv._ext._ortops`), :mod:`qconv.onnx.wire` the ONNX bytes a session reads without
+importing ``onnx``.
 """
 from .nodes import DOMAIN, QCONV, QMATMUL, weight_bytes
 from .quantize import model_summary, quantize_model

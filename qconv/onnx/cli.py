@@ -29,13 +29,14 @@ def _shape(text):
 
 
 def _feeds(model, specs, shape=None, mean=None, std=None, seed=0) -> dict:
-    """``--input`` values (``PATH`` or ``NAME=PATH``) -> feed dict; no value -> the seeded random feed."""
-    from ..onnx_model import default_input, load_input
+    """``--input`` values (``PATH`` or ``NAME=PATH``) -> feed dict; no value -> the seeded random feed.
+    ``model``: an ``onnx.ModelProto`` or a session (:func:`qconv.onnx_model.first_input`)."""
+    from ..onnx_model import default_input, first_input, load_input
 
     if not specs:
         return default_input(model, shape, seed)
     feeds = {}
-    first = model.graph.input[0].name
+    first, _ = first_input(model)
     for spec in specs:
         name, path = spec.split("=", 1) if "=" in spec and not os.path.exists(spec) else (first, spec)
         feed = load_input(model, path, shape, mean, std)
@@ -95,21 +96,19 @@ def run_main(args) -> int:
 
     if args.repeat < 1:
         raise SystemExit("--repeat must be >= 1")
-    model = load_model(args.model)
-    feeds = _feeds(model, args.input, _shape(args.input_shape), _floats(args.mean), _floats(args.std))
-    nb = weight_bytes(model)
     opts = {} if args.act_quant is None else {"act_quant": None if args.act_quant == "none" else args.act_quant}
     t0 = time.perf_counter()
-    sess = InferenceSession(model, device=args.device, threads=args.threads, **opts)
+    sess = InferenceSession(args.model, device=args.device, threads=args.threads, **opts)
     load_s = time.perf_counter() - t0
-    del model
+    feeds = _feeds(sess, args.input, _shape(args.input_shape), _floats(args.mean), _floats(args.std))
     outputs = sess.run(None, feeds)  # warm-up (scratch buffers, OpenCL programs)
     times = []
     for _ in _progress(range(args.repeat), args.repeat, "run", not args.no_progress):
         t = time.perf_counter()
         outputs = sess.run(None, feeds)
         times.append(time.perf_counter() - t)
-    rss = peak_rss_mb()
+    rss = peak_rss_mb()   # the session's process so far: the weight count below loads the model with onnx
+    nb = weight_bytes(load_model(args.model))
     ms = np.array(times) * 1e3
     names = [o.name for o in sess.get_outputs()]
     result = dict(model=args.model, device=args.device, threads=sess.threads, act_quant=sess.act_quant,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..interop.onnx_format import from_tensor_proto, to_tensor_proto
+from ..interop.onnx_format import to_tensor_proto
 from ..weights import QuantizedWeight
 
 DOMAIN = "ai.qconv"
@@ -108,13 +108,12 @@ def make_qnode(name: str, op: str, qw: QuantizedWeight, bias, activation, input_
 
 
 def read_qnode(node, initializers: dict) -> QNode:
-    """A qconv node and ``{name: TensorProto}`` -> :class:`QNode` (ValueError on a malformed node)."""
-    import onnx
-
+    """A qconv node and its initializers -> :class:`QNode` (ValueError on a malformed node). ``node``: a
+    :class:`qconv.onnx.wire.Node`, ``initializers``: ``{name: qconv.onnx.wire.Tensor}`` (:func:`wire.graph_parts`
+    of the model's bytes; an ``onnx`` object becomes them through ``wire.read_node(proto.SerializeToString())``)."""
     if not is_qnode(node):
         raise ValueError(f"node {node.name!r} ({node.domain}:{node.op_type}) is not a qconv node")
-    a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
-    a = {k: v.decode() if isinstance(v, bytes) else v for k, v in a.items()}
+    a = {k: v.decode() if isinstance(v, bytes) else v for k, v in node.attrs.items()}
 
     def tensor(i):
         name = node.input[i] if i < len(node.input) else ""
@@ -122,7 +121,7 @@ def read_qnode(node, initializers: dict) -> QNode:
             return None, 8
         if name not in initializers:
             raise ValueError(f"qconv node {node.name!r}: input {name!r} is not an initializer")
-        return from_tensor_proto(initializers[name])
+        return initializers[name].to_array()
 
     (q, qbits), (scales, _), (offsets, _), (bias, _) = (tensor(i) for i in (1, 2, 3, 4))
     if q is None or scales is None:

@@ -30,6 +30,7 @@ import numpy as np
 from .. import _validate as V
 from ..geometry import ConvSpec
 from ..model_report import CALIB_SEED, Plan, Scheme
+from . import wire
 from .nodes import DOMAIN, OPSET, QCONV, QMATMUL, make_qnode
 
 SUMMARY_KEY = "qconv.summary"
@@ -408,8 +409,10 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
 
 
 def model_summary(model) -> dict:
-    """The ``qconv.summary`` metadata of a quantized model (``{}`` for a float model)."""
-    for p in model.metadata_props:
-        if p.key == SUMMARY_KEY:
-            return json.loads(p.value)
-    return {}
+    """The ``qconv.summary`` metadata of a quantized model (``{}`` for a float model): ``model`` an
+    ``onnx.ModelProto`` or its serialized bytes."""
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        value = wire.metadata(model).get(SUMMARY_KEY)
+    else:
+        value = next((p.value for p in model.metadata_props if p.key == SUMMARY_KEY), None)
+    return json.loads(value) if value is not None else {}

@@ -15,12 +15,14 @@ runs convs on the integer GEMM with per-tensor dynamic int8, as ``qconv.Conv2d``
 from __future__ import annotations
 
 import itertools
+import os
 import weakref
 
 import numpy as np
 
 from .._ext._ortops import KEY_ATTR
 from .kernels import KERNELS, make_kernel, register, take_error
+from . import wire
 from .nodes import DOMAIN, is_qnode, read_qnode
 
 _IDS = itertools.count(1)
@@ -29,14 +31,13 @@ _NP_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(
              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
 
 
-def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict) -> dict:
-    """Replace every qconv node of ``model`` (in place) by its ``X -> Y`` form; returns ``{key: kernel}``.
-    ``act_blocks``: ``{node name: act_block}`` overriding ``layer_options`` per node."""
-    import onnx
-
-    inits = {t.name: t for t in model.graph.initializer}
-    kernels, drop = {}, set()
-    for node in model.graph.node:
+def _runtime_graph(data, key_prefix: str, layer_options: dict, act_blocks: dict) -> tuple[bytes, dict]:
+    """``(model bytes, {key: kernel})``: the ModelProto ``data`` with every qconv node replaced by its
+    ``X -> Y`` form (:mod:`qconv.onnx.wire`) and their weight initializers left out, and the nodes' prepared
+    kernels. ``act_blocks``: ``{node name: act_block}`` overriding ``layer_options`` per node."""
+    nodes, inits = wire.graph_parts(data)
+    kernels, replace, drop = {}, {}, set()
+    for i, node in enumerate(nodes):
         if not is_qnode(node):
             continue
         qn = read_qnode(node, inits)
@@ -46,14 +47,29 @@ def _runtime_graph(model, key_prefix: str, layer_options: dict, act_blocks: dict
         kernels[key] = make_kernel(qn, **(dict(layer_options, act_block=act_blocks[qn.name])
                                           if qn.name in act_blocks else layer_options))
         drop.update(n for n in node.input[1:] if n)
-        new = onnx.helper.make_node(node.op_type, [node.input[0]], [node.output[0]], name=node.name,
-                                    domain=DOMAIN, **{KEY_ATTR: key})
-        node.CopyFrom(new)
-    used = {n for node in model.graph.node for n in node.input}
-    keep = [t for t in model.graph.initializer if not (t.name in drop and t.name not in used)]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)
-    return kernels
+        replace[i] = wire.make_node(node.op_type, [node.input[0]], [node.output[0]], node.name, DOMAIN,
+                                    {KEY_ATTR: key})
+    used = {n for i, node in enumerate(nodes) if i not in replace for n in node.input}
+    return wire.rewrite_graph(data, replace, drop - used), kernels
+
+
+def _model_bytes(path_or_model) -> bytes:
+    """The serialized ModelProto of a path or an ``onnx.ModelProto``. A file whose tensors keep their data in
+    external files is loaded with ``onnx`` (which reads them in); other files are read as they are."""
+    if hasattr(path_or_model, "SerializeToString"):
+        return path_or_model.SerializeToString()
+    if not isinstance(path_or_model, (str, os.PathLike)):
+        raise TypeError(f"path_or_model must be a path or an onnx.ModelProto, got {type(path_or_model).__name__}")
+    with open(path_or_model, "rb") as f:
+        data = f.read()
+    try:
+        _, inits = wire.graph_parts(data)
+    except ValueError as exc:
+        raise ValueError(f"{path_or_model}: not a readable ONNX model ({exc})") from None
+    if any(t.external for t in inits.values()):
+        from ..onnx_model import load_model
+        return load_model(path_or_model).SerializeToString()
+    return data
 
 
 def _release(keys):
@@ -79,18 +95,12 @@ class InferenceSession:
     """
 
     def __init__(self, path_or_model, device="cpu", threads=None, *, providers=None, **options):
-        import onnx
         import onnxruntime as ort
 
         from ..cpu.engine import default_threads
-        from ..onnx_model import load_model
         from .quantize import model_summary
 
-        if isinstance(path_or_model, onnx.ModelProto):
-            model = onnx.ModelProto()
-            model.CopyFrom(path_or_model)
-        else:
-            model = load_model(path_or_model)
+        data = _model_bytes(path_or_model)
         threads = default_threads() if threads is None else int(threads)
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
@@ -104,26 +114,26 @@ class InferenceSession:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        summary = model_summary(model)
+        summary = model_summary(data)
         act_quant = options.pop("act_quant") if "act_quant" in options else summary.get("act_quant") or "auto"
         act_blocks = {} if "act_block" in options else {  # quantize_model(act_block=...) resolved per layer
             name: e["act_block"] for name, e in summary.get("layers", {}).items() if "act_block" in e}
         self.device, self.threads, self.act_quant = device, threads, act_quant
         self._id = f"s{next(_IDS)}"
-        kernels = _runtime_graph(model, self._id, dict(device=device, threads=threads, act_quant=act_quant,
-                                                       **options), act_blocks)
+        data, kernels = _runtime_graph(data, self._id, dict(device=device, threads=threads, act_quant=act_quant,
+                                                            **options), act_blocks)
         self.kernels = list(kernels.values())   # one per qconv node
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
         if kernels:
             so.register_custom_ops_library(register())
         try:
-            self._sess = ort.InferenceSession(model.SerializeToString(), so,
+            self._sess = ort.InferenceSession(data, so,
                                               providers=providers or ["CPUExecutionProvider"])
         except Exception:
             self._finalizer()
             raise
-        del model
+        del data
         self._inputs = self._sess.get_inputs()
 
     def get_inputs(self):
