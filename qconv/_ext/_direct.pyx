@@ -54,7 +54,7 @@ cdef extern from "qconv_direct.h" nogil:
     int64_t qc_direct_slack(const qc_direct_job *j)
     int64_t qc_direct_items(const qc_direct_job *j)
     int64_t qc_direct_strips(const qc_direct_job *j)
-    int64_t qc_direct_scratch_floats(const qc_direct_job *j)
+    int64_t qc_direct_thread_floats(const qc_direct_job *j)
     int64_t qc_direct_wf_floats(const qc_direct_job *j)
     void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
     int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
@@ -90,7 +90,7 @@ cdef int64_t _layout(qc_direct_job *j, int nt, int64_t *parts) noexcept nogil:
     parts[1] = 2 * j.K
     parts[2] = parts[1] + qc_direct_wf_floats(j)
     parts[3] = parts[2] + (0 if j.in_place else j.N * qc_direct_sample(j) + qc_direct_slack(j))
-    return parts[3] + nt * qc_direct_scratch_floats(j)
+    return parts[3] + nt * qc_direct_thread_floats(j)
 
 
 cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
@@ -101,7 +101,7 @@ cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
     cdef float *wf
     cdef int64_t *koff
     _layout(j, nt, parts)
-    nitems, nf = qc_direct_items(j), qc_direct_scratch_floats(j)
+    nitems, nf = qc_direct_items(j), qc_direct_thread_floats(j)
     koff = <int64_t *> (buf + parts[0])
     wf = buf + parts[1]
     xp = buf + parts[2]

@@ -28,12 +28,11 @@
 /* a sample's planes above this size: the input transform prefetches the next strip's rows itself */
 #define QC_WINO_PREFETCH_BYTES (2 << 20)
 
-/* floats of one thread's scratch: V (16, C, NP), a group's M (OG, 16, 4, NP), the tile outputs (4, NP), the k
- * offsets (C int64) and 16 for alignment */
+/* floats of one thread's scratch: V (16, C, NP), a group's M (OG, 16, 4, NP), the tile outputs (4, NP) and 16
+ * for alignment */
 static inline int64_t qc_wino_scratch_floats(const qc_direct_job *j)
 {
-    return 16 * j->C * QC_DIRECT_NP + QC_DIRECT_OG * 16 * QC_DIRECT_MR * QC_DIRECT_NP + 4 * QC_DIRECT_NP
-           + 2 * j->C + 16;
+    return 16 * j->C * QC_DIRECT_NP + QC_DIRECT_OG * 16 * QC_DIRECT_MR * QC_DIRECT_NP + 4 * QC_DIRECT_NP + 16;
 }
 
 /* block `ocb` of U into wf: wf[((xi*OCB + ocb)*C + c)*4 + i] = (G g G^T)[xi] of output channel 4*ocb + i (0 past O) */
@@ -128,8 +127,6 @@ QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float 
     const int prefetch = qc_direct_sample(j) * (int64_t)sizeof(float) > QC_WINO_PREFETCH_BYTES;
     float *V = scratch + (16 - ((uintptr_t)scratch / sizeof(float)) % 16) % 16;   /* (16, C, NP), 64-byte aligned */
     float *M = V + 16 * C * NP, *Y = M + QC_DIRECT_OG * 16 * AB;
-    int64_t *kc = (int64_t *)(Y + 4 * NP);
-    for (int64_t c = 0; c < C; ++c) kc[c] = c * NP;
     /* V of every channel for the strip's tiles, run by run of one tile row; lanes past np are 0 */
     for (int64_t c = 0; c < C; ++c) {
         const float *xc = j->xp + n * qc_direct_sample(j) + 2 * c * plane;
@@ -156,7 +153,7 @@ QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float 
             for (int64_t k0 = 0; k0 < C; k0 += QC_DIRECT_KC) {
                 const int64_t k1 = k0 + QC_DIRECT_KC < C ? k0 + QC_DIRECT_KC : C;
                 for (int64_t ocb = g0; ocb < g1; ++ocb)
-                    qc_direct_mk_avx2(j->wf + (x * OCB + ocb) * C * 4, V + x * C * NP, kc, k0, k1,
+                    qc_direct_mk_avx2(j->wf + (x * OCB + ocb) * C * 4, V + x * C * NP, NULL, k0, k1,
                                       M + ((ocb - g0) * 16 + x) * AB, k0 == 0);
             }
         for (int64_t ocb = g0; ocb < g1; ++ocb)
