@@ -30,11 +30,10 @@ import numpy as np
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 # AttributeProto.type
 _A_FLOAT, _A_INT, _A_STRING, _A_FLOATS, _A_INTS, _A_STRINGS = 1, 2, 3, 6, 7, 8
-# TensorProto.data_type -> (numpy dtype, typed field holding the values when there is no raw_data)
+# TensorProto.data_type -> numpy dtype (INT4 / UINT4: the unpacked codes)
 INT4, UINT4 = 22, 21
-_DTYPES = {1: (np.float32, 4), 2: (np.uint8, 5), 3: (np.int8, 5), 5: (np.int16, 5), 6: (np.int32, 5),
-           7: (np.int64, 7), 10: (np.float16, 5), 11: (np.float64, None), 9: (np.bool_, 5),
-           UINT4: (np.uint8, None), INT4: (np.int8, None)}
+_DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
+           10: np.float16, 11: np.float64, UINT4: np.uint8, INT4: np.int8}
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
@@ -172,7 +171,7 @@ class Tensor:
     dims: list = field(default_factory=list)
     data_type: int = 0
     raw: memoryview | None = None
-    typed: list = field(default_factory=list)   # float_data / int32_data / int64_data values
+    typed: list = field(default_factory=list)   # (field, wire type, value) of float_data / int32_data / int64_data
     external: bool = False
 
     def to_array(self) -> tuple[np.ndarray, int]:
@@ -184,7 +183,7 @@ class Tensor:
             raise ValueError(f"tensor {self.name!r} keeps its data in an external file")
         if self.data_type not in _DTYPES:
             raise ValueError(f"tensor {self.name!r}: data type {self.data_type} is not one qconv's nodes use")
-        dtype, _ = _DTYPES[self.data_type]
+        dtype = _DTYPES[self.data_type]
         shape = tuple(self.dims)
         n = int(np.prod(shape)) if shape else 1
         if self.data_type in (INT4, UINT4):
@@ -196,11 +195,17 @@ class Tensor:
             if len(self.raw) != n * np.dtype(dtype).itemsize:
                 raise ValueError(f"tensor {self.name!r}: raw_data has {len(self.raw)} bytes for shape {shape}")
             return np.frombuffer(self.raw, np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(shape), 8
-        if len(self.typed) != n:
-            raise ValueError(f"tensor {self.name!r}: {len(self.typed)} values for shape {shape}")
+        values = []   # decoded here, not when the model is read: a float model's typed fields can be large
+        for number, wtype, value in self.typed:
+            if number == 4:
+                values += _packed_floats(wtype, value) if wtype == LEN else list(struct.unpack("<f", value))
+            else:
+                values += _packed_ints(wtype, value)
+        if len(values) != n:
+            raise ValueError(f"tensor {self.name!r}: {len(values)} values for shape {shape}")
         if self.data_type == 10:   # float16 bit patterns in int32_data
-            return np.asarray(self.typed, np.uint16).view(np.float16).reshape(shape), 8
-        return np.asarray(self.typed).astype(dtype).reshape(shape), 8
+            return np.asarray(values, np.uint16).view(np.float16).reshape(shape), 8
+        return np.asarray(values).astype(dtype).reshape(shape), 8
 
 
 def read_tensor(buf) -> Tensor:
@@ -214,10 +219,8 @@ def read_tensor(buf) -> Tensor:
             t.name = bytes(value).decode()
         elif number == 9 and wtype == LEN:
             t.raw = value
-        elif number == 4:
-            t.typed += _packed_floats(wtype, value) if wtype == LEN else list(struct.unpack("<f", value))
-        elif number in (5, 7):
-            t.typed += _packed_ints(wtype, value)
+        elif number in (4, 5, 7):
+            t.typed.append((number, wtype, value))
         elif number == 13:
             t.external = True
         elif number == 14 and wtype == VARINT and value == 1:
