@@ -31,11 +31,12 @@ _NP_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(
              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
 
 
-def _runtime_graph(data, key_prefix: str, layer_options: dict, act_blocks: dict) -> tuple[bytes, dict]:
-    """``(model bytes, {key: kernel})``: the ModelProto ``data`` with every qconv node replaced by its
-    ``X -> Y`` form (:mod:`qconv.onnx.wire`) and their weight initializers left out, and the nodes' prepared
-    kernels. ``act_blocks``: ``{node name: act_block}`` overriding ``layer_options`` per node."""
-    nodes, inits = wire.graph_parts(data)
+def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_options: dict,
+                   act_blocks: dict) -> tuple[bytes, dict]:
+    """``(model bytes, {key: kernel})``: the ModelProto ``data`` (its graph's ``nodes`` and ``inits``, as
+    :func:`wire.graph_parts` reads them) with every qconv node replaced by its ``X -> Y`` form and their weight
+    initializers left out, and the nodes' prepared kernels. ``act_blocks``: ``{node name: act_block}``
+    overriding ``layer_options`` per node."""
     kernels, replace, drop = {}, {}, set()
     for i, node in enumerate(nodes):
         if not is_qnode(node):
@@ -53,23 +54,25 @@ def _runtime_graph(data, key_prefix: str, layer_options: dict, act_blocks: dict)
     return wire.rewrite_graph(data, replace, drop - used), kernels
 
 
-def _model_bytes(path_or_model) -> bytes:
-    """The serialized ModelProto of a path or an ``onnx.ModelProto``. A file whose tensors keep their data in
-    external files is loaded with ``onnx`` (which reads them in); other files are read as they are."""
+def _read_model(path_or_model) -> tuple[bytes, list, dict]:
+    """``(bytes, nodes, initializers)`` of a path or an ``onnx.ModelProto`` (:func:`wire.graph_parts`). A file
+    whose tensors keep their data in external files is loaded with ``onnx`` (which reads them in); other files
+    are read as they are."""
     if hasattr(path_or_model, "SerializeToString"):
-        return path_or_model.SerializeToString()
+        data = path_or_model.SerializeToString()
+        return (data,) + wire.graph_parts(data)
     if not isinstance(path_or_model, (str, os.PathLike)):
         raise TypeError(f"path_or_model must be a path or an onnx.ModelProto, got {type(path_or_model).__name__}")
     with open(path_or_model, "rb") as f:
         data = f.read()
     try:
-        _, inits = wire.graph_parts(data)
+        nodes, inits = wire.graph_parts(data)
     except ValueError as exc:
         raise ValueError(f"{path_or_model}: not a readable ONNX model ({exc})") from None
     if any(t.external for t in inits.values()):
         from ..onnx_model import load_model
-        return load_model(path_or_model).SerializeToString()
-    return data
+        return _read_model(load_model(path_or_model))
+    return data, nodes, inits
 
 
 def _release(keys):
@@ -100,7 +103,7 @@ class InferenceSession:
         from ..cpu.engine import default_threads
         from .quantize import model_summary
 
-        data = _model_bytes(path_or_model)
+        data, nodes, inits = _read_model(path_or_model)
         threads = default_threads() if threads is None else int(threads)
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
@@ -120,8 +123,9 @@ class InferenceSession:
             name: e["act_block"] for name, e in summary.get("layers", {}).items() if "act_block" in e}
         self.device, self.threads, self.act_quant = device, threads, act_quant
         self._id = f"s{next(_IDS)}"
-        data, kernels = _runtime_graph(data, self._id, dict(device=device, threads=threads, act_quant=act_quant,
-                                                            **options), act_blocks)
+        data, kernels = _runtime_graph(data, nodes, inits, self._id, dict(device=device, threads=threads,
+                                                                          act_quant=act_quant, **options), act_blocks)
+        del nodes, inits
         self.kernels = list(kernels.values())   # one per qconv node
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))

@@ -251,8 +251,7 @@ def metadata(data) -> dict:
 
 
 def graph_parts(data) -> tuple[list, dict]:
-    """``(nodes, initializers)`` of a ModelProto's graph: ``[(Node, bytes of the NodeProto)]`` in order and
-    ``{name: Tensor}``."""
+    """``(nodes, initializers)`` of a ModelProto's graph: ``[Node]`` in graph order and ``{name: Tensor}``."""
     graph, _, _ = _graph_of(data)
     nodes, inits = [], {}
     for number, wtype, value, _, _ in fields(graph):
