@@ -88,19 +88,32 @@ def test_depthwise_matches_oracle_and_general_path(kernel, case, aq, layout):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@given(case=dw_cases(), layout=st.sampled_from(["nchw", "nc4hw4"]))
+@given(case=dw_cases(), layout=st.sampled_from(["nchw", "nc4hw4"]), hswish=st.booleans(), affine=st.booleans())
 @settings(deadline=None)
-def test_depthwise_float_activations(kernel, case, layout):
+def test_depthwise_float_activations(kernel, case, layout, hswish, affine):
     """act_quant=None on the depthwise path: float32 sums of the input as it is (kind 3), within the oracle's
-    tolerance like the general path's float kernel, and the same bits on 1 and 2 threads."""
+    tolerance like the general path's float kernel, and the same bits on 1 and 2 threads. NCHW float outputs of
+    symmetric weights take the epilogue inside the MAC (qc_dw_mac_epi_avx2), NC4HW4 outputs the epilogue pass over
+    the accumulator rows: the same bits."""
     geo, weight, x, bias, act = case
-    spec = _spec(geo, weight, bias, act, None)
+    act = "hardswish" if hswish else act
+    rng = np.random.default_rng(geo.c)
+    pa = (rng.standard_normal(geo.o).astype(np.float32), rng.standard_normal(geo.o).astype(np.float32))
+    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, None,
+                    post_affine=pa if affine else None)
     dw = CpuEngine(spec, threads=2, kernel=kernel)
     assert "depthwise" in dw.describe()
     y = _run(dw, x, layout, geo.o)
-    assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
-    gen = CpuEngine(spec, threads=1, kernel=kernel, depthwise=False)
-    assert_matches_reference(gen.forward(x), x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
+    other = _run(dw, x, "nc4hw4" if layout == "nchw" else "nchw", geo.o)
+    assert np.array_equal(other.view(np.uint32), y.view(np.uint32)), "fused and unfused epilogues differ"
+    if affine:   # the oracle has no post_affine: y * scale, then + shift, in float32 after the plain layer
+        plain = _run(CpuEngine(_spec(geo, weight, bias, act, None), threads=2, kernel=kernel), x, layout, geo.o)
+        want = (plain * pa[0][:, None, None]).astype(np.float32) + pa[1][:, None, None]
+        assert np.array_equal(want.view(np.uint32), y.view(np.uint32))
+    else:
+        assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
+        gen = CpuEngine(spec, threads=1, kernel=kernel, depthwise=False)
+        assert_matches_reference(gen.forward(x), x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
     one = CpuEngine(spec, threads=1, kernel=kernel)
     assert np.array_equal(one.forward(x).view(np.uint32), y.view(np.uint32)), "1 vs 2 threads differ"
 

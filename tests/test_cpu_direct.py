@@ -61,11 +61,11 @@ def test_direct_matches_reference_bitwise_over_threads(kernel, case, nc4hw4):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("c,h,w,bits", [(5, 32, 32, 8), (100, 33, 41, 4), (200, 40, 26, 8)])
+@pytest.mark.parametrize("c,h,w,bits", [(5, 32, 32, 8), (100, 33, 41, 4), (200, 40, 26, 8), (1100, 7, 9, 8)])
 def test_direct_in_place_on_large_planes(kernel, c, h, w, bits):
     """1x1 stride-1 convs read in place (each item's rows gathered to one block first: a bug there shows on
-    large planes), input channels past a chunk of 96 and a last partial strip: the oracle, bitwise over thread
-    counts."""
+    large planes), one chunk of all input channels (c <= QC_DIRECT_KC_IN_PLACE) or chunks of 96 (1100) and a last
+    partial strip: the oracle, bitwise over thread counts."""
     rng = np.random.default_rng(c)
     weight = qconv.quantize_weight(rng.standard_normal((13, c, 1, 1)).astype(np.float32), bits=bits)
     bias = rng.standard_normal(13).astype(np.float32)

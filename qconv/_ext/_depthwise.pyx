@@ -56,6 +56,7 @@ cdef extern from "qconv_depthwise.h" nogil:
     int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t qc_dw_scratch_ptrs(const qc_dw_job *j)
     int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
+    void qc_dw_thread_setup(const qc_dw_job *j, float *scr, const float **ptrs)
     void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, int32_t abias,
                   uint8_t *dst, int variant)
 
@@ -95,6 +96,8 @@ cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
     with parallel(num_threads=nt):
         scr = <float *> malloc(nf * sizeof(float))
         ptrs = <const float **> malloc(npt * sizeof(float *))
+        if scr != NULL and ptrs != NULL:
+            qc_dw_thread_setup(j, scr, ptrs)
         for item in prange(nitems, schedule="dynamic"):
             if scr == NULL or ptrs == NULL:
                 fl += 1

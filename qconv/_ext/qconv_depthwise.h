@@ -220,6 +220,96 @@ QC_DW_TGT static void qc_dw_mac_avx2(const float *const *src, const float *w, in
     }
 }
 
+/* float activations, symmetric weights, NCHW float output (the session's depthwise nodes): the MAC of
+ * QC_DW_MAC_ROWS with qc_dw_epi_avx2's epilogue (S and dxp NULL) applied in registers and stored to y rows
+ * r*ys apart, y[0:n] of each: the same float32 operations in the same order, without the accumulator rows */
+typedef struct {
+    __m256 sc, dx, bias, lo, hi, ps, pt;
+    int hswish, pa;
+} qc_dw_epi_regs;
+
+QC_DW_TGT static inline void qc_dw_epi_store(const qc_dw_epi_regs *e, __m256 v, float *y, int64_t left)
+{
+    __m256 f = _mm256_fmadd_ps(e->sc, v, _mm256_setzero_ps());
+    f = _mm256_fmadd_ps(e->dx, f, e->bias);
+    f = qc_hswish_affine_avx2(_mm256_min_ps(_mm256_max_ps(f, e->lo), e->hi), e->hswish, e->pa, e->ps, e->pt);
+    if (left >= 8) _mm256_storeu_ps(y, f);
+    else _mm256_maskstore_ps(y, qc_dw_mask(left), f);
+}
+
+/* NR rows x NV vectors of 8 columns from column i (every vector starts before n; the last may read up to 7 lanes
+ * past n, as QC_DW_MAC_ROWS, and stores only y[0:n]): NR*NV independent FMA chains */
+#define QC_DW_MAC_EPI(NR, NV)                                                                                 \
+    QC_DW_TGT static void qc_dw_mac_epi_##NR##x##NV(const float *const *src, const float *w, int64_t K,       \
+                                                    int64_t n, int64_t i, int64_t rst, int64_t r0,            \
+                                                    const qc_dw_epi_regs *e, float *y, int64_t ys)            \
+    {                                                                                                         \
+        __m256 a[NR][NV];                                                                                     \
+        for (int r = 0; r < NR; ++r)                                                                          \
+            for (int v = 0; v < NV; ++v) a[r][v] = _mm256_setzero_ps();                                       \
+        for (int64_t t = 0; t < K; ++t) {                                                                     \
+            const __m256 wv = _mm256_broadcast_ss(w + t);                                                     \
+            const float *s = src[t] + r0 + i;                                                                 \
+            for (int r = 0; r < NR; ++r)                                                                      \
+                for (int v = 0; v < NV; ++v)                                                                  \
+                    a[r][v] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + r * rst + 8 * v), a[r][v]);             \
+        }                                                                                                     \
+        for (int r = 0; r < NR; ++r)                                                                          \
+            for (int v = 0; v < NV; ++v) qc_dw_epi_store(e, a[r][v], y + r * ys + i + 8 * v, n - i - 8 * v);  \
+    }
+QC_DW_MAC_EPI(4, 2)
+QC_DW_MAC_EPI(4, 1)
+QC_DW_MAC_EPI(2, 4)
+QC_DW_MAC_EPI(2, 2)
+QC_DW_MAC_EPI(2, 1)
+QC_DW_MAC_EPI(1, 8)
+QC_DW_MAC_EPI(1, 4)
+QC_DW_MAC_EPI(1, 2)
+QC_DW_MAC_EPI(1, 1)
+
+/* rows r < nr of output channel o: y[r*ys + i] = epilogue(sum_t w[t] * src[t][r*rst + i]), i < n. Passes of 4, 2
+ * or 1 rows; a pass takes 8 accumulators' worth of columns a step (4 rows x 16, 2 x 32, 1 x 64), then fewer. */
+QC_DW_TGT static void qc_dw_mac_epi_avx2(const qc_dw_job *j, int64_t o, const float *const *src, const float *w,
+                                         int64_t K, int64_t n, int nr, int64_t rst, float *y, int64_t ys)
+{
+    qc_dw_epi_regs e;
+    e.sc = _mm256_set1_ps(j->scale[o]);
+    e.dx = _mm256_set1_ps(1.0f);
+    e.bias = _mm256_set1_ps(j->bias[o]);
+    e.lo = _mm256_set1_ps(j->lo);
+    e.hi = _mm256_set1_ps(j->hi);
+    e.ps = _mm256_set1_ps(j->pa_s ? j->pa_s[o] : 1.0f);
+    e.pt = _mm256_set1_ps(j->pa_s ? j->pa_t[o] : 0.0f);
+    e.hswish = j->hswish;
+    e.pa = j->pa_s != NULL;
+    int64_t r0 = 0;
+    while (nr > 0) {
+        const int k = nr >= 4 ? 4 : nr >= 2 ? 2 : 1;
+        for (int64_t i = 0; i < n;) {
+            const int64_t vec = (n - i + 7) / 8;   /* vectors left */
+            int nv = 8 / k;
+            while (nv > vec) nv /= 2;
+            if (k == 4) {
+                if (nv == 2) qc_dw_mac_epi_4x2(src, w, K, n, i, rst, r0, &e, y, ys);
+                else qc_dw_mac_epi_4x1(src, w, K, n, i, rst, r0, &e, y, ys);
+            } else if (k == 2) {
+                if (nv == 4) qc_dw_mac_epi_2x4(src, w, K, n, i, rst, r0, &e, y, ys);
+                else if (nv == 2) qc_dw_mac_epi_2x2(src, w, K, n, i, rst, r0, &e, y, ys);
+                else qc_dw_mac_epi_2x1(src, w, K, n, i, rst, r0, &e, y, ys);
+            } else {
+                if (nv == 8) qc_dw_mac_epi_1x8(src, w, K, n, i, rst, r0, &e, y, ys);
+                else if (nv == 4) qc_dw_mac_epi_1x4(src, w, K, n, i, rst, r0, &e, y, ys);
+                else if (nv == 2) qc_dw_mac_epi_1x2(src, w, K, n, i, rst, r0, &e, y, ys);
+                else qc_dw_mac_epi_1x1(src, w, K, n, i, rst, r0, &e, y, ys);
+            }
+            i += 8 * nv;
+        }
+        y += k * ys;
+        r0 += k * rst;
+        nr -= k;
+    }
+}
+
 QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t ro, int64_t K, int64_t n, float *qs,
                                            float *dxp, float *q, int64_t ldq)
 {
@@ -465,8 +555,30 @@ static inline int qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64
     return qc_dw_fill_row_c(j, n, c, iy, dst, tmp);
 }
 
+/* the K floats of 1 in a thread's scratch (the weights of S's sums) */
+static inline float *qc_dw_ones(const qc_dw_job *j, float *scr)
+{
+    const int64_t ow = QC_DW_UP(j->OW);
+    return scr + QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + 3 * QC_DW_UP(j->W) + 2 * QC_DW_NR * ow + ow;
+}
+
+/* a thread's scratch before its first item: the ones, and tap t's offset from its output row's first plane row at
+ * ptrs + 2K (qc_dw_item's toff) */
+static void qc_dw_thread_setup(const qc_dw_job *j, float *scr, const float **ptrs)
+{
+    const int64_t K = (int64_t)j->KH * j->KW, rs = qc_dw_rs(j), wph = qc_dw_wph(j);
+    float *ones = qc_dw_ones(j, scr);
+    int64_t *toff = (int64_t *)(ptrs + 2 * K);
+    for (int64_t t = 0; t < K; ++t) ones[t] = 1.0f;
+    for (int64_t ky = 0; ky < j->KH; ++ky)
+        for (int64_t kx = 0; kx < j->KW; ++kx) {
+            const int64_t cx = kx * j->dw;
+            toff[ky * j->KW + kx] = ky * j->dh * rs + (cx % j->sw) * wph + cx / j->sw;
+        }
+}
+
 /* One work item: sample n, channel c, output rows [oy0, oy1) of the band, all M output channels of c.
- * scr: qc_dw_scratch_floats(j) floats; ptrs: qc_dw_scratch_ptrs(j) pointers. Returns the number of block-mode
+ * scr: qc_dw_scratch_floats(j) floats; ptrs: qc_dw_scratch_ptrs(j) pointers (both set up by qc_dw_thread_setup). Returns the number of block-mode
  * windows holding a NaN or an infinity, or with float activations (kind 3) of input rows read holding one (nothing
  * is stored then); 0 in the other modes. */
 static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
@@ -474,13 +586,13 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
     const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, ow = QC_DW_UP(OW);
     const int64_t n = item / (j->C * nb), c = (item / nb) % j->C, b = item % nb;
     const int64_t oy0 = b * j->band, oy1 = oy0 + j->band < j->OH ? oy0 + j->band : j->OH;
-    const int64_t rs = qc_dw_rs(j), wph = qc_dw_wph(j), r0 = oy0 * j->sh;
+    const int64_t rs = qc_dw_rs(j), r0 = oy0 * j->sh;
     const int64_t R = (oy1 - 1 - oy0) * j->sh + (int64_t)(j->KH - 1) * j->dh + 1;
     const int64_t O = j->C * j->M, OHW = j->OH * OW, NR = QC_DW_NR;
     float *plane = scr;
     float *tmp = plane + QC_DW_UP(qc_dw_rows(j) * rs);
     /* per pass of up to NR output rows: row r of accI / accS / qs / dx at r*ow, tap t of row r at qt[(t*NR + r)*ow] */
-    float *accI = tmp + 3 * QC_DW_UP(j->W), *accS = accI + NR * ow, *yrow = accS + NR * ow, *ones = yrow + ow;
+    float *accI = tmp + 3 * QC_DW_UP(j->W), *accS = accI + NR * ow, *yrow = accS + NR * ow, *ones = qc_dw_ones(j, scr);
     float *qt = ones + QC_DW_UP(K);
     float *qsp = qt + (j->kind == 2 ? K * NR * ow : 0), *dxp = qsp + (j->kind == 2 ? NR * ow : 0);
     int32_t *isum = (int32_t *)(dxp + (j->kind == 2 ? NR * ow : 0));
@@ -489,15 +601,9 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
     int64_t bad = 0;
     for (int64_t r = 0; r < R; ++r) bad += qc_dw_fill_row(j, n, c, r0 + r - j->ph, plane + r * rs, tmp);
     if (bad) return bad;
-    for (int64_t t = 0; t < K; ++t) ones[t] = 1.0f;
     if (j->kind == 2)
         for (int64_t t = 0; t < K; ++t) qp[t] = qt + t * NR * ow;
     const float dxn = j->kind >= 2 ? 1.0f : j->dx[n];
-    for (int64_t ky = 0; ky < j->KH; ++ky)
-        for (int64_t kx = 0; kx < j->KW; ++kx) {
-            const int64_t cx = kx * j->dw;
-            toff[ky * j->KW + kx] = ky * j->dh * rs + (cx % j->sw) * wph + cx / j->sw;
-        }
     const int direct = !j->out_nc4hw4 && !j->out_int8;
     for (int64_t oy = oy0; oy < oy1; oy += NR) {
         const int nr = (int)(oy1 - oy < NR ? oy1 - oy : NR);
@@ -524,6 +630,13 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
         for (int64_t m = 0; m < j->M; ++m) {
             const int64_t o = c * j->M + m;
             const float of = j->offset ? j->offset[o] : 0.0f;
+#ifdef QC_DW_X86
+            if (j->vec && j->kind == 3 && !j->offset && direct) {   /* the epilogue in the MAC */
+                qc_dw_mac_epi_avx2(j, o, taps, j->wq + o * K, K, OW, nr, rst, (float *)j->y + (n * O + o) * OHW + oy * OW,
+                                   OW);
+                continue;
+            }
+#endif
             if (j->kind == 3) qc_dw_mac(j, taps, j->wq + o * K, K, OW, accI, ow, nr, rst);
             else qc_dw_sum(j, taps, j->wq + o * K, K, OW, accI, ow, nr, rst, isum);
             for (int r = 0; r < nr; ++r) {

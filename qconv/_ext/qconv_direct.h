@@ -20,7 +20,7 @@
  *
  * A work item is a strip of QC_DIRECT_NP grid pixels of one sample, every output channel: micro-tiles of 4 channels
  * x 24 pixels, 12 float32 FMA chains (3 row loads and 4 broadcasts a k), over chunks of QC_DIRECT_KC k values (in
- * place, an item's rows are first copied to one block). Every output is one chain over k in
+ * place, an item's rows are first copied to one block, and K <= QC_DIRECT_KC_IN_PLACE is one chunk). Every output is one chain over k in
  * increasing order, so results do not depend on the thread count or the work split; they match the oracle within
  * its float tolerance (float32 sums of dequantized weights), not bitwise the GEMM path.
  * Epilogue, one pass a row (qc_direct_epilogue_avx2): v = acc + bias; v = min(max(v, lo), hi); then the engine's
@@ -40,6 +40,10 @@
 #define QC_DIRECT_MR 4    /* output channels a micro-tile (one wf block) */
 #define QC_DIRECT_OG 8    /* wf blocks a group: a group's accumulators, and its weights over a k chunk, stay in L1 */
 #define QC_DIRECT_KC 96   /* k values a chunk: the strip's rows of a chunk stay in L1 for every block of a group */
+/* in-place (1x1) layers with at most this many k values take them all in one chunk: no accumulator round trips; the
+ * gathered strip streams from L2. On rec's 1x1 layers (K = 128-960, 2026-12-02, AVX2, 2 threads, A/B in one
+ * process) 0.86-0.97x the time of 96-value chunks; on 3x3 layers with K = 2304-4608 one chunk took 1.14-1.34x. */
+#define QC_DIRECT_KC_IN_PLACE 1024
 /* Winograd from this many output pixels a sample (3x3 stride 1; qconv_winograd.h). On det's 96 -> 24 layers
  * (2026-12-02, AVX2, 2 threads, A/B in one process) it took 0.53-0.78x the strips' time at 160x160, 0.64-0.91x at
  * 80x80, 0.87-1.22x at 40x40 and 0.99-1.18x at 20x20. */
@@ -71,6 +75,7 @@ typedef struct {
                                       * [i*strips/ips, (i+1)*strips/ips), so items differ by one strip at most */
     int32_t winograd;                /* 1: Winograd F(2x2, 3x3) where the layer allows it (the caller's choice) */
     int32_t wino;                    /* 1: this call runs Winograd (qc_direct_setup; qconv_winograd.h) */
+    int64_t kc;                      /* k values a chunk (qc_direct_setup) */
     /* per call (qc_direct_setup, then the caller's buffers) */
     int32_t in_place;                /* 1: xp = x (1x1, stride 1, no padding, NCHW); an item's strips' rows are
                                       * copied to one contiguous block first */
@@ -89,6 +94,7 @@ static inline void qc_direct_setup(qc_direct_job *j)
     j->Wph = j->in_place ? j->W : (j->W + 2 * (int64_t)j->pw + j->sw - 1) / j->sw;
     j->psw = j->sw;
     j->wino = 0;
+    j->kc = j->in_place && j->K <= QC_DIRECT_KC_IN_PLACE ? j->K : QC_DIRECT_KC;
 #ifdef QC_HAVE_X86
     j->wino = j->winograd && j->vec && j->KH == 3 && j->KW == 3 && j->sh == 1 && j->sw == 1 && j->dh == 1
               && j->dw == 1 && !j->in_nc4hw4 && !j->out_nc4hw4 && j->OH * j->OW >= QC_WINO_MIN_PIXELS;
@@ -232,7 +238,57 @@ static inline void qc_direct_barrier(void)
 }
 
 #ifdef QC_HAVE_X86
-static void qc_wino_weights(const qc_direct_job *j, int64_t ocb, float *wf);
+QC_TGT_AVX2 static void qc_wino_weights(const qc_direct_job *j, int64_t ocb, float *wf);
+#endif
+
+#ifdef QC_HAVE_X86
+/* the scales and offsets of weight block b of output channels 4*ocb .. 4*ocb+3, twice (two k values a vector; 0 past
+ * O, whose codes are 0: their weights come out 0) */
+QC_TGT_AVX2 static inline void qc_direct_block_sf(const qc_direct_job *j, int64_t ocb, int64_t b, __m256 *s, __m256 *f)
+{
+    float sv[8], fv[8];
+    for (int i = 0; i < QC_DIRECT_MR; ++i) {
+        const int64_t o = 4 * ocb + i;
+        sv[i] = sv[i + 4] = o < j->O ? j->scale[o * j->NB + b] : 0.0f;
+        fv[i] = fv[i + 4] = o < j->O && j->offset ? j->offset[o * j->NB + b] : 0.0f;
+    }
+    *s = _mm256_loadu_ps(sv);
+    *f = _mm256_loadu_ps(fv);
+}
+
+/* the codes of k and k+1 (k+1 < K) of block ocb as int32 lanes (channel i of k in lane i, of k+1 in lane 4+i);
+ * q: the block's codes (OCB, K, 4) int8 or (OCB, K, 2) two int4 a byte */
+QC_TGT_AVX2 static inline __m256i qc_direct_codes2_avx2(const uint8_t *q, int bits, int64_t k)
+{
+    if (bits == 8) return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 4 * k)));
+    uint32_t u;
+    memcpy(&u, q + 2 * k, 4);   /* bytes: (ch 0 | ch 1 << 4), (ch 2 | ch 3 << 4) of k, then of k+1 */
+    const __m128i dup = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)u), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1,
+                                                                                  -1, -1, -1, -1, -1, -1));
+    const __m256i v = _mm256_sllv_epi32(_mm256_cvtepu8_epi32(dup), _mm256_setr_epi32(28, 24, 28, 24, 28, 24, 28, 24));
+    return _mm256_srai_epi32(v, 28);   /* the nibble at the top, shifted back down with its sign */
+}
+
+/* qc_direct_dequant for j->vec: two k values (8 floats) a step */
+QC_TGT_AVX2 static void qc_direct_dequant_avx2(const qc_direct_job *j, int64_t ocb, float *wf)
+{
+    const uint8_t *q = j->q + ocb * j->K * (j->bits == 8 ? 4 : 2);
+    float *d = wf + ocb * j->K * 4;
+    for (int64_t b = 0; b < j->NB; ++b) {
+        __m256 s, f;
+        qc_direct_block_sf(j, ocb, b, &s, &f);
+        int64_t k = b * j->kblock;
+        const int64_t k1 = (b + 1) * j->kblock < j->K ? (b + 1) * j->kblock : j->K;
+        for (; k + 2 <= k1; k += 2)
+            _mm256_storeu_ps(d + 4 * k, _mm256_add_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(
+                qc_direct_codes2_avx2(q, j->bits, k))), f));
+        for (; k < k1; ++k)
+            for (int i = 0; i < QC_DIRECT_MR; ++i) {
+                const int v = j->bits == 8 ? (int8_t)q[4 * k + i] : (int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4;
+                d[4 * k + i] = s[i] * (float)v + f[i];
+            }
+    }
+}
 #endif
 
 /* block `ocb` of the dequantized weight into wf + ocb*K*4 (Winograd: of U, qc_wino_weights) */
@@ -240,6 +296,7 @@ static void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
 {
 #ifdef QC_HAVE_X86
     if (j->wino) { qc_wino_weights(j, ocb, wf); return; }
+    if (j->vec) { qc_direct_dequant_avx2(j, ocb, wf); return; }
 #endif
     const uint8_t *q = j->q + ocb * j->K * (j->bits == 8 ? 4 : 2);
     float *d = wf + ocb * j->K * 4;
@@ -373,7 +430,7 @@ QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float 
 #endif
 
 /* one work item: strips [i*S/ips, (i+1)*S/ips) (i = item % ips, S strips) of sample item / ips, every output
- * channel, in groups of QC_DIRECT_OG blocks over chunks of QC_DIRECT_KC k values (Winograd: qc_wino_item).
+ * channel, in groups of QC_DIRECT_OG blocks over chunks of j->kc k values (Winograd: qc_wino_item).
  * Returns 1 when an in-place strip read a NaN / inf (nothing stored then). */
 
 static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
@@ -420,8 +477,8 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
     }
     for (int64_t g0 = 0; g0 < j->OCB; g0 += QC_DIRECT_OG) {
         const int64_t g1 = g0 + QC_DIRECT_OG < j->OCB ? g0 + QC_DIRECT_OG : j->OCB;
-        for (int64_t k0 = 0; k0 < j->K; k0 += QC_DIRECT_KC) {
-            const int64_t k1 = k0 + QC_DIRECT_KC < j->K ? k0 + QC_DIRECT_KC : j->K;
+        for (int64_t k0 = 0; k0 < j->K; k0 += j->kc) {
+            const int64_t k1 = k0 + j->kc < j->K ? k0 + j->kc : j->K;
             for (int64_t st = 0; st < s1 - s0; ++st) {
                 const float *B = Bs[st];
                 const int64_t *koff = ks[st];

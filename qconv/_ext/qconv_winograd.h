@@ -36,41 +36,48 @@ static inline int64_t qc_wino_scratch_floats(const qc_direct_job *j)
 }
 
 /* block `ocb` of U into wf: wf[((xi*OCB + ocb)*C + c)*4 + i] = (G g G^T)[xi] of output channel 4*ocb + i (0 past O) */
-static void qc_wino_weights(const qc_direct_job *j, int64_t ocb, float *wf)
+QC_TGT_AVX2 static void qc_wino_weights(const qc_direct_job *j, int64_t ocb, float *wf)
 {
     const uint8_t *q = j->q + ocb * j->K * (j->bits == 8 ? 4 : 2);
     const int64_t C = j->C, OCB = j->OCB;
-    for (int i = 0; i < QC_DIRECT_MR; ++i) {
-        const int64_t o = 4 * ocb + i;
-        for (int64_t c = 0; c < C; ++c) {
-            float g[9], gg[12], u[16];
-            if (o >= j->O) {
-                for (int x = 0; x < 16; ++x) u[x] = 0.0f;
+    const __m128 half = _mm_set1_ps(0.5f);
+    __m256 s2 = _mm256_setzero_ps(), f2 = s2;
+    int64_t bprev = -1;
+    for (int64_t c = 0; c < C; ++c) {   /* the four channels of the block in the lanes */
+        __m128 g[10], gg[12];
+        const int64_t b = c * 9 / j->kblock;
+        if (b != bprev) qc_direct_block_sf(j, ocb, b, &s2, &f2);
+        bprev = b;
+        const __m128 s = _mm256_castps256_ps128(s2), f = _mm256_castps256_ps128(f2);
+        for (int t = 0; t < 9; t += 2) {   /* taps t, t+1 (the tenth value, past the taps, is not used) */
+            const int64_t k = c * 9 + t;
+            __m256 v;
+            if (t < 8 || k + 1 < j->K) {
+                v = _mm256_cvtepi32_ps(qc_direct_codes2_avx2(q, j->bits, k));
             } else {
-                const int64_t b = c * 9 / j->kblock;
-                const float s = j->scale[o * j->NB + b], f = j->offset ? j->offset[o * j->NB + b] : 0.0f;
-                for (int t = 0; t < 9; ++t) {
-                    const int64_t k = c * 9 + t;
-                    const int v = j->bits == 8 ? (int8_t)q[4 * k + i]
-                                               : (int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4;
-                    g[t] = s * (float)v + f;
-                }
-                for (int col = 0; col < 3; ++col) {   /* G g: 4 x 3 */
-                    const float a = g[col], m = g[3 + col], z = g[6 + col];
-                    gg[col] = a;
-                    gg[3 + col] = 0.5f * (a + m + z);
-                    gg[6 + col] = 0.5f * (a - m + z);
-                    gg[9 + col] = z;
-                }
-                for (int r = 0; r < 4; ++r) {          /* (G g) G^T: 4 x 4 */
-                    const float a = gg[3 * r], m = gg[3 * r + 1], z = gg[3 * r + 2];
-                    u[4 * r] = a;
-                    u[4 * r + 1] = 0.5f * (a + m + z);
-                    u[4 * r + 2] = 0.5f * (a - m + z);
-                    u[4 * r + 3] = z;
-                }
+                int u[8] = {0};
+                for (int i = 0; i < QC_DIRECT_MR; ++i)
+                    u[i] = j->bits == 8 ? (int8_t)q[4 * k + i] : (int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4;
+                v = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)u));
             }
-            for (int x = 0; x < 16; ++x) wf[((x * OCB + ocb) * C + c) * 4 + i] = u[x];
+            g[t] = _mm_add_ps(_mm_mul_ps(s, _mm256_castps256_ps128(v)), f);
+            g[t + 1] = _mm_add_ps(_mm_mul_ps(s, _mm256_extractf128_ps(v, 1)), f);
+        }
+        for (int col = 0; col < 3; ++col) {   /* G g: 4 x 3 */
+            const __m128 a = g[col], m = g[3 + col], z = g[6 + col];
+            gg[col] = a;
+            gg[3 + col] = _mm_mul_ps(half, _mm_add_ps(_mm_add_ps(a, m), z));
+            gg[6 + col] = _mm_mul_ps(half, _mm_add_ps(_mm_sub_ps(a, m), z));
+            gg[9 + col] = z;
+        }
+        for (int r = 0; r < 4; ++r) {          /* (G g) G^T: 4 x 4 */
+            const __m128 a = gg[3 * r], m = gg[3 * r + 1], z = gg[3 * r + 2];
+            float *u = wf + ((int64_t)(4 * r) * OCB + ocb) * C * 4 + c * 4;
+            const int64_t xs = OCB * C * 4;   /* floats from position xi to xi + 1 */
+            _mm_storeu_ps(u, a);
+            _mm_storeu_ps(u + xs, _mm_mul_ps(half, _mm_add_ps(_mm_add_ps(a, m), z)));
+            _mm_storeu_ps(u + 2 * xs, _mm_mul_ps(half, _mm_add_ps(_mm_sub_ps(a, m), z)));
+            _mm_storeu_ps(u + 3 * xs, z);
         }
     }
 }
