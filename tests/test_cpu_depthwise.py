@@ -93,8 +93,8 @@ def test_depthwise_matches_oracle_and_general_path(kernel, case, aq, layout):
 def test_depthwise_float_activations(kernel, case, layout, hswish, affine):
     """act_quant=None on the depthwise path: float32 sums of the input as it is (kind 3), within the oracle's
     tolerance like the general path's float kernel, and the same bits on 1 and 2 threads. NCHW float outputs of
-    symmetric weights take the epilogue inside the MAC (qc_dw_mac_epi_avx2), NC4HW4 outputs the epilogue pass over
-    the accumulator rows: the same bits."""
+    symmetric weights run in blocks of 8 channels (qc_dw_item_c8), NC4HW4 outputs one channel's planes at a time:
+    the same bits."""
     geo, weight, x, bias, act = case
     act = "hardswish" if hswish else act
     rng = np.random.default_rng(geo.c)
@@ -105,7 +105,7 @@ def test_depthwise_float_activations(kernel, case, layout, hswish, affine):
     assert "depthwise" in dw.describe()
     y = _run(dw, x, layout, geo.o)
     other = _run(dw, x, "nc4hw4" if layout == "nchw" else "nchw", geo.o)
-    assert np.array_equal(other.view(np.uint32), y.view(np.uint32)), "fused and unfused epilogues differ"
+    assert np.array_equal(other.view(np.uint32), y.view(np.uint32)), "channel blocks and planes differ"
     if affine:   # the oracle has no post_affine: y * scale, then + shift, in float32 after the plain layer
         plain = _run(CpuEngine(_spec(geo, weight, bias, act, None), threads=2, kernel=kernel), x, layout, geo.o)
         want = (plain * pa[0][:, None, None]).astype(np.float32) + pa[1][:, None, None]
@@ -116,6 +116,25 @@ def test_depthwise_float_activations(kernel, case, layout, hswish, affine):
         assert_matches_reference(gen.forward(x), x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
     one = CpuEngine(spec, threads=1, kernel=kernel)
     assert np.array_equal(one.forward(x).view(np.uint32), y.view(np.uint32)), "1 vs 2 threads differ"
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(case=dw_cases())
+@settings(deadline=None)
+def test_depthwise_float_nc4hw4_input_to_nchw(kernel, case):
+    """Float activations read from NC4HW4 (its padding lanes NaN: ignored) into NCHW outputs: the same bits as from
+    NCHW (the channel blocks gather either layout)."""
+    geo, weight, x, bias, act = case
+    plan = _depthwise.DepthwisePlan(_spec(geo, weight, bias, act, None), kernel)
+    shape = (geo.n, geo.o) + _spec(geo, weight, bias, act, None).out_hw(geo.h, geo.w)
+    y1, y2 = np.empty(shape, np.float32), np.empty(shape, np.float32)
+    plan.forward(x, 1, y1, 0, 2)
+    x4 = P4.pack_array(x)
+    if geo.c % 4:
+        x4[-1, ..., geo.c % 4:] = np.nan
+    plan.forward(x4, 0, y2, 0, 2)
+    assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
+    assert_matches_reference(y1, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
 
 
 @given(case=dw_cases(max_kernel=5), layout=st.sampled_from(["nchw", "nc4hw4"]),

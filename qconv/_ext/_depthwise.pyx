@@ -52,6 +52,7 @@ cdef extern from "qconv_depthwise.h" nogil:
         int64_t band
         int32_t vec
     int64_t qc_dw_items(const qc_dw_job *j)
+    int qc_dw_c8(const qc_dw_job *j)
     int64_t qc_dw_rs(const qc_dw_job *j)
     int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t qc_dw_scratch_ptrs(const qc_dw_job *j)
@@ -230,15 +231,16 @@ cdef class DepthwisePlan:
         dx[:] = d
         return qs, z, dx, -127, 127
 
-    def band_rows(self, int64_t n, int64_t h, int64_t w, int threads):
+    def band_rows(self, int64_t n, int64_t h, int64_t w, int threads, bint blocks=False):
         """Output rows per work item for an ``(n, C, h, w)`` input: the padded plane of a band stays within
-        :data:`PLANE_FLOATS` floats, and there are at least ``4*threads`` items where the layer allows."""
+        :data:`PLANE_FLOATS` floats (``blocks``: items of 8 channels, 8 times that), and there are at least
+        ``4*threads`` items where the layer allows."""
         s = self.spec
         (kh, _), (sh, sw), (ph, pw), (dh, _) = s.kernel_size, s.stride, s.padding, s.dilation
         oh, _ = s.out_hw(h, w)
         rs = sw * ((w + 2 * pw + sw - 1) // sw)
         band = max(1, (PLANE_FLOATS // rs - (kh - 1) * dh - 1) // sh + 1)
-        planes = n * s.in_channels
+        planes = n * (-(-s.in_channels // 8) if blocks else s.in_channels)
         if planes * -(-oh // band) < 4 * threads:
             band = max(1, -(-oh // -(-4 * threads // planes)))
         return int(min(band, oh))
@@ -261,10 +263,9 @@ cdef class DepthwisePlan:
             N, H, W = x.shape[0], x.shape[2], x.shape[3]
         else:
             N, H, W = x.shape[1], x.shape[2], x.shape[3]
-        key = (N, H, W, threads)
+        key = (N, H, W, threads, nchw_input, nc4hw4_output)
         if key != self._shape_key:
-            oh, ow = self.spec.out_hw(H, W)
-            self._shape_val = (oh, ow, self.band_rows(N, H, W, threads))
+            self._shape_val = self.spec.out_hw(H, W) + (0,)   # the band: below, once the job says its items
             self._shape_key = key
         oh, ow, band = self._shape_val
         # the bands' fills read rows -ph .. (oh-1)*sh + (KH-1)*dh - ph, contiguously when a band's rows overlap
@@ -298,10 +299,13 @@ cdef class DepthwisePlan:
         j.out_nc4hw4 = nc4hw4_output
         j.out_int8, j.oscale, j.ozp = self.out_int8, self.oscale, self.ozp
         j.y = <void *> &yb[0]
-        j.band = band
         j.vec = self.vec
         j.kind = {"static": 1, "block": 2, "float": 3}.get(self.mode, 0)
         j.x = <const void *> &xb[0]
+        if not band:
+            band = self.band_rows(N, H, W, threads, qc_dw_c8(&j))
+            self._shape_val = (oh, ow, band)
+        j.band = band
         nt = threads
         with nogil:
             bad = _run(&j, nt, &fails)

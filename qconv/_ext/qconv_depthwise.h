@@ -24,6 +24,10 @@
  *          then hardswish and post_affine (the engine's float32 operations, in registers in the AVX2 code);
  *          int8 output: clip(roundf(y/oscale) + ozp, -128, 127) (qc_requant of qconv_kernels.h).
  *
+ * Float activations (kind 3) into NCHW float outputs with symmetric weights run instead in blocks of 8 channels
+ * (qc_dw_c8, qc_dw_item_c8: the channels in the vector lanes, a work item a block and a band), AVX2 only: the same
+ * float32 operations in the same order for every output, so the same bits as the planes.
+ *
  * vec = 1 runs the AVX2 + FMA code (target attributes, picked at run time by the caller), vec = 0 portable C.
  */
 #ifndef QCONV_DEPTHWISE_H
@@ -66,7 +70,29 @@ typedef struct {
 } qc_dw_job;
 
 static inline int64_t qc_dw_bands(const qc_dw_job *j) { return (j->OH + j->band - 1) / j->band; }
-static inline int64_t qc_dw_items(const qc_dw_job *j) { return j->N * j->C * qc_dw_bands(j); }
+/* float activations into NCHW float outputs, symmetric weights, one output channel a group: blocks of 8 channels
+ * (qc_dw_item_c8). Against the planes of one channel (2026-12-02, AVX2, 2 threads, A/B in one process): 0.55-0.82x
+ * the time on rec's and det's 40x40 layers (3x80 to 12x160, 5x5 and 3x3), 0.81-0.95x on det's 80x80 to 320x320 ones,
+ * about even with 16 channels at 24x160. */
+static inline int qc_dw_c8(const qc_dw_job *j)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return j->vec && j->kind == 3 && !j->out_nc4hw4 && !j->out_int8 && !j->offset;
+#else
+    return 0;
+#endif
+}
+static inline int64_t qc_dw_items(const qc_dw_job *j)
+{
+    return j->N * (qc_dw_c8(j) ? (j->C + 7) / 8 : j->C) * qc_dw_bands(j);
+}
+/* pixels a row of a channel block's padded band: the padded width, or as far as the last 8 outputs read */
+static inline int64_t qc_dw_c8_wp(const qc_dw_job *j)
+{
+    const int64_t need = ((j->OW + 7) / 8 * 8 - 1) * j->sw + (int64_t)(j->KW - 1) * j->dw + 1;
+    const int64_t wp = j->W + 2 * (int64_t)j->pw;
+    return need > wp ? need : wp;
+}
 static inline int64_t qc_dw_wph(const qc_dw_job *j) { return (j->W + 2 * (int64_t)j->pw + j->sw - 1) / j->sw; }
 static inline int64_t qc_dw_rs(const qc_dw_job *j) { return (int64_t)j->sw * qc_dw_wph(j); }
 static inline int64_t qc_dw_rows(const qc_dw_job *j)
@@ -83,6 +109,10 @@ static inline int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + 3 * QC_DW_UP(j->W) + 2 * nr * ow + ow + QC_DW_UP(K);
     if (j->kind == 2) n += K * nr * ow + 2 * nr * ow;   /* quantized taps, qs, dx per pixel */
     if (K > QC_DW_EXACT_TAPS) n += 2 * nr * ow;         /* int32 chunk sums of I and S */
+    if (qc_dw_c8(j)) {   /* the block's band (rows, wp, 8), its weights (K, 8) */
+        const int64_t c8 = QC_DW_UP(qc_dw_rows(j) * qc_dw_c8_wp(j) * 8) + QC_DW_UP(8 * K);
+        n = c8 > n ? c8 : n;
+    }
     return n;
 }
 static inline int64_t qc_dw_scratch_ptrs(const qc_dw_job *j) { return 3 * (int64_t)j->KH * j->KW; }
@@ -220,94 +250,17 @@ QC_DW_TGT static void qc_dw_mac_avx2(const float *const *src, const float *w, in
     }
 }
 
-/* float activations, symmetric weights, NCHW float output (the session's depthwise nodes): the MAC of
- * QC_DW_MAC_ROWS with qc_dw_epi_avx2's epilogue (S and dxp NULL) applied in registers and stored to y rows
- * r*ys apart, y[0:n] of each: the same float32 operations in the same order, without the accumulator rows */
+/* the channel blocks' epilogue (qc_dw_item_c8): qc_dw_epi_avx2's float32 operations with S and dxp NULL, on a
+ * vector of 8 channels' results with each channel's scale, bias and post_affine in its lane */
 typedef struct {
     __m256 sc, dx, bias, lo, hi, ps, pt;
     int hswish, pa;
 } qc_dw_epi_regs;
 
-QC_DW_TGT static inline void qc_dw_epi_store(const qc_dw_epi_regs *e, __m256 v, float *y, int64_t left)
+QC_DW_TGT static inline __m256 qc_dw_epi_vec(const qc_dw_epi_regs *e, __m256 v)
 {
-    __m256 f = _mm256_fmadd_ps(e->sc, v, _mm256_setzero_ps());
-    f = _mm256_fmadd_ps(e->dx, f, e->bias);
-    f = qc_hswish_affine_avx2(_mm256_min_ps(_mm256_max_ps(f, e->lo), e->hi), e->hswish, e->pa, e->ps, e->pt);
-    if (left >= 8) _mm256_storeu_ps(y, f);
-    else _mm256_maskstore_ps(y, qc_dw_mask(left), f);
-}
-
-/* NR rows x NV vectors of 8 columns from column i (every vector starts before n; the last may read up to 7 lanes
- * past n, as QC_DW_MAC_ROWS, and stores only y[0:n]): NR*NV independent FMA chains */
-#define QC_DW_MAC_EPI(NR, NV)                                                                                 \
-    QC_DW_TGT static void qc_dw_mac_epi_##NR##x##NV(const float *const *src, const float *w, int64_t K,       \
-                                                    int64_t n, int64_t i, int64_t rst, int64_t r0,            \
-                                                    const qc_dw_epi_regs *e, float *y, int64_t ys)            \
-    {                                                                                                         \
-        __m256 a[NR][NV];                                                                                     \
-        for (int r = 0; r < NR; ++r)                                                                          \
-            for (int v = 0; v < NV; ++v) a[r][v] = _mm256_setzero_ps();                                       \
-        for (int64_t t = 0; t < K; ++t) {                                                                     \
-            const __m256 wv = _mm256_broadcast_ss(w + t);                                                     \
-            const float *s = src[t] + r0 + i;                                                                 \
-            for (int r = 0; r < NR; ++r)                                                                      \
-                for (int v = 0; v < NV; ++v)                                                                  \
-                    a[r][v] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(s + r * rst + 8 * v), a[r][v]);             \
-        }                                                                                                     \
-        for (int r = 0; r < NR; ++r)                                                                          \
-            for (int v = 0; v < NV; ++v) qc_dw_epi_store(e, a[r][v], y + r * ys + i + 8 * v, n - i - 8 * v);  \
-    }
-QC_DW_MAC_EPI(4, 2)
-QC_DW_MAC_EPI(4, 1)
-QC_DW_MAC_EPI(2, 4)
-QC_DW_MAC_EPI(2, 2)
-QC_DW_MAC_EPI(2, 1)
-QC_DW_MAC_EPI(1, 8)
-QC_DW_MAC_EPI(1, 4)
-QC_DW_MAC_EPI(1, 2)
-QC_DW_MAC_EPI(1, 1)
-
-/* rows r < nr of output channel o: y[r*ys + i] = epilogue(sum_t w[t] * src[t][r*rst + i]), i < n. Passes of 4, 2
- * or 1 rows; a pass takes 8 accumulators' worth of columns a step (4 rows x 16, 2 x 32, 1 x 64), then fewer. */
-QC_DW_TGT static void qc_dw_mac_epi_avx2(const qc_dw_job *j, int64_t o, const float *const *src, const float *w,
-                                         int64_t K, int64_t n, int nr, int64_t rst, float *y, int64_t ys)
-{
-    qc_dw_epi_regs e;
-    e.sc = _mm256_set1_ps(j->scale[o]);
-    e.dx = _mm256_set1_ps(1.0f);
-    e.bias = _mm256_set1_ps(j->bias[o]);
-    e.lo = _mm256_set1_ps(j->lo);
-    e.hi = _mm256_set1_ps(j->hi);
-    e.ps = _mm256_set1_ps(j->pa_s ? j->pa_s[o] : 1.0f);
-    e.pt = _mm256_set1_ps(j->pa_s ? j->pa_t[o] : 0.0f);
-    e.hswish = j->hswish;
-    e.pa = j->pa_s != NULL;
-    int64_t r0 = 0;
-    while (nr > 0) {
-        const int k = nr >= 4 ? 4 : nr >= 2 ? 2 : 1;
-        for (int64_t i = 0; i < n;) {
-            const int64_t vec = (n - i + 7) / 8;   /* vectors left */
-            int nv = 8 / k;
-            while (nv > vec) nv /= 2;
-            if (k == 4) {
-                if (nv == 2) qc_dw_mac_epi_4x2(src, w, K, n, i, rst, r0, &e, y, ys);
-                else qc_dw_mac_epi_4x1(src, w, K, n, i, rst, r0, &e, y, ys);
-            } else if (k == 2) {
-                if (nv == 4) qc_dw_mac_epi_2x4(src, w, K, n, i, rst, r0, &e, y, ys);
-                else if (nv == 2) qc_dw_mac_epi_2x2(src, w, K, n, i, rst, r0, &e, y, ys);
-                else qc_dw_mac_epi_2x1(src, w, K, n, i, rst, r0, &e, y, ys);
-            } else {
-                if (nv == 8) qc_dw_mac_epi_1x8(src, w, K, n, i, rst, r0, &e, y, ys);
-                else if (nv == 4) qc_dw_mac_epi_1x4(src, w, K, n, i, rst, r0, &e, y, ys);
-                else if (nv == 2) qc_dw_mac_epi_1x2(src, w, K, n, i, rst, r0, &e, y, ys);
-                else qc_dw_mac_epi_1x1(src, w, K, n, i, rst, r0, &e, y, ys);
-            }
-            i += 8 * nv;
-        }
-        y += k * ys;
-        r0 += k * rst;
-        nr -= k;
-    }
+    const __m256 f = _mm256_fmadd_ps(e->dx, _mm256_fmadd_ps(e->sc, v, _mm256_setzero_ps()), e->bias);
+    return qc_hswish_affine_avx2(_mm256_min_ps(_mm256_max_ps(f, e->lo), e->hi), e->hswish, e->pa, e->ps, e->pt);
 }
 
 QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t ro, int64_t K, int64_t n, float *qs,
@@ -555,6 +508,113 @@ static inline int qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64
     return qc_dw_fill_row_c(j, n, c, iy, dst, tmp);
 }
 
+#ifdef QC_DW_X86
+/* One work item of a channel block (qc_dw_c8): sample n, input channels c0 .. c0+7 (lanes past C hold 0; their
+ * outputs are not stored), output rows [oy0, oy1) of the band, all M output channels of each. The band's padded
+ * input rows are gathered channels-last, (R, wp, 8), from NCHW (8 rows transposed 8 pixels at a time) or NC4HW4 (two
+ * 4-channel pixels a vector), checked for NaN / inf on the way; each output is then the same float32 FMA chain over
+ * the taps (ky-major) and the same epilogue as the planes' path (qc_dw_epi_vec), 8 pixels x 8 channels a step,
+ * transposed back to NCHW rows on the store. Returns 1 when a value read holds NaN / inf (nothing stored then). */
+QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *scr)
+{
+    const int64_t nb = qc_dw_bands(j), CB = (j->C + 7) / 8, K = (int64_t)j->KH * j->KW, OW = j->OW, W = j->W;
+    const int64_t n = item / (CB * nb), c0 = (item / nb) % CB * 8, b = item % nb;
+    const int64_t oy0 = b * j->band, oy1 = oy0 + j->band < j->OH ? oy0 + j->band : j->OH;
+    const int64_t R = (oy1 - 1 - oy0) * j->sh + (int64_t)(j->KH - 1) * j->dh + 1, r0 = oy0 * j->sh - j->ph;
+    const int64_t wp = qc_dw_c8_wp(j), HW = j->H * W, OHW = j->OH * OW, pw = j->pw, M = j->M;
+    const int nc = j->C - c0 < 8 ? (int)(j->C - c0) : 8;
+    float *blk = scr, *wv = scr + QC_DW_UP(qc_dw_rows(j) * wp * 8);
+    const __m256 zero = _mm256_setzero_ps(), keep = _mm256_castsi256_ps(qc_dw_mask(nc));
+    __m256 chk = zero;
+    int bad = 0;
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t iy = r0 + r;
+        float *row = blk + r * wp * 8;
+        if (iy < 0 || iy >= j->H) {
+            memset(row, 0, (size_t)(wp * 8) * sizeof(float));
+            continue;
+        }
+        memset(row, 0, (size_t)(pw * 8) * sizeof(float));
+        float *d = row + pw * 8;
+        if (j->in_nc4hw4) {   /* pixel ix: channels c0 .. c0+3 at p0 + 4 ix, c0+4 .. c0+7 at p1 + 4 ix */
+            const float *p0 = (const float *)j->x + (((c0 / 4) * j->N + n) * j->H + iy) * W * 4;
+            const float *p1 = nc > 4 ? p0 + j->N * HW * 4 : p0;
+            for (int64_t ix = 0; ix < W; ++ix) {
+                const __m256 v = _mm256_and_ps(_mm256_set_m128(_mm_loadu_ps(p1 + 4 * ix), _mm_loadu_ps(p0 + 4 * ix)),
+                                               keep);   /* padding lanes of the layout: 0 */
+                chk = _mm256_add_ps(chk, _mm256_mul_ps(v, zero));
+                _mm256_storeu_ps(d + 8 * ix, v);
+            }
+        } else {
+            const float *src = (const float *)j->x + ((n * j->C + c0) * j->H + iy) * W;
+            int64_t ix = 0;
+            for (; ix + 8 <= W; ix += 8) {
+                __m256 v[8];
+                for (int c = 0; c < 8; ++c) {
+                    v[c] = c < nc ? _mm256_loadu_ps(src + c * HW + ix) : zero;
+                    chk = _mm256_add_ps(chk, _mm256_mul_ps(v[c], zero));   /* NaN exactly for NaN / inf */
+                }
+                qc_tr8(v);   /* v[i]: pixel ix + i, 8 channels */
+                for (int i = 0; i < 8; ++i) _mm256_storeu_ps(d + 8 * (ix + i), v[i]);
+            }
+            for (; ix < W; ++ix)
+                for (int c = 0; c < 8; ++c) {
+                    const float f = c < nc ? src[c * HW + ix] : 0.0f;
+                    bad |= f - f != 0.0f;
+                    d[8 * ix + c] = f;
+                }
+        }
+        memset(row + (pw + W) * 8, 0, (size_t)((wp - pw - W) * 8) * sizeof(float));
+    }
+    if (bad || _mm256_movemask_ps(_mm256_cmp_ps(chk, chk, _CMP_UNORD_Q))) return 1;
+    const int64_t ps = (int64_t)j->sw * 8;   /* floats between two outputs' taps */
+    for (int64_t m = 0; m < M; ++m) {   /* output channel (c0 + c)*M + m of lane c */
+        float sv[8], bv[8], psv[8], ptv[8];
+        for (int c = 0; c < 8; ++c) {
+            const int64_t o = (c0 + (c < nc ? c : 0)) * M + m;
+            for (int64_t t = 0; t < K; ++t) wv[t * 8 + c] = c < nc ? j->wq[o * K + t] : 0.0f;
+            sv[c] = j->scale[o];
+            bv[c] = j->bias[o];
+            psv[c] = j->pa_s ? j->pa_s[o] : 1.0f;
+            ptv[c] = j->pa_s ? j->pa_t[o] : 0.0f;
+        }
+        qc_dw_epi_regs e;
+        e.sc = _mm256_loadu_ps(sv);
+        e.dx = _mm256_set1_ps(1.0f);
+        e.bias = _mm256_loadu_ps(bv);
+        e.lo = _mm256_set1_ps(j->lo);
+        e.hi = _mm256_set1_ps(j->hi);
+        e.ps = _mm256_loadu_ps(psv);
+        e.pt = _mm256_loadu_ps(ptv);
+        e.hswish = j->hswish;
+        e.pa = j->pa_s != NULL;
+        float *y = (float *)j->y + (n * j->C * M + c0 * M + m) * OHW;   /* lane c: y + c*M*OHW */
+        for (int64_t oy = oy0; oy < oy1; ++oy) {
+            const float *base = blk + (oy - oy0) * j->sh * wp * 8;
+            for (int64_t ox = 0; ox < OW; ox += 8) {
+                __m256 a[8];
+                for (int q = 0; q < 8; ++q) a[q] = zero;
+                for (int64_t ky = 0; ky < j->KH; ++ky)
+                    for (int64_t kx = 0; kx < j->KW; ++kx) {
+                        const __m256 w = _mm256_loadu_ps(wv + (ky * j->KW + kx) * 8);
+                        const float *p = base + (ky * j->dh * wp + ox * j->sw + kx * j->dw) * 8;
+                        for (int q = 0; q < 8; ++q) a[q] = _mm256_fmadd_ps(w, _mm256_loadu_ps(p + q * ps), a[q]);
+                    }
+                for (int q = 0; q < 8; ++q) a[q] = qc_dw_epi_vec(&e, a[q]);
+                qc_tr8(a);   /* a[c]: output channel of lane c, pixels ox .. ox+7 */
+                const int64_t left = OW - ox;
+                for (int c = 0; c < nc; ++c) {
+                    float *dst = y + c * M * OHW + oy * OW + ox;
+                    if (left >= 8) _mm256_storeu_ps(dst, a[c]);
+                    else _mm256_maskstore_ps(dst, qc_dw_mask(left), a[c]);
+                }
+            }
+        }
+    }
+    return 0;
+}
+#endif
+
 /* the K floats of 1 in a thread's scratch (the weights of S's sums) */
 static inline float *qc_dw_ones(const qc_dw_job *j, float *scr)
 {
@@ -583,6 +643,9 @@ static void qc_dw_thread_setup(const qc_dw_job *j, float *scr, const float **ptr
  * is stored then); 0 in the other modes. */
 static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
 {
+#ifdef QC_DW_X86
+    if (qc_dw_c8(j)) return qc_dw_item_c8(j, item, scr);
+#endif
     const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, ow = QC_DW_UP(OW);
     const int64_t n = item / (j->C * nb), c = (item / nb) % j->C, b = item % nb;
     const int64_t oy0 = b * j->band, oy1 = oy0 + j->band < j->OH ? oy0 + j->band : j->OH;
@@ -630,13 +693,6 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
         for (int64_t m = 0; m < j->M; ++m) {
             const int64_t o = c * j->M + m;
             const float of = j->offset ? j->offset[o] : 0.0f;
-#ifdef QC_DW_X86
-            if (j->vec && j->kind == 3 && !j->offset && direct) {   /* the epilogue in the MAC */
-                qc_dw_mac_epi_avx2(j, o, taps, j->wq + o * K, K, OW, nr, rst, (float *)j->y + (n * O + o) * OHW + oy * OW,
-                                   OW);
-                continue;
-            }
-#endif
             if (j->kind == 3) qc_dw_mac(j, taps, j->wq + o * K, K, OW, accI, ow, nr, rst);
             else qc_dw_sum(j, taps, j->wq + o * K, K, OW, accI, ow, nr, rst, isum);
             for (int r = 0; r < nr; ++r) {
