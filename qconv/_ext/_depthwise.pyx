@@ -11,7 +11,9 @@ to a 32-channel tile and a 4-value reduction step, and runs one tiny GEMM per gr
    each on a padded float plane of its channel, its input rows quantized as they are read (the engine's element
    quantizer ``qc_quant``: one pass over the input, no quantized copy of it; the static int8 path reads its int8
    input, ``act_quant="block"`` its float input, quantized per output window), exact integer sums, the GEMM kernels' float epilogue (bitwise
-   the general path's results), stored to NCHW / NC4HW4, float32 or int8 (static ``output_qparams``).
+   the general path's results), stored to NCHW / NC4HW4, float32 or int8 (static ``output_qparams``). Float
+   activations into NCHW float outputs with symmetric weights run on AVX2 in blocks of 8 channels instead (items:
+   sample, block, band; the channels in the vector lanes), with the same bits.
 
 Results do not depend on the thread count or the band size.
 """
