@@ -109,8 +109,8 @@ static inline int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + 3 * QC_DW_UP(j->W) + 2 * nr * ow + ow + QC_DW_UP(K);
     if (j->kind == 2) n += K * nr * ow + 2 * nr * ow;   /* quantized taps, qs, dx per pixel */
     if (K > QC_DW_EXACT_TAPS) n += 2 * nr * ow;         /* int32 chunk sums of I and S */
-    if (qc_dw_c8(j)) {   /* the block's band (rows, wp, 8), its weights (K, 8) */
-        const int64_t c8 = QC_DW_UP(qc_dw_rows(j) * qc_dw_c8_wp(j) * 8) + QC_DW_UP(8 * K);
+    if (qc_dw_c8(j)) {   /* the block's band (rows, wp, 8), its weights (K, 8), the taps' offsets (K int64) */
+        const int64_t c8 = QC_DW_UP(qc_dw_rows(j) * qc_dw_c8_wp(j) * 8) + QC_DW_UP(8 * K) + 2 * K;
         n = c8 > n ? c8 : n;
     }
     return n;
@@ -509,6 +509,19 @@ static inline int qc_dw_fill_row(const qc_dw_job *j, int64_t n, int64_t c, int64
 }
 
 #ifdef QC_DW_X86
+/* a[q] = sum_t wv[t] * p[to[t] + q*ps], 8 pixels q of 8 channels, taps t in order */
+QC_DW_TGT static inline __attribute__((always_inline)) void qc_dw_c8_mac(const float *p, const float *wv,
+                                                                      const int64_t *to, int64_t K, int64_t ps,
+                                                                      __m256 *a)
+{
+    for (int q = 0; q < 8; ++q) a[q] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < K; ++t) {
+        const __m256 w = _mm256_loadu_ps(wv + 8 * t);
+        const float *s = p + to[t];
+        for (int q = 0; q < 8; ++q) a[q] = _mm256_fmadd_ps(w, _mm256_loadu_ps(s + q * ps), a[q]);
+    }
+}
+
 /* One work item of a channel block (qc_dw_c8): sample n, input channels c0 .. c0+7 (lanes past C hold 0; their
  * outputs are not stored), output rows [oy0, oy1) of the band, all M output channels of each. The band's padded
  * input rows are gathered channels-last, (R, wp, 8), from NCHW (8 rows transposed 8 pixels at a time) or NC4HW4 (two
@@ -568,6 +581,9 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
     }
     if (bad || _mm256_movemask_ps(_mm256_cmp_ps(chk, chk, _CMP_UNORD_Q))) return 1;
     const int64_t ps = (int64_t)j->sw * 8;   /* floats between two outputs' taps */
+    int64_t *to = (int64_t *)(wv + QC_DW_UP(8 * K));   /* tap t's offset in the band, floats */
+    for (int64_t ky = 0; ky < j->KH; ++ky)
+        for (int64_t kx = 0; kx < j->KW; ++kx) to[ky * j->KW + kx] = (ky * j->dh * wp + kx * j->dw) * 8;
     for (int64_t m = 0; m < M; ++m) {   /* output channel (c0 + c)*M + m of lane c */
         float sv[8], bv[8], psv[8], ptv[8];
         for (int c = 0; c < 8; ++c) {
@@ -593,13 +609,8 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
             const float *base = blk + (oy - oy0) * j->sh * wp * 8;
             for (int64_t ox = 0; ox < OW; ox += 8) {
                 __m256 a[8];
-                for (int q = 0; q < 8; ++q) a[q] = zero;
-                for (int64_t ky = 0; ky < j->KH; ++ky)
-                    for (int64_t kx = 0; kx < j->KW; ++kx) {
-                        const __m256 w = _mm256_loadu_ps(wv + (ky * j->KW + kx) * 8);
-                        const float *p = base + (ky * j->dh * wp + ox * j->sw + kx * j->dw) * 8;
-                        for (int q = 0; q < 8; ++q) a[q] = _mm256_fmadd_ps(w, _mm256_loadu_ps(p + q * ps), a[q]);
-                    }
+                if (ps == 8) qc_dw_c8_mac(base + ox * 8, wv, to, K, 8, a);   /* stride 1: constant offsets */
+                else qc_dw_c8_mac(base + ox * ps, wv, to, K, ps, a);
                 for (int q = 0; q < 8; ++q) a[q] = qc_dw_epi_vec(&e, a[q]);
                 qc_tr8(a);   /* a[c]: output channel of lane c, pixels ox .. ox+7 */
                 const int64_t left = OW - ox;
