@@ -20,8 +20,9 @@
  *
  * A work item is a strip of QC_DIRECT_NP grid pixels of one sample, every output channel: micro-tiles of 4 channels
  * x 24 pixels, 12 float32 FMA chains (3 row loads and 4 broadcasts a k), over chunks of QC_DIRECT_KC k values (in
- * place, an item's rows are first copied to one block, and K <= QC_DIRECT_KC_IN_PLACE is one chunk). Every output is one chain over k in
- * increasing order, so results do not depend on the thread count or the work split; they match the oracle within
+ * place, an item's rows are first copied to one block, and K <= QC_DIRECT_KC_IN_PLACE is one chunk). Every output
+ * is one chain over k in increasing order, so results do not depend on the thread count or the work split (nor on
+ * the chunks); they match the oracle within
  * its float tolerance (float32 sums of dequantized weights), not bitwise the GEMM path.
  * Epilogue, one pass a row (qc_direct_epilogue_avx2): v = acc + bias; v = min(max(v, lo), hi); then the engine's
  * hardswish and post_affine (qc_hardswish, qc_affine_run), stored straight to NCHW when the row is one run.
@@ -75,10 +76,10 @@ typedef struct {
                                       * [i*strips/ips, (i+1)*strips/ips), so items differ by one strip at most */
     int32_t winograd;                /* 1: Winograd F(2x2, 3x3) where the layer allows it (the caller's choice) */
     int32_t wino;                    /* 1: this call runs Winograd (qc_direct_setup; qconv_winograd.h) */
-    int64_t kc;                      /* k values a chunk (qc_direct_setup) */
     /* per call (qc_direct_setup, then the caller's buffers) */
     int32_t in_place;                /* 1: xp = x (1x1, stride 1, no padding, NCHW); an item's strips' rows are
                                       * copied to one contiguous block first */
+    int64_t kc;                      /* k values a chunk */
     int64_t Hph, Wph;                /* phase plane rows and columns */
     int32_t psw;                     /* column phases of the planes: sw (Winograd: 2, even and odd columns) */
     const float *xp;                 /* the phase planes: (N, C, sh, psw, Hph, Wph) and qc_direct_slack floats of 0 */
@@ -237,11 +238,16 @@ static inline void qc_direct_barrier(void)
 #endif
 }
 
-#ifdef QC_HAVE_X86
-QC_TGT_AVX2 static void qc_wino_weights(const qc_direct_job *j, int64_t ocb, float *wf);
-#endif
+/* code i (output channel 4*ocb + i) of k in a block's codes q: (OCB, K, 4) int8 or (OCB, K, 2) two int4 a byte (the
+ * nibble shifted to the top of a signed byte and back: sign-extended) */
+static inline int qc_direct_code(const uint8_t *q, int bits, int64_t k, int i)
+{
+    return bits == 8 ? (int8_t)q[4 * k + i] : (int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4;
+}
 
 #ifdef QC_HAVE_X86
+QC_TGT_AVX2 static void qc_wino_weights(const qc_direct_job *j, int64_t ocb, float *wf);
+
 /* the scales and offsets of weight block b of output channels 4*ocb .. 4*ocb+3, twice (two k values a vector; 0 past
  * O, whose codes are 0: their weights come out 0) */
 QC_TGT_AVX2 static inline void qc_direct_block_sf(const qc_direct_job *j, int64_t ocb, int64_t b, __m256 *s, __m256 *f)
@@ -283,10 +289,7 @@ QC_TGT_AVX2 static void qc_direct_dequant_avx2(const qc_direct_job *j, int64_t o
             _mm256_storeu_ps(d + 4 * k, _mm256_add_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(
                 qc_direct_codes2_avx2(q, j->bits, k))), f));
         for (; k < k1; ++k)
-            for (int i = 0; i < QC_DIRECT_MR; ++i) {
-                const int v = j->bits == 8 ? (int8_t)q[4 * k + i] : (int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4;
-                d[4 * k + i] = s[i] * (float)v + f[i];
-            }
+            for (int i = 0; i < QC_DIRECT_MR; ++i) d[4 * k + i] = s[i] * (float)qc_direct_code(q, j->bits, k, i) + f[i];
     }
 }
 #endif
@@ -309,11 +312,7 @@ static void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
         for (int b = 0; b < j->NB; ++b) {
             const float s = j->scale[o * j->NB + b], f = j->offset ? j->offset[o * j->NB + b] : 0.0f;
             const int64_t k1 = (b + 1) * j->kblock < j->K ? (b + 1) * j->kblock : j->K;
-            if (j->bits == 8)
-                for (int64_t k = b * j->kblock; k < k1; ++k) d[4 * k + i] = s * (float)(int8_t)q[4 * k + i] + f;
-            else   /* the nibble, sign-extended: shift it to the top of a signed byte and back */
-                for (int64_t k = b * j->kblock; k < k1; ++k)
-                    d[4 * k + i] = s * (float)((int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4) + f;
+            for (int64_t k = b * j->kblock; k < k1; ++k) d[4 * k + i] = s * (float)qc_direct_code(q, j->bits, k, i) + f;
         }
     }
 }

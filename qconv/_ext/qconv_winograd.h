@@ -56,8 +56,7 @@ QC_TGT_AVX2 static void qc_wino_weights(const qc_direct_job *j, int64_t ocb, flo
                 v = _mm256_cvtepi32_ps(qc_direct_codes2_avx2(q, j->bits, k));
             } else {
                 int u[8] = {0};
-                for (int i = 0; i < QC_DIRECT_MR; ++i)
-                    u[i] = j->bits == 8 ? (int8_t)q[4 * k + i] : (int8_t)(q[2 * k + i / 2] << (4 - 4 * (i & 1))) >> 4;
+                for (int i = 0; i < QC_DIRECT_MR; ++i) u[i] = qc_direct_code(q, j->bits, k, i);
                 v = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)u));
             }
             g[t] = _mm_add_ps(_mm_mul_ps(s, _mm256_castps256_ps128(v)), f);
