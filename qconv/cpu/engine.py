@@ -293,7 +293,8 @@ class CpuEngine:
         quantization pass; 0 in block mode, where columns are quantized inside the GEMM loop), ``gemm_threads``
         and ``split`` (``"columns"``: threads take column tiles; ``"channels"``: fewer column tiles than threads,
         so they take output-channel tiles)."""
-        if self._dw is not None:  # depthwise path: split "planes" (threads take (sample, channel, row band) items);
+        # depthwise path: split "planes" (threads take (sample, channel or block of 8 channels, row band) items);
+        if self._dw is not None:
             # quant_threads 0: no separate quantization pass (each thread quantizes the input rows it reads)
             last = self._dw.last_threads
             return None if last is None else dict(quant_threads=last[0], gemm_threads=last[1], split="planes")
