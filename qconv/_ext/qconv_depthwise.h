@@ -72,9 +72,9 @@ typedef struct {
 static inline int64_t qc_dw_bands(const qc_dw_job *j) { return (j->OH + j->band - 1) / j->band; }
 /* float activations into NCHW float outputs with symmetric weights (NCHW or NC4HW4 input, any channel multiplier):
  * blocks of 8 channels (qc_dw_item_c8). Against the planes of one channel with their epilogue in the MAC
- * (2026-12-02, AVX2, 2 threads, A/B in one process): 0.55-0.82x the time on rec's layers (3x80 to 12x160, 5x5 and
- * 3x3) and det's 20x20 and 40x40 ones, 0.81-0.95x on det's 80x80 to 320x320 ones, about even with 16 channels at
- * 24x160. */
+ * (2026-12-02, AVX2, 2 threads, A/B in one process): 0.55-0.82x the time on planes up to 40x40 (rec's 3x80 to
+ * 12x160, 5x5 and 3x3; det's 5x5 at 40x40), 0.81-0.95x on det's 80x80 to 320x320 ones, about even with 16 channels
+ * at 24x160. */
 static inline int qc_dw_c8(const qc_dw_job *j)
 {
 #if defined(__x86_64__) || defined(__i386__)
