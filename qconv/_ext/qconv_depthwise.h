@@ -110,8 +110,8 @@ static inline int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + 3 * QC_DW_UP(j->W) + 2 * nr * ow + ow + QC_DW_UP(K);
     if (j->kind == 2) n += K * nr * ow + 2 * nr * ow;   /* quantized taps, qs, dx per pixel */
     if (K > QC_DW_EXACT_TAPS) n += 2 * nr * ow;         /* int32 chunk sums of I and S */
-    if (qc_dw_c8(j)) {   /* the block's band (rows, wp, 8), its weights (K, 8), the taps' offsets (K int64) */
-        const int64_t c8 = QC_DW_UP(qc_dw_rows(j) * qc_dw_c8_wp(j) * 8) + QC_DW_UP(8 * K) + 2 * K;
+    if (qc_dw_c8(j)) {   /* the block's band (rows, wp, 8), its weights (K, 8) */
+        const int64_t c8 = QC_DW_UP(qc_dw_rows(j) * qc_dw_c8_wp(j) * 8) + QC_DW_UP(8 * K);
         n = c8 > n ? c8 : n;
     }
     return n;
@@ -528,8 +528,9 @@ QC_DW_TGT static inline __attribute__((always_inline)) void qc_dw_c8_mac(const f
  * input rows are gathered channels-last, (R, wp, 8), from NCHW (8 rows transposed 8 pixels at a time) or NC4HW4 (two
  * 4-channel pixels a vector), checked for NaN / inf on the way; each output is then the same float32 FMA chain over
  * the taps (ky-major) and the same epilogue as the planes' path (qc_dw_epi_vec), 8 pixels x 8 channels a step,
- * transposed back to NCHW rows on the store. Returns 1 when a value read holds NaN / inf (nothing stored then). */
-QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *scr)
+ * transposed back to NCHW rows on the store. to: the taps' offsets (qc_dw_thread_setup). Returns 1 when a value
+ * read holds NaN / inf (nothing stored then). */
+QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *scr, const int64_t *to)
 {
     const int64_t nb = qc_dw_bands(j), CB = (j->C + 7) / 8, K = (int64_t)j->KH * j->KW, OW = j->OW, W = j->W;
     const int64_t n = item / (CB * nb), c0 = (item / nb) % CB * 8, b = item % nb;
@@ -582,9 +583,6 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
     }
     if (bad || _mm256_movemask_ps(_mm256_cmp_ps(chk, chk, _CMP_UNORD_Q))) return 1;
     const int64_t ps = (int64_t)j->sw * 8;   /* floats between two outputs' taps */
-    int64_t *to = (int64_t *)(wv + QC_DW_UP(8 * K));   /* tap t's offset in the band, floats */
-    for (int64_t ky = 0; ky < j->KH; ++ky)
-        for (int64_t kx = 0; kx < j->KW; ++kx) to[ky * j->KW + kx] = (ky * j->dh * wp + kx * j->dw) * 8;
     for (int64_t m = 0; m < M; ++m) {   /* output channel (c0 + c)*M + m of lane c */
         float sv[8], bv[8], psv[8], ptv[8];
         for (int c = 0; c < 8; ++c) {
@@ -634,29 +632,32 @@ static inline float *qc_dw_ones(const qc_dw_job *j, float *scr)
     return scr + QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + 3 * QC_DW_UP(j->W) + 2 * QC_DW_NR * ow + ow;
 }
 
-/* a thread's scratch before its first item: the ones, and tap t's offset from its output row's first plane row at
- * ptrs + 2K (qc_dw_item's toff) */
+/* a thread's scratch before its first item: tap t's offset, in floats, from its output row's first row at ptrs + 2K
+ * (channel blocks: in the block's channels-last band; planes: in the padded plane, and the ones of S's sums) */
 static void qc_dw_thread_setup(const qc_dw_job *j, float *scr, const float **ptrs)
 {
     const int64_t K = (int64_t)j->KH * j->KW, rs = qc_dw_rs(j), wph = qc_dw_wph(j);
-    float *ones = qc_dw_ones(j, scr);
+    const int c8 = qc_dw_c8(j);
     int64_t *toff = (int64_t *)(ptrs + 2 * K);
-    for (int64_t t = 0; t < K; ++t) ones[t] = 1.0f;
     for (int64_t ky = 0; ky < j->KH; ++ky)
         for (int64_t kx = 0; kx < j->KW; ++kx) {
             const int64_t cx = kx * j->dw;
-            toff[ky * j->KW + kx] = ky * j->dh * rs + (cx % j->sw) * wph + cx / j->sw;
+            toff[ky * j->KW + kx] = c8 ? (ky * j->dh * qc_dw_c8_wp(j) + cx) * 8
+                                       : ky * j->dh * rs + (cx % j->sw) * wph + cx / j->sw;
         }
+    if (c8) return;
+    float *ones = qc_dw_ones(j, scr);
+    for (int64_t t = 0; t < K; ++t) ones[t] = 1.0f;
 }
 
 /* One work item: sample n, channel c, output rows [oy0, oy1) of the band, all M output channels of c.
- * scr: qc_dw_scratch_floats(j) floats; ptrs: qc_dw_scratch_ptrs(j) pointers (both set up by qc_dw_thread_setup). Returns the number of block-mode
- * windows holding a NaN or an infinity, or with float activations (kind 3) of input rows read holding one (nothing
- * is stored then); 0 in the other modes. */
+ * scr: qc_dw_scratch_floats(j) floats; ptrs: qc_dw_scratch_ptrs(j) pointers (both set up by qc_dw_thread_setup).
+ * Returns the number of block-mode windows holding a NaN or an infinity, or with float activations (kind 3) of
+ * input rows read holding one (nothing is stored then); 0 in the other modes. */
 static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
 {
 #ifdef QC_DW_X86
-    if (qc_dw_c8(j)) return qc_dw_item_c8(j, item, scr);
+    if (qc_dw_c8(j)) return qc_dw_item_c8(j, item, scr, (const int64_t *)(ptrs + 2 * (int64_t)j->KH * j->KW));
 #endif
     const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, ow = QC_DW_UP(OW);
     const int64_t n = item / (j->C * nb), c = (item / nb) % j->C, b = item % nb;
