@@ -16,7 +16,7 @@ from .layer import Conv2d, Linear, conv2d
 from .pipeline import Pipeline, Residual
 from .weights import QuantizedWeight, quantize_weight
 
-__version__ = "0.9.1"
+__version__ = "0.10.0"
 
 __all__ = ["QuantizedWeight", "quantize_weight", "Conv2d", "Linear", "conv2d", "Pipeline", "Residual", "ConvSpec",
            "reference",

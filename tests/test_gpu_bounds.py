@@ -14,9 +14,13 @@ int32 sum, and compares with the oracle (float64 sums). Audit of the integer acc
 * ``conv_mma`` (act_quant="row", tensor-core GEMM; emulated with dp4a off NVIDIA): int32 sums over one
   scale block or, per-channel, at most 4096 steps of 32 channels (4096 * 32 * 128 * 127 < 2**31), then
   folded into float; blockwise layers whose block spans more than 4096 steps are refused.
-* ``conv_general``, ``conv_1x1`` (incl. ``gemv_1x1``), ``conv_gemm``, ``gemv_mma`` and ``act_quant``'s
-  ``quant_rows``: float (f32) accumulators only (gemv_mma: f16 products of exact codes, f32 accumulation);
-  no integer sum to overflow. Tested at large K with extreme values all the same, to show it.
+* ``gemv_mma`` (float activations, one row; emulated with dp4a off NVIDIA): int32 sums per digit column of
+  x (the base-256 digits of rint(x * 2^sh)) over all of K (per-channel, one warp: SPLIT = 1) or one scale
+  block; each product 16 q d (int4) or q d is at most 128 * 128, so the engine takes at most
+  ``gemv_mma.MAX_CHANNELS`` = 131071 channels; the warps' and columns' sums are int64.
+* ``conv_general``, ``conv_1x1`` (incl. ``gemv_1x1``), ``conv_gemm`` and ``act_quant``'s ``quant_rows``:
+  float (f32) accumulators only; no integer sum to overflow. Tested at large K with extreme values all the
+  same, to show it.
 
 The inline-PTX variants (-DNV_PTX) run only on NVIDIA; CI (PoCL) runs the portable dp4a and the emulated mma.
 """
@@ -142,3 +146,27 @@ def test_float_kernels_long_k_extreme_values(cl_device, aq, variant, shape):
     y = eng.forward(x)
     assert eng.plans[("nchw", n, h, wd)].variant == variant
     _check(y, x, w, aq, rtol=1e-5)
+
+
+def test_gemv_mma_digit_sums_at_their_bound(cl_device):
+    """gemv_mma at MAX_CHANNELS with one warp (SPLIT = 1): every int4 code -8 (16 q = -128) and every x equal
+    to the value whose lower three digits are all -128 (X = 32 * 2^24 - 128 * (2^16 + 2^8 + 1)), so each of
+    those columns sums 131071 products of +2^14, 16383 short of 2^31. Where the device's local memory cannot
+    hold x's digits for that many channels the layer is refused, saying so."""
+    from qconv.gpu.families import gemv_mma
+
+    ic = gemv_mma.MAX_CHANNELS
+    w = _const_weight(1, ic, -8, 4, asym=True)
+    x = np.full((1, ic, 1, 1), np.float32((32 * 2**24 - 128 * (2**16 + 2**8 + 1)) / 2**28), np.float32)
+    eng = gpu.OpenCLEngine(ConvSpec(w, None, 1, 0, 1, None, None), device=cl_device, tune="none", image=False)
+    why = gemv_mma.unsupported(eng, None, "gemv_mma")
+    if why is not None:
+        assert "local memory" in why, why
+        return
+    eng = gpu.OpenCLEngine(ConvSpec(w, None, 1, 0, 1, None, None), device=cl_device, tune="none", image=False,
+                           variant="gemv_mma", local_size=(32, 1, 1))
+    _check(eng.forward(x), x, w, None)
+    over = _const_weight(1, ic + 1, -8, 4, asym=True)
+    assert "int32 sums" in gemv_mma.unsupported(
+        gpu.OpenCLEngine(ConvSpec(over, None, 1, 0, 1, None, None), device=cl_device, tune="none", image=False),
+        None, "gemv_mma")

@@ -1,9 +1,9 @@
-"""gemv_mma: linear layers on one row with float activations on f16 tensor cores (x split per element into
-two f16 numbers, int4/int8 codes exact in f16, f32 accumulation).
+"""gemv_mma: linear layers on one row with float activations on int8 tensor cores (x as the base-256 digits of
+rint(x * 2^sh), exact integer sums, one rounding per layer or scale block).
 
 The variant is forced, so it runs on every visible OpenCL device: PoCL in CI emulates each mma through local
-memory (same fragments, layout, scale folding and epilogue), the H200 run executes the PTX ``mma.sync``.
-The float-activation tolerance applies (``RTOL_FLOAT``).
+memory (same fragments, layout, scale folding and epilogue; integer sums, so the same bits as the tensor
+cores), the H200 run executes the PTX ``mma.sync``. The float-activation tolerance applies (``RTOL_FLOAT``).
 """
 import numpy as np
 import pytest
@@ -42,8 +42,8 @@ def test_gemv_mma_matches_reference(cl_device, data):
                                             (8, 16, False), (8, 64, True)])
 def test_gemv_mma_many_tiles_and_ranges(cl_device, bits, block, sym):
     """More 16-row tiles than work-groups, K over several warps and loads (blocks inside a load, loads
-    inside a block), fp16 scales, and inputs whose range needs the 2^e scaling: huge, tiny and mixed
-    magnitudes (x * 2^e keeps the f16 halves finite and accurate)."""
+    inside a block), fp16 scales, and inputs whose range needs the 2^sh scaling: huge, tiny (down to
+    subnormal) and mixed magnitudes."""
     rng = np.random.default_rng(bits + block)
     w = _weight(rng, 300, 512, 1, bits, block, sym)
     half = lambda a: None if a is None else a.astype(np.float16).astype(np.float32)  # noqa: E731
@@ -53,8 +53,8 @@ def test_gemv_mma_many_tiles_and_ranges(cl_device, bits, block, sym):
     for split in (1, 2):
         eng = _engine(w16, bias, device=cl_device, image=False, variant="gemv_mma", local_size=(32, split, 1))
         assert eng.scale_layout.dtype == "float16"
-        for xs in (x, x * np.float32(1e30), x * np.float32(1e-30), x * np.logspace(-6, 6, 512, dtype=np.float32)
-                   .reshape(1, 512, 1, 1), np.zeros_like(x)):
+        for xs in (x, x * np.float32(1e30), x * np.float32(1e-30), x * np.float32(1e-39),
+                   x * np.logspace(-6, 6, 512, dtype=np.float32).reshape(1, 512, 1, 1), np.zeros_like(x)):
             assert_matches_reference(eng.forward(xs), xs, w16, bias, act_quant=None)
 
 
@@ -77,3 +77,22 @@ def test_gemv_mma_candidates_and_errors(cl_device):
         gpu.OpenCLEngine(qconv.geometry.ConvSpec(w, act_quant="row"), device=cl_device, variant="gemv_mma")
     forced.forward(np.ones((1, 96, 1, 1), np.float32))
     assert "gemv_mma" in forced.describe()
+
+
+def test_gemv_mma_non_finite_input_and_channel_limit(cl_device):
+    """Any NaN or inf in x makes every output NaN (integer sums cannot carry them); layers past the int32
+    sums' channel limit are refused (by that limit or, first, by the device's local memory)."""
+    from qconv.gpu.families import gemv_mma
+
+    rng = np.random.default_rng(5)
+    w = _weight(rng, 24, 96, 1, 4, 0, True)
+    eng = _engine(w, device=cl_device, image=False, variant="gemv_mma")
+    x = rng.standard_normal((1, 96, 1, 1)).astype(np.float32)
+    assert np.isfinite(eng.forward(x)).all()
+    for bad in (np.nan, np.inf, -np.inf):
+        xb = x.copy()
+        xb[0, 50, 0, 0] = bad
+        assert np.isnan(eng.forward(xb)).all()
+    big = _weight(rng, 1, gemv_mma.MAX_CHANNELS + 64, 1, 4, 0, True)
+    why = gemv_mma.unsupported(_engine(big, device=cl_device, image=False), None, "gemv_mma")
+    assert why is not None and ("int32 sums" in why or "local memory" in why), why

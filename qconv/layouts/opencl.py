@@ -562,9 +562,10 @@ class OpenCLMMAWeightLayout:
 
 @dataclass(frozen=True)
 class OpenCLGemvMMALayout:
-    """Weights of the f16 tensor-core GEMV (``gemv_mma.cl``: linear layers on one row, float activations):
+    """Weights of the tensor-core GEMV (``gemv_mma.cl``: linear layers on one row, float activations):
     ``[ceil(O/16)][ceil(I/KT)][32 lanes][16 bytes]``, ``KT`` = 64 (int4) or 32 (int8); a lane's 16 bytes are
-    its ``mma.m16n8k16`` A fragments.
+    its ``mma.m16n8k16`` A fragments (``gemv_mma`` reads each pair of steps as one ``m16n8k32`` s8 product:
+    in every byte of an int4 step the low nibble is row ``g`` and the high nibble row ``g + 8``).
 
     Logical ``q``: int8 ``(O, I)`` or ``(O, I, 1, 1)``. Output channels go in tiles of 16 rows, K in
     loads of ``KT = 64`` (int4) or ``32`` (int8) input channels; stored as ``(ceil(O/16), ceil(I/KT), 32,

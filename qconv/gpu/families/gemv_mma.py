@@ -1,8 +1,8 @@
-"""``gemv_mma`` (``kernels/gemv_mma.cl``): with float activations, linear layers on one row on f16 tensor cores
-(PTX ``mma.sync`` m16n8k16 on NVIDIA sm_80+, offered to the tuner there; elsewhere only when forced, as an
-emulation): x split per element into two f16 numbers (``x * 2^e = hi + lo``), weights in
-:class:`~qconv.layouts.opencl.OpenCLGemvMMALayout` (the mma's A fragments), f32 sums; local sizes
-``(32, SPLIT, g)``."""
+"""``gemv_mma`` (``kernels/gemv_mma.cl``): with float activations, linear layers on one row on int8 tensor cores
+(PTX ``mma.sync`` m16n8k32 on NVIDIA sm_80+, offered to the tuner there; elsewhere only when forced, as an
+emulation): x as the four signed base-256 digits of ``rint(x * 2^sh)`` (``max |x| * 2^sh`` in ``[2^28, 2^29)``),
+weights in :class:`~qconv.layouts.opencl.OpenCLGemvMMALayout`, exact integer sums, one rounding per layer or
+scale block; local sizes ``(32, SPLIT, g)``."""
 from __future__ import annotations
 
 from ...layouts.opencl import OpenCLGemvMMALayout
@@ -12,7 +12,9 @@ from .base import cdiv, common_options, scalars
 program = "gemv_mma"
 variants = GEMV_MMA_VARIANTS = {  # name -> U: 16-byte loads per lane in flight
     "gemv_mma": 8,
+    "gemv_mma_u4": 4,
 }
+MAX_CHANNELS = 131071  # int32 column sums: each product 16 q d (or q d) is at most 2^14
 fixed_local_size = False
 
 
@@ -29,10 +31,13 @@ def unsupported(layer, problem=None, variant=None):
             return f"its scale blocks must be 16, 32{', 64' if w.bits == 4 else ''} or a multiple of {kt} " \
                    f"input channels, got {bc}"
     ks = cdiv(w.q.shape[1], kt) * kt // 16
-    need = 64 * ks + 4 * cdiv(w.q.shape[1], 16) + 4 * 1024 + (0 if layer.mma_native else 4 * 32 * 288)
+    # x's digits, sums of x, max |x| and the warps' int64 parts (32 warps at most), the emulation's tiles
+    need = 64 * ks + 4 * cdiv(w.q.shape[1], 16) + 4 * 1024 + 8 * 1024 + (0 if layer.mma_native else 4 * 32 * 192)
     if need > int(layer.device.local_mem_size):
-        return (f"x's f16 halves need {need} bytes of local memory for {w.q.shape[1]} input channels; "
+        return (f"x's digits need {need} bytes of local memory for {w.q.shape[1]} input channels; "
                 f"{layer.device.name} has {int(layer.device.local_mem_size)}")
+    if w.q.shape[1] > MAX_CHANNELS:
+        return f"its int32 sums take at most {MAX_CHANNELS} input channels, got {w.q.shape[1]}"
     if problem is not None and problem.rows != 1:
         return f"it runs linear layers on one row (N = H = W = 1), got {problem.n}x{problem.h}x{problem.w}"
     return None

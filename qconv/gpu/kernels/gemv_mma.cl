@@ -1,31 +1,37 @@
-/* Linear layers on one row (N = H = W = 1) with float activations on the f16 tensor cores (gemv_mma).
+/* Linear layers on one row (N = H = W = 1) with float activations on the int8 tensor cores (gemv_mma).
  *
  * y[o] = act(sum_k (q[o,k] s[o,b(k)] + a[o,b(k)]) x[k] + bias[o])   (b(k): k's scale block; one block: NBLK1)
  *
- * The int4/int8 codes q are exact in f16. x is split per element into two f16 numbers, x * 2^e = hi + lo (hi:
- * x * 2^e rounded to f16, lo: the remainder rounded to f16; 22 significant bits per element), with 2^e putting
- * max |x| in [2^14, 2^15) so that neither overflows. One mma.sync.m16n8k16 (f32 accumulation) multiplies a
- * tile of 16 output channels x 16 k by the columns hi (0) and lo (1) of its B operand (columns 2-7 are 0),
- * so column 0 + column 1 of the result is sum_k q x 2^e for the 16 channels. Scales apply per block (folded
- * into f32 every BLOCK_CH / 16 k-steps) or once at the end (NBLK1); offsets multiply the float sums of x.
+ * x is turned into integers X[k] = rint(x[k] 2^sh), with 2^sh putting max |x| in [2^28, 2^29) (so every
+ * element within 2^-5 of max |x| is exact and the others are off by at most 2^-30 max |x|), and X is written
+ * as four signed base-256 digits, X = d0 2^24 + d1 2^16 + d2 2^8 + d3 (d1..d3 in [-128, 127], |d0| <= 32).
+ * One mma.sync.m16n8k32 (s8 x s8 -> s32) multiplies a tile of 16 output channels x 32 k by the digit
+ * columns 0..3 of its B operand, so sum_k q X is exact: in int32 per column (16 q d <= 2^14 and at most
+ * 131071 channels), then int64 over the columns and the warps. One rounding to float follows, per layer
+ * (NBLK1) or per scale block (blocks: folded into float with the block's scale).
  *
- * Weights: OpenCLGemvMMALayout, uint4 [ceil(O/16)][KL][32 lanes]: lane l's 16 bytes are its A fragments of
- * MPL = KT/16 k-steps (KT = 64 int4, 32 int8 channels per load). Decoded without int->float conversions:
- * a nibble or byte or'ed under the f16 exponent of 1024 (or 64 for a nibble at bits 4-7) is 1024 + u
- * (64 + u) exactly; subtracting 1024 + 8 (64 + 8; bytes: u = q + 128, 1024 + 128) leaves q.
+ * Weights: OpenCLGemvMMALayout, uint4 [ceil(O/16)][KL][32 lanes]: a lane's 16 bytes hold its rows g and
+ * g + 8 (g = lane / 4, t = lane % 4) at the channels 2t, 2t+1, 2t+8, 2t+9 of MPL = KT/16 16-channel steps
+ * (KT = 64 int4, 32 int8 channels per load). The mma reads a pair of steps as one 32-channel product whose
+ * k slots 4t..4t+3 (and 16+4t..) are those channels of the first (second) step, in the order the codes lie:
+ * int4 (low nibbles of a word's bytes: row g; high nibbles: row g + 8) 2t, 2t+8, 2t+1, 2t+9; int8 (bytes 0,1
+ * of the step's first word and of its second: row g; bytes 2,3: row g + 8) 2t, 2t+1, 2t+8, 2t+9. x's
+ * digits are stored in that slot order, so the products pair the right channels. int4 codes are decoded
+ * to the bytes 16 q (the two's-complement nibble q = (q + 8) ^ 8 under a byte's top half: one xor-and),
+ * the factor 16 leaves with 2^sh.
  *
  * NDRange: local (32, SPLIT) = SPLIT warps, G work-groups (the engine: at most the device's resident ones);
  * group g takes the tiles g, g + G, ...; warp lk takes loads kl = lk, lk + SPLIT, ... of the tile, U of them
- * in flight, and the warps' partial sums are added in local memory in a fixed order. Every group first
- * splits x into hi/lo in local memory (KS k-steps x 2 columns x 4 lanes x uint2 = 64 bytes per 16 k).
+ * in flight. Every group first reads x (and the first U loads of its first tile, so that they stream
+ * while x is reduced), finds max |x| (a non-finite x makes every output NaN), writes the digits to local
+ * memory (4 columns x KS/2 step pairs x 4 lanes x uint2 = 64 bytes per 16 channels) and then runs its tiles.
  *
- * Non-finite x gives non-finite outputs (NaN where the CUDA-core kernels may give +-inf: lo = inf - inf).
+ * Without -DNV_PTX the mma is emulated through local memory (each lane writes its fragments, every lane
+ * computes its four sums with dp4a), for devices without PTX (CI on PoCL): integer sums, so the emulation
+ * gives the same bits as the tensor cores.
  *
- * Without -DNV_PTX the mma is emulated through local memory (each lane writes its fragment, every lane
- * computes its part of D): the same fragment mapping and sums, for devices without PTX (CI on PoCL).
- *
- * Build options: QBITS, SCALE_HALF, ASYM, NBLK1 | BLOCK_CH (a multiple of 16), HAS_BIAS, ACT, OUT_NCHW, G_IC,
- * G_OC, SPLIT, U, NV_PTX.
+ * Build options: QBITS, SCALE_HALF, ASYM, NBLK1 | BLOCK_CH (16, 32 or a multiple of 32), HAS_BIAS, ACT,
+ * OUT_NCHW, G_IC, G_OC, SPLIT, U, NV_PTX.
  */
 #ifndef QBITS
 #error "QBITS must be defined (4 or 8)"
@@ -34,110 +40,108 @@
 #define U 4
 #endif
 #define KT (QBITS == 4 ? 64 : 32) /* input channels per 16-byte load of a lane */
-#define MPL (KT / 16)             /* mma k-steps per load */
+#define MPL (KT / 16)             /* 16-channel steps per load */
+#define NMMA (MPL / 2)            /* mma products (32 channels) per load */
 #define KL CDIV(IC, KT)           /* loads per tile row */
-#define KS (KL * MPL)             /* k-steps (16 channels each) */
+#define KS (KL * MPL)             /* 16-channel steps */
 #define QT (32 * SPLIT)           /* items per work-group */
+#define NPQ CDIV(KS * 4, QT)      /* (step, t) quads of x per item */
+#define XREG (NPQ <= 4)           /* x kept in registers between the max and the digits (else read twice) */
+#define CODE_SHIFT (QBITS == 4 ? 4 : 0) /* int4 products are 16 q X */
 #ifdef NBLK1
 #define XB 64                     /* channels per partial sum of x (the offsets' sum x, per-channel) */
 #else
 #define XB BLOCK_CH
-#define SPB (BLOCK_CH / 16)       /* k-steps per scale block */
-#define FOLD (SPB < MPL ? SPB : MPL) /* k-steps per fold: a load never straddles two blocks */
-#if SPB % MPL != 0 && MPL % SPB != 0
-#error "BLOCK_CH must divide or be a multiple of the channels per load"
+#if BLOCK_CH % 32 != 0 && BLOCK_CH != 16
+#error "BLOCK_CH must be 16 or a multiple of 32"
 #endif
-#define NFB (MPL / FOLD)          /* folds per load */
+#define HALVES (BLOCK_CH == 16)   /* a block per 16-channel step: each half of a product folded apart */
+#define MPB (HALVES ? 1 : BLOCK_CH / 32) /* products per block */
+#define FOLDM (MPB < NMMA ? MPB : NMMA)  /* products per fold: at least one fold per load (a load's warp) */
+#define FPL (HALVES ? 2 * NMMA : NMMA / FOLDM) /* folds per load */
 #define NBLK (IC / BLOCK_CH)
 #endif
 #define NXB CDIV(IC, XB)
 
 #ifdef NV_PTX
-inline uint f16x2_sub(uint a, uint b) {
-    uint d;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
 inline uint prmt(uint a, uint b, uint sel) {
     uint d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
 }
-inline void mma_f16(float *c, const uint *a, uint2 b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+inline void mma_s8(int *d, uint a0, uint a1, uint a2, uint a3, uint2 b) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
 }
-#define BIAS_SUB(v, c) f16x2_sub((v), (c))
 #else
-#define BIAS_SUB(v, c) (v) /* the emulation subtracts in float (see mma_emul) */
-#endif
-
-/* A fragments (4 f16x2: (a0,a1) (a2,a3) (a4,a5) (a6,a7)) of k-step m of a lane's 16 bytes */
-inline void decode_a(uint4 wv, int m, uint *a) {
-#if QBITS == 4
-    const uint w = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
-    const uint w8 = w >> 8;
-    a[0] = BIAS_SUB((w & 0x000F000Fu) | 0x64006400u, 0x64086408u);  /* 1024 + n - 1032 */
-    a[1] = BIAS_SUB((w & 0x00F000F0u) | 0x54005400u, 0x54805480u);  /* 64 + n - 72 */
-    a[2] = BIAS_SUB((w8 & 0x000F000Fu) | 0x64006400u, 0x64086408u);
-    a[3] = BIAS_SUB((w8 & 0x00F000F0u) | 0x54005400u, 0x54805480u);
-#else
-    const uint u0 = (m == 0 ? wv.x : wv.z) ^ 0x80808080u, u1 = (m == 0 ? wv.y : wv.w) ^ 0x80808080u;
-#ifdef NV_PTX
-    a[0] = BIAS_SUB(prmt(u0, 0x64646464u, 0x4140u), 0x64806480u);  /* 1024 + q + 128 - 1152 */
-    a[1] = BIAS_SUB(prmt(u0, 0x64646464u, 0x4342u), 0x64806480u);
-    a[2] = BIAS_SUB(prmt(u1, 0x64646464u, 0x4140u), 0x64806480u);
-    a[3] = BIAS_SUB(prmt(u1, 0x64646464u, 0x4342u), 0x64806480u);
-#else
-    a[0] = (u0 & 0xFFu) | (u0 & 0xFF00u) << 8 | 0x64006400u;
-    a[1] = (u0 >> 16 & 0xFFu) | (u0 >> 24) << 16 | 0x64006400u;
-    a[2] = (u1 & 0xFFu) | (u1 & 0xFF00u) << 8 | 0x64006400u;
-    a[3] = (u1 >> 16 & 0xFFu) | (u1 >> 24) << 16 | 0x64006400u;
-#endif
-#endif
+/* prmt.b32 (selector nibbles 0-7 pick bytes of {b, a}; no sign modes) */
+inline uint prmt(uint a, uint b, uint sel) {
+    const ulong ab = (ulong)b << 32 | a;
+    uint d = 0u;
+    for (int i = 0; i < 4; ++i)
+        d |= (uint)(ab >> (8 * ((sel >> (4 * i)) & 7u)) & 0xFFu) << (8 * i);
+    return d;
 }
-
-#ifndef NV_PTX
-/* mma.m16n8k16 (only B columns 0 and 1 are nonzero) through the warp's local tiles As[16][16], Bs[16][2] */
-inline void mma_emul(float *c, const uint *a, uint2 b, __local float *As, __local float *Bs, int g, int t) {
-    float av[8];
-    for (int i = 0; i < 4; ++i) {
-        const float2 h = vload_half2(0, (const __private half *)&a[i]);
-#if QBITS == 4
-        const float bias = i % 2 == 0 ? 1032.0f : 72.0f;
-#else
-        const float bias = 1152.0f;
-#endif
-        av[2 * i] = h.x - bias;
-        av[2 * i + 1] = h.y - bias;
-    }
-    /* element j of the fragment: rows g (+8 for j = 2,3,6,7), columns 2t, 2t+1 (+8 for j >= 4) */
-    for (int j = 0; j < 8; ++j)
-        As[(g + 8 * ((j >> 1) & 1)) * 16 + 2 * t + (j & 1) + 8 * (j >> 2)] = av[j];
-    if (g < 2) {
-        const uint bw[2] = {b.x, b.y};
-        const float2 b0 = vload_half2(0, (const __private half *)&bw[0]);
-        const float2 b1 = vload_half2(0, (const __private half *)&bw[1]);
-        Bs[(2 * t) * 2 + g] = b0.x;
-        Bs[(2 * t + 1) * 2 + g] = b0.y;
-        Bs[(2 * t + 8) * 2 + g] = b1.x;
-        Bs[(2 * t + 9) * 2 + g] = b1.y;
-    }
+/* mma.m16n8k32 s8 through the warp's local tiles As[16 rows][8 words], Bs[8 columns][8 words] */
+inline void mma_emul(int *d, uint a0, uint a1, uint a2, uint a3, uint2 b, __local uint *As, __local uint *Bs,
+                     int g, int t) {
+    As[g * 8 + t] = a0;
+    As[(g + 8) * 8 + t] = a1;
+    As[g * 8 + 4 + t] = a2;
+    As[(g + 8) * 8 + 4 + t] = a3;
+    Bs[g * 8 + t] = b.x;
+    Bs[g * 8 + 4 + t] = b.y;
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (t == 0) { /* D columns 0 and 1 (the lanes t > 0 hold columns 2-7: zero) */
-        for (int r = 0; r < 2; ++r)
-            for (int col = 0; col < 2; ++col) {
-                float d = 0.0f;
-                for (int k = 0; k < 16; ++k)
-                    d = fma(As[(g + 8 * r) * 16 + k], Bs[k * 2 + col], d);
-                c[2 * r + col] += d;
-            }
+    for (int i = 0; i < 4; ++i) { /* d0, d1: row g, columns 2t, 2t + 1; d2, d3: row g + 8 */
+        const int r = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        for (int w = 0; w < 8; ++w)
+            d[i] = dp4a_ss(As[r * 8 + w], Bs[col * 8 + w], d[i]);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 #endif
+
+/* the digits of X (|X| < 2^29) as signed bytes: byte 0 = d3 (weight 1) ... byte 3 = d0 (2^24) */
+inline uint digits(float v) {
+    return ((uint)convert_int_rte(v) + 0x808080u) ^ 0x808080u;
+}
+
+/* x[16 s + 2 t + {0, 1, 8, 9}] (zeros past IC) of quad p = 4 s + t */
+inline float4 load_quad(__global const float *x, int p) {
+    const int k = 16 * (p >> 2) + 2 * (p & 3);
+    return (float4)(k < IC ? x[k] : 0.0f, k + 1 < IC ? x[k + 1] : 0.0f, k + 8 < IC ? x[k + 8] : 0.0f,
+                    k + 9 < IC ? x[k + 9] : 0.0f);
+}
+
+/* 2^e for e in [-252, 252] (two factors: each a normal float) */
+inline float2 pow2_pair(int e) {
+    const int e1 = clamp(e, -126, 126);
+    return (float2)(as_float((uint)(127 + e1) << 23), as_float((uint)(127 + e - e1) << 23));
+}
+
+/* A fragments of product mm (0 .. NMMA-1) of a lane's 16 bytes: rows g, g + 8 of its two steps */
+inline void decode_a(uint4 wv, int mm, uint *a) {
+#if QBITS == 4
+    const uint w0 = mm == 0 ? wv.x : wv.z, w1 = mm == 0 ? wv.y : wv.w;
+    a[0] = ((w0 << 4) ^ 0x88888888u) & 0xF0F0F0F0u; /* low nibbles: row g, bytes 16 q */
+    a[1] = (w0 ^ 0x88888888u) & 0xF0F0F0F0u;        /* high nibbles: row g + 8 */
+    a[2] = ((w1 << 4) ^ 0x88888888u) & 0xF0F0F0F0u;
+    a[3] = (w1 ^ 0x88888888u) & 0xF0F0F0F0u;
+#else
+    a[0] = prmt(wv.x, wv.y, 0x5410u);
+    a[1] = prmt(wv.x, wv.y, 0x7632u);
+    a[2] = prmt(wv.z, wv.w, 0x5410u);
+    a[3] = prmt(wv.z, wv.w, 0x7632u);
+#endif
+}
+
+/* this lane's columns (t = 0: digits d0, d1; t = 1: d2, d3) of rows g (r = 0) or g + 8 (r = 1) as one integer */
+inline long lane_sum(const int *c, int r, int t) {
+    const int sh = t == 0 ? 16 : 0;
+    return (((long)c[2 * r] << 8) + c[2 * r + 1]) << sh;
+}
 
 __kernel __attribute__((reqd_work_group_size(32, SPLIT, 1)))
 void gemv_mma(__global const float *x,
@@ -153,34 +157,59 @@ void gemv_mma(__global const float *x,
     const int OCP = CDIV(OC, 4) * 4; /* the scale layout's rows; the output's in NC4HW4 */
     const int OT = CDIV(OC, 16);
 
-    __local uint2 xb[2 * KS * 4];     /* [column hi/lo][k-step][t]: the B fragments (b0b1, b2b3) */
+    __local uint2 xb[4 * (KS / 2) * 4]; /* [digit column][step pair][t]: the B fragments (b0, b1) */
 #ifdef ASYM
-    __local float xsum[NXB];          /* sums of x per XB channels (unscaled): the offsets' factor */
+    __local float xsum[NXB];            /* sums of x per XB channels: the offsets' factor */
 #endif
-    __local float red[QT];            /* max |x|, then the warps' partial sums [SPLIT][16] */
+    __local float red[QT];              /* max |x| */
+    __local long part[SPLIT * 16 * 2];  /* the warps' sums [SPLIT][16 rows][t = 0, 1] */
 #ifndef NV_PTX
-    __local float emu[SPLIT * (256 + 32)];
-    __local float *As = emu + lk * (256 + 32), *Bs = As + 256;
+    __local uint emu[SPLIT * 192];
+    __local uint *As = emu + lk * 192, *Bs = As + 128;
 #endif
 
-    /* x * 2^e = hi + lo, 2^e puts max |x| in [2^14, 2^15) (1 when max |x| is 0, inf or NaN) */
+    /* x, then the first loads of the first tile (they stream while x is reduced) */
+    float4 xv[XREG ? NPQ : 1];
     float m = 0.0f;
-    for (int k = lin; k < IC; k += QT)
-        m = fmax(m, fabs(x[k]));
+#pragma unroll
+    for (int i = 0; i < NPQ; ++i) {
+        const float4 v = load_quad(x, lin + i * QT);
+        if (XREG)
+            xv[i] = v;
+        const float4 av = fabs(v);
+        m = fmax(m, fmax(fmax(av.x, av.y), fmax(av.z, av.w)));
+        m = all(isfinite(v)) ? m : INFINITY;
+    }
+    const int tile0 = get_group_id(0);
+    uint4 wfirst[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+        wfirst[j] = wq[((size_t)min(tile0, OT - 1) * KL + min(lk + j * SPLIT, KL - 1)) * 32 + lane];
+
     const float amax = work_group_amax(red, m, lin, QT);
-    int e;
-    frexp(amax, &e);
-    const bool normal = amax > 0.0f && isfinite(amax);
-    const int sh = normal ? clamp(15 - e, -126, 126) : 0;
-    const float sc = ldexp(1.0f, sh), inv = ldexp(1.0f, -sh);
-    for (int p = lin; p < KS * 8; p += QT) { /* channel pair (2p, 2p + 1) */
-        const int k = 2 * p, s = k >> 4, r = k & 15;
-        const float2 v = (float2)(k < IC ? x[k] : 0.0f, k + 1 < IC ? x[k + 1] : 0.0f) * sc;
-        const int slot = (s * 4 + ((r & 7) >> 1)) * 2 + (r >> 3); /* uint index: (t, b0b1 | b2b3) */
-        __local half *ph = (__local half *)((__local uint *)xb + slot);
-        __local half *pl = (__local half *)((__local uint *)xb + 8 * KS + slot);
-        vstore_half2_rte(v, 0, ph);
-        vstore_half2_rte(v - vload_half2(0, ph), 0, pl);
+    const bool finite = isfinite(amax);
+    const int sh = amax > 0.0f && finite ? 155 - (int)(as_uint(amax) >> 23) : 0; /* max |X| in [2^28, 2^29) */
+    const float2 sc = pow2_pair(sh), inv = pow2_pair(-sh - CODE_SHIFT);
+#pragma unroll
+    for (int i = 0; i < NPQ; ++i) {
+        const int p = lin + i * QT;
+        if (p < KS * 4) {
+            const float4 v = (XREG ? xv[i] : load_quad(x, p)) * sc.x * sc.y;
+            /* slot order of the step's channels (see the header): digits of each in one word */
+#if QBITS == 4
+            const uint d0 = digits(v.x), d1 = digits(v.z), d2 = digits(v.y), d3 = digits(v.w);
+#else
+            const uint d0 = digits(v.x), d1 = digits(v.y), d2 = digits(v.z), d3 = digits(v.w);
+#endif
+            const uint lo01 = prmt(d0, d1, 0x5140u), lo23 = prmt(d2, d3, 0x5140u); /* bytes 0, 1 of each */
+            const uint hi01 = prmt(d0, d1, 0x7362u), hi23 = prmt(d2, d3, 0x7362u); /* bytes 2, 3 */
+            const int s = p >> 2, o = (((s >> 1) * 4 + (p & 3)) << 1) + (s & 1);
+            __local uint *xw = (__local uint *)xb;
+            xw[0 * KS * 4 + o] = prmt(hi01, hi23, 0x7632u); /* column 0: d0 */
+            xw[1 * KS * 4 + o] = prmt(hi01, hi23, 0x5410u); /* column 1: d1 */
+            xw[2 * KS * 4 + o] = prmt(lo01, lo23, 0x7632u); /* column 2: d2 */
+            xw[3 * KS * 4 + o] = prmt(lo01, lo23, 0x5410u); /* column 3: d3 */
+        }
     }
 #ifdef ASYM
     for (int b = lin; b < NXB; b += QT) {
@@ -197,103 +226,129 @@ void gemv_mma(__global const float *x,
         xtotal += xsum[b];
 #endif
 
-    for (int tile = get_group_id(0); tile < OT; tile += get_num_groups(0)) {
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const int og = min(tile * 16 + g, OC - 1), og8 = min(tile * 16 + g + 8, OC - 1); /* scale rows */
+    for (int tile = tile0; tile < OT; tile += get_num_groups(0)) {
+        int c[4] = {0, 0, 0, 0};
 #ifndef NBLK1
-        float ya = 0.0f, yb = 0.0f; /* rows g, g + 8: sum over folded blocks (units of x 2^e) */
+        const int og = min(tile * 16 + g, OC - 1), og8 = min(tile * 16 + g + 8, OC - 1); /* scale rows */
+        float ya = 0.0f, yb = 0.0f; /* rows g, g + 8: this lane's columns, folded with the blocks' scales */
+#ifdef ASYM
+        float za = 0.0f, zb = 0.0f; /* the offsets' terms (lanes t = 0) */
+#endif
 #endif
         __global const uint4 *wt = wq + (size_t)tile * KL * 32 + lane;
         for (int base = 0; base < KL; base += SPLIT * U) { /* the same trip count in every warp */
             uint4 wv[U];
 #ifndef NBLK1
-            float sv[U][NFB][2]; /* the folds' scales (rows g, g + 8), loaded with the weights */
-#ifdef ASYM
-            float av[U][NFB][2];
-#endif
+            float sv[U][FPL][2]; /* the folds' scales (rows g, g + 8), loaded with the weights */
 #endif
 #pragma unroll
             for (int j = 0; j < U; ++j) {
                 const int klc = min(base + lk + j * SPLIT, KL - 1);
-                wv[j] = wt[klc * 32];
+                wv[j] = base == 0 && tile == tile0 ? wfirst[j] : wt[klc * 32];
 #ifndef NBLK1
 #pragma unroll
-                for (int f = 0; f < NFB; ++f) {
-                    const int blk = min((klc * MPL + f * FOLD) / SPB, NBLK - 1);
+                for (int f = 0; f < FPL; ++f) {
+                    const int blk = min(HALVES ? klc * FPL + f : (klc * NMMA + f * FOLDM) / MPB, NBLK - 1);
                     sv[j][f][0] = LOAD_S1(ws, blk * OCP + og);
                     sv[j][f][1] = LOAD_S1(ws, blk * OCP + og8);
-#ifdef ASYM
-                    av[j][f][0] = LOAD_S1(wo, blk * OCP + og);
-                    av[j][f][1] = LOAD_S1(wo, blk * OCP + og8);
-#endif
                 }
 #endif
             }
 #pragma unroll
             for (int j = 0; j < U; ++j) {
                 const int kl = base + lk + j * SPLIT;
-                const bool valid = kl < KL;
+                const bool valid = KL % (SPLIT * U) == 0 || kl < KL;
 #pragma unroll
-                for (int mm = 0; mm < MPL; ++mm) {
+                for (int mm = 0; mm < NMMA; ++mm) {
                     uint a[4];
                     decode_a(wv[j], mm, a);
-                    const int ks = kl * MPL + mm;
-                    const uint2 bv = valid && g < 2 ? xb[(g * KS + ks) * 4 + t] : (uint2)(0u, 0u);
+                    const int pr = kl * NMMA + mm; /* product index: channels 32 pr .. 32 pr + 31 */
+                    /* lanes g >= 4 read the columns again: their products (columns 4-7) are not used */
+                    uint2 bv = xb[((g & 3) * (KS / 2) + min(pr, KS / 2 - 1)) * 4 + t];
+                    bv = valid ? bv : (uint2)(0u, 0u);
 #ifdef NV_PTX
-                    mma_f16(c, a, bv);
+#define MMA(d, a0, a1, a2, a3, b) mma_s8(d, a0, a1, a2, a3, b)
 #else
-                    mma_emul(c, a, bv, As, Bs, g, t);
+#define MMA(d, a0, a1, a2, a3, b) mma_emul(d, a0, a1, a2, a3, b, As, Bs, g, t)
 #endif
-#ifndef NBLK1
-                    /* fold every FOLD steps of block ks / SPB into f32 with its scale; its offset times
-                     * the block's sum of x once, at its last step (steps past IC are zero: skipped) */
-                    if (valid && (ks + 1) % FOLD == 0 && ks < IC / 16) {
-                        const int f = mm / FOLD;
-                        ya = fma(sv[j][f][0], c[0] + c[1], ya);
-                        yb = fma(sv[j][f][1], c[2] + c[3], yb);
+#ifdef NBLK1
+                    MMA(c, a[0], a[1], a[2], a[3], bv);
+#else
+                    /* fold each block into float at its last product (products past IC are zero: skipped) */
+#pragma unroll
+                    for (int h = 0; h < (HALVES ? 2 : 1); ++h) {
+                        if (HALVES) /* one block per step: the product of each step alone */
+                            MMA(c, h ? 0u : a[0], h ? 0u : a[1], h ? a[2] : 0u, h ? a[3] : 0u, bv);
+                        else
+                            MMA(c, a[0], a[1], a[2], a[3], bv);
+                        const int f = HALVES ? 2 * mm + h : mm / FOLDM;   /* this load's fold */
+                        const int blk = HALVES ? 2 * pr + h : pr / MPB;
+                        const bool last = HALVES || (pr + 1) % MPB == 0; /* the block's last product */
+                        if (valid && (HALVES || (pr + 1) % FOLDM == 0) && blk < NBLK) {
+                            if (t < 2) {
+                                ya = fma(sv[j][f][0], (float)lane_sum(c, 0, t), ya);
+                                yb = fma(sv[j][f][1], (float)lane_sum(c, 1, t), yb);
+                            }
 #ifdef ASYM
-                        if ((ks + 1) % SPB == 0) {
-                            const float xs = xsum[ks / SPB] * sc;
-                            ya = fma(av[j][f][0], xs, ya);
-                            yb = fma(av[j][f][1], xs, yb);
-                        }
+                            if (t == 0 && last) { /* the offset times the block's sum of x, once */
+                                za = fma(LOAD_S1(wo, blk * OCP + og), xsum[blk], za);
+                                zb = fma(LOAD_S1(wo, blk * OCP + og8), xsum[blk], zb);
+                            }
 #endif
-                        c[0] = c[1] = c[2] = c[3] = 0.0f;
+                            c[0] = c[1] = c[2] = c[3] = 0;
+                        }
                     }
 #endif
                 }
             }
         }
 
-        /* lanes t = 0 hold rows g and g + 8 of this warp's part: add the warps' parts in order */
-        if (t == 0) {
+        /* lanes t = 0, 1 hold rows g and g + 8 of this warp's part (columns 0, 1 and 2, 3): add the parts */
+        if (t < 2) {
 #ifdef NBLK1
-            red[lk * 16 + g] = c[0] + c[1];
-            red[lk * 16 + g + 8] = c[2] + c[3];
+            part[(lk * 16 + g) * 2 + t] = lane_sum(c, 0, t);
+            part[(lk * 16 + g + 8) * 2 + t] = lane_sum(c, 1, t);
 #else
-            red[lk * 16 + g] = ya;
-            red[lk * 16 + g + 8] = yb;
+            /* the folded float parts, as their bits */
+            part[(lk * 16 + g) * 2 + t] = as_int(ya);
+            part[(lk * 16 + g + 8) * 2 + t] = as_int(yb);
 #endif
         }
+#if defined(ASYM) && !defined(NBLK1)
+        __local float *zpart = red; /* red is free after the max */
+        if (t == 0) {
+            zpart[lk * 16 + g] = za;
+            zpart[lk * 16 + g + 8] = zb;
+        }
+#endif
         barrier(CLK_LOCAL_MEM_FENCE);
         if (lin < 16) {
             const int o = tile * 16 + lin;
-            float acc = 0.0f;
-            for (int w = 0; w < SPLIT; ++w)
-                acc += red[w * 16 + lin];
             const int os = min(o, OC - 1);
 #ifdef NBLK1
-            acc = LOAD_S1(ws, os) * (acc * inv);
+            long tot = 0;
+            for (int w = 0; w < SPLIT; ++w)
+                tot += part[(w * 16 + lin) * 2] + part[(w * 16 + lin) * 2 + 1];
+            float acc = LOAD_S1(ws, os) * ((float)tot * inv.x * inv.y);
 #ifdef ASYM
             acc = fma(LOAD_S1(wo, os), xtotal, acc);
 #endif
 #else
-            acc *= inv;
+            float hi = 0.0f, lo = 0.0f;
+            for (int w = 0; w < SPLIT; ++w) {
+                hi += as_float((int)part[(w * 16 + lin) * 2]);
+                lo += as_float((int)part[(w * 16 + lin) * 2 + 1]);
+            }
+            float acc = (hi + lo) * inv.x * inv.y;
+#ifdef ASYM
+            for (int w = 0; w < SPLIT; ++w)
+                acc += zpart[w * 16 + lin];
+#endif
 #endif
 #ifdef HAS_BIAS
             acc += bias[os];
 #endif
-            const float v = ACTIVATE(acc);
+            const float v = finite ? ACTIVATE(acc) : NAN;
 #ifdef OUT_NCHW
             if (o < OC)
                 y[o] = v;
@@ -302,6 +357,6 @@ void gemv_mma(__global const float *x,
                 y[o] = o < OC ? v : 0.0f;
 #endif
         }
-        barrier(CLK_LOCAL_MEM_FENCE); /* red is written again by the next tile */
+        barrier(CLK_LOCAL_MEM_FENCE); /* part (and red) are written again by the next tile */
     }
 }
