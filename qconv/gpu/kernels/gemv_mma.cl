@@ -24,7 +24,8 @@
  * group g takes the tiles g, g + G, ...; warp lk takes loads kl = lk, lk + SPLIT, ... of the tile, U of them
  * in flight. Every group first reads x (and the first U loads of its first tile, so that they stream
  * while x is reduced), finds max |x| (a non-finite x makes every output NaN), writes the digits to local
- * memory (4 columns x KS/2 step pairs x 4 lanes x uint2 = 64 bytes per 16 channels) and then runs its tiles.
+ * memory (4 columns x KS/2 step pairs x 4 lanes x uint2 = 64 bytes per 16 channels) and then runs its tiles
+ * (each tile's epilogue scale, offset and bias loads are issued at its start).
  *
  * Without -DNV_PTX the mma is emulated through local memory (each lane writes its fragments, every lane
  * computes its four sums with dp4a), for devices without PTX (CI on PoCL): integer sums, so the emulation
@@ -228,6 +229,20 @@ void gemv_mma(__global const float *x,
 
     for (int tile = tile0; tile < OT; tile += get_num_groups(0)) {
         int c[4] = {0, 0, 0, 0};
+        /* the epilogue's per-channel numbers, loaded now so that they arrive with the weights */
+        const int o = tile * 16 + lin, os = min(o, OC - 1);
+        float o_scale = 0.0f, o_offset = 0.0f, o_bias = 0.0f;
+        if (lin < 16) {
+#ifdef NBLK1
+            o_scale = LOAD_S1(ws, os);
+#ifdef ASYM
+            o_offset = LOAD_S1(wo, os);
+#endif
+#endif
+#ifdef HAS_BIAS
+            o_bias = bias[os];
+#endif
+        }
 #ifndef NBLK1
         const int og = min(tile * 16 + g, OC - 1), og8 = min(tile * 16 + g + 8, OC - 1); /* scale rows */
         float ya = 0.0f, yb = 0.0f; /* rows g, g + 8: this lane's columns, folded with the blocks' scales */
@@ -323,15 +338,13 @@ void gemv_mma(__global const float *x,
 #endif
         barrier(CLK_LOCAL_MEM_FENCE);
         if (lin < 16) {
-            const int o = tile * 16 + lin;
-            const int os = min(o, OC - 1);
 #ifdef NBLK1
             long tot = 0;
             for (int w = 0; w < SPLIT; ++w)
                 tot += part[(w * 16 + lin) * 2] + part[(w * 16 + lin) * 2 + 1];
-            float acc = LOAD_S1(ws, os) * ((float)tot * inv.x * inv.y);
+            float acc = o_scale * ((float)tot * inv.x * inv.y);
 #ifdef ASYM
-            acc = fma(LOAD_S1(wo, os), xtotal, acc);
+            acc = fma(o_offset, xtotal, acc);
 #endif
 #else
             float hi = 0.0f, lo = 0.0f;
@@ -346,7 +359,7 @@ void gemv_mma(__global const float *x,
 #endif
 #endif
 #ifdef HAS_BIAS
-            acc += bias[os];
+            acc += o_bias;
 #endif
             const float v = finite ? ACTIVATE(acc) : NAN;
 #ifdef OUT_NCHW
