@@ -255,6 +255,9 @@ void gemv_mma(__global const float *x,
             uint4 wv[U];
 #ifndef NBLK1
             float sv[U][FPL][2]; /* the folds' scales (rows g, g + 8), loaded with the weights */
+#ifdef ASYM
+            float av[U][FPL][2]; /* and offsets */
+#endif
 #endif
 #pragma unroll
             for (int j = 0; j < U; ++j) {
@@ -266,6 +269,10 @@ void gemv_mma(__global const float *x,
                     const int blk = min(HALVES ? klc * FPL + f : (klc * NMMA + f * FOLDM) / MPB, NBLK - 1);
                     sv[j][f][0] = LOAD_S1(ws, blk * OCP + og);
                     sv[j][f][1] = LOAD_S1(ws, blk * OCP + og8);
+#ifdef ASYM
+                    av[j][f][0] = LOAD_S1(wo, blk * OCP + og);
+                    av[j][f][1] = LOAD_S1(wo, blk * OCP + og8);
+#endif
                 }
 #endif
             }
@@ -306,8 +313,8 @@ void gemv_mma(__global const float *x,
                             }
 #ifdef ASYM
                             if (t == 0 && last) { /* the offset times the block's sum of x, once */
-                                za = fma(LOAD_S1(wo, blk * OCP + og), xsum[blk], za);
-                                zb = fma(LOAD_S1(wo, blk * OCP + og8), xsum[blk], zb);
+                                za = fma(av[j][f][0], xsum[blk], za);
+                                zb = fma(av[j][f][1], xsum[blk], zb);
                             }
 #endif
                             c[0] = c[1] = c[2] = c[3] = 0;
