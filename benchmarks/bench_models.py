@@ -2,7 +2,7 @@
 
 Models (both ship in the ``rapidocr-onnxruntime`` wheel, so nothing is downloaded):
 
-* ``det``: PP-OCRv4 text detector (62 convs incl. depthwise 3x3/5x5) on ``../shared/data/text_640.png`` at
+* ``det``: PP-OCRv4 text detector (62 convs incl. depthwise 3x3/5x5) on ``examples/data/text_640.png`` at
   ``--size`` (640), fed the PP-OCR way (``(x/255 - 0.5) / 0.5``); output: the text probability map.
 * ``rec``: PP-OCRv4 text recogniser (SVTR-LCNet: 38 convs + 9 constant-weight MatMuls of its attention and
   MLP blocks, a different architecture: conv backbone + transformer neck) on the first text line of the same
@@ -44,7 +44,7 @@ import numpy as np
 from qconv._timing import peak_rss_mb  # VmHWM: ru_maxrss carries the parent's peak through exec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IMAGE = os.environ.get("QCONV_BENCH_IMAGE", os.path.join(ROOT, "..", "shared", "data", "text_640.png"))
+IMAGE = os.environ.get("QCONV_BENCH_IMAGE", os.path.join(ROOT, "examples", "data", "text_640.png"))
 ROWS = ("ort-float", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-int8-ch", "qconv-int8-ch-min1k",
         "qconv-int8-ch-a8", "qconv-int8-gptq-bc", "qconv-plan25", "qconv-int4-b32-mse")
 QCONV_SCHEMES = {"qconv-int8-ch": "int8-ch-sym", "qconv-int8-ch-min1k": "int8-ch-sym",

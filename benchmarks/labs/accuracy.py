@@ -1,6 +1,6 @@
 """Whole-model accuracy: output SQNR of qconv-quantized PP-OCRv4 det and rec against the float model.
 
-The models and evaluation inputs are ``benchmarks/bench_models.py``'s (det: ``../shared/data/text_640.png`` at
+The models and evaluation inputs are ``benchmarks/bench_models.py``'s (det: ``examples/data/text_640.png`` at
 ``--size`` 640, rec: its first text line at 48x320; both fed ``(x/255 - 0.5)/0.5``). Calibrated schemes
 (``-gptq``, ``-bc``) are calibrated on **held-out** pictures made here: :func:`text_image` renders other words
 (seeded, Pillow's default font at random sizes and dark colours on a light background, the style of the
