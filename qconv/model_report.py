@@ -47,6 +47,10 @@ class Scheme:
             raise ValueError(f"scheme {text!r} not understood; examples: int4-b32-asym, int8-ch-sym, "
                              "int4-b64-asym-mse, int4-b32-asym-gptq, int8-ch-sym-bc, float")
         bits, blk, sym, method, bc = m.groups()
+        if blk != "ch" and (int(blk[1:]) < 4 or int(blk[1:]) > 1024 or int(blk[1:]) & (int(blk[1:]) - 1)):
+            raise ValueError(f"scheme {text!r}: block size {blk[1:]} is not one the engines run (a power of two from "
+                             "4 to 1024 input channels, e.g. int4-b32-asym, int4-b128-sym), or use per-channel "
+                             "'ch' (int8-ch-sym)")
         return cls(int(bits), 0 if blk == "ch" else int(blk[1:]), sym != "asym", method or "minmax", bool(bc))
 
     @property

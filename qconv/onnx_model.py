@@ -83,12 +83,14 @@ class UnsupportedLayer(ValueError):
     """A Conv/MatMul/Gemm with a constant weight that qconv cannot take (the reason is the message)."""
 
 
-def _conv_layer(node, consts) -> ModelLayer | None:
+def _conv_layer(node, consts) -> ModelLayer | str:
     if node.input[1] not in consts:
-        return None
-    w = np.asarray(consts[node.input[1]], np.float32)
+        return "its weight is not a constant (computed in the graph)"
+    w = consts[node.input[1]]
+    if w.dtype != np.float32:
+        return f"its weight is {w.dtype}, not float32"
     if w.ndim != 4:
-        return None  # 1-D/3-D convs are out of scope
+        return f"a {w.ndim - 2}-D conv (qconv takes 2-D convs)"
     a = _attrs(node)
     auto_pad = a.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
@@ -105,28 +107,32 @@ def _conv_layer(node, consts) -> ModelLayer | None:
                       int(a.get("group", 1)), node.input[0], node.output[0])
 
 
-def _linear_layer(node, consts) -> ModelLayer | None:
+def _linear_layer(node, consts) -> ModelLayer | str | None:
     a = _attrs(node)
     if node.op_type == "MatMul":
         if node.input[1] not in consts or node.input[0] in consts:
-            return None
-        b = np.asarray(consts[node.input[1]], np.float32)
+            return None   # a product of two activations (attention): no weight to quantize
+        b = consts[node.input[1]]
+        if b.dtype != np.float32:
+            return f"its weight is {b.dtype}, not float32"
         if b.ndim != 2:
-            return None
+            return f"its weight has rank {b.ndim} (qconv takes a 2-D MatMul weight)"
         w, bias = b.T, None
     else:  # Gemm: y = alpha * A' B' + beta * C
-        if node.input[1] not in consts or a.get("transA", 0):
-            return None
+        if node.input[1] not in consts:
+            return "its weight is not a constant (computed in the graph)"
+        if a.get("transA", 0):
+            return "Gemm with transA=1"
         b = np.asarray(consts[node.input[1]], np.float32)
         w = b if a.get("transB", 0) else b.T
         w = w * np.float32(a.get("alpha", 1.0))
         bias = None
         if len(node.input) > 2 and node.input[2]:
             if node.input[2] not in consts:
-                return None
+                return "its bias C is not a constant"
             c = np.asarray(consts[node.input[2]], np.float32) * np.float32(a.get("beta", 1.0))
             if c.size not in (1, w.shape[0]):
-                return None
+                return f"its bias C of shape {c.shape} is not per output column"
             bias = np.broadcast_to(c.reshape(-1), (w.shape[0],)).astype(np.float32)
     return ModelLayer(node.name or node.output[0], node.op_type, np.ascontiguousarray(w)[:, :, None, None], bias,
                       (1, 1), (0, 0), (0, 0, 0, 0), (1, 1), 1, node.input[0], node.output[0])
@@ -147,7 +153,9 @@ def model_layers(model, skipped: dict | None = None) -> list[ModelLayer]:
     """``[ModelLayer]`` for every Conv and constant-weight MatMul/Gemm of an ``onnx.ModelProto``, in graph order.
 
     A constant-weight layer qconv cannot take (``auto_pad=SAME_*``, a non-constant bias) raises
-    :class:`UnsupportedLayer`, or, when ``skipped`` is a dict, is recorded there as ``{name: reason}``."""
+    :class:`UnsupportedLayer`, or, when ``skipped`` is a dict, is recorded there as ``{name: reason}``; so are, in
+    ``skipped`` only, the layers that stay float for another reason (a ConvTranspose, a weight computed in the
+    graph, a 1-D/3-D conv, a weight that is not float32)."""
     consts = _constants(model)
     layers = []
     for index, node in enumerate(model.graph.node):
@@ -156,6 +164,8 @@ def model_layers(model, skipped: dict | None = None) -> list[ModelLayer]:
                 layer = _conv_layer(node, consts)
             elif node.op_type in ("MatMul", "Gemm"):
                 layer = _linear_layer(node, consts)
+            elif node.op_type == "ConvTranspose":
+                layer = "ConvTranspose is not supported (it stays an onnxruntime float op)"
             else:
                 continue
         except UnsupportedLayer as exc:
@@ -163,7 +173,10 @@ def model_layers(model, skipped: dict | None = None) -> list[ModelLayer]:
                 raise
             skipped[node.name or node.output[0]] = str(exc)
             continue
-        if layer is not None:
+        if isinstance(layer, str):
+            if skipped is not None:
+                skipped[node.name or node.output[0]] = f"{node.op_type}: {layer}"
+        elif layer is not None:
             layer.node_index = index
             layers.append(layer)
     return layers

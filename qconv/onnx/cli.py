@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from .._timing import peak_rss_mb
+from .accuracy import DEFAULT_SCHEME, MIN_SQNR_DB
 
 
 def _floats(text):
@@ -52,40 +53,92 @@ def _progress(iterable, total, desc, enabled):
     return tqdm(iterable, total=total, desc=desc, unit="run", disable=None if enabled else True, file=sys.stderr)
 
 
+def _input_list(model, paths, args):
+    """``--calibration`` / ``--eval`` paths -> feed dicts (None when no path)."""
+    if not paths:
+        return None
+    shape = _shape(args.input_shape)
+    return [_feeds(model, [c], shape, _floats(args.mean), _floats(args.std)) for c in paths]
+
+
+def _db(v) -> str:
+    return "inf" if v is None else f"{v:.1f}"
+
+
+def layer_table(summary: dict) -> list[str]:
+    """The per-layer lines ``quantize`` prints: layer, op, scheme, stored bytes, weight SQNR (dB)."""
+    rows = [(name, e["op"], e["scheme"] + ("" if e.get("block_size", 1) or "-ch" in e["scheme"] else " (per channel)"),
+             f"{e.get('bytes', 0):,}", _db(e.get("weight_sqnr_db"))) for name, e in summary["layers"].items()]
+    rows += [(name, "", "float", "", why) for name, why in list(summary["float"].items()) +
+             list(summary["skipped"].items())]
+    head = ("layer", "op", "scheme", "bytes", "weight SQNR dB")
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(4)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(head[:4], widths)) + "  " + head[4]]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r[:4], widths)) + "  " + str(r[4]) for r in rows]
+    return lines
+
+
 def quantize_main(args) -> int:
+    import warnings
+
     import onnx
 
     from ..onnx_model import load_model
     from . import model_summary, quantize_model, weight_bytes
+    from .quantize import LowAccuracyWarning
 
     model = load_model(args.model)
-    calib = None
-    if args.calibration:
-        shape = _shape(args.input_shape)
-        calib = [_feeds(model, [c], shape, _floats(args.mean), _floats(args.std)) for c in args.calibration]
+    calib = _input_list(model, args.calibration, args)
+    evals = _input_list(model, args.eval, args)
     t0 = time.perf_counter()
-    q = quantize_model(model, None if args.plan else args.scheme, plan=args.plan, calibration=calib,
-                       fuse=not args.no_fuse, act_quant=args.act_quant, act_block=args.act_block,
-                       min_weights=args.min_weights)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LowAccuracyWarning)
+        q = quantize_model(model, None if args.plan else (args.scheme or DEFAULT_SCHEME), plan=args.plan,
+                           calibration=calib, eval=evals, target_sqnr=args.target_sqnr,
+                           min_sqnr=None if args.min_sqnr < 0 else args.min_sqnr, progress=not args.no_progress,
+                           threads=args.threads, fuse=not args.no_fuse, act_quant=args.act_quant,
+                           act_block=args.act_block, min_weights=args.min_weights)
+    for w in caught:
+        if not issubclass(w.category, LowAccuracyWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     seconds = time.perf_counter() - t0
     onnx.save(q, args.output)
     s = model_summary(q)
+    if args.layers:
+        print("\n".join(layer_table(s)))
     by_scheme: dict = {}
     for entry in s["layers"].values():
         by_scheme[entry["scheme"]] = by_scheme.get(entry["scheme"], 0) + 1
     nb = weight_bytes(q)
-    print(f"quantized {len(s['layers'])} layers in {seconds:.2f} s: "
+    print(f"quantized {len(s['layers'])} layers in {seconds:.1f} s: "
           + ", ".join(f"{n} {k}" for k, n in by_scheme.items()))
     fused = sum(1 for e in s["layers"].values() if e["activation"] or e["folded"])
     if fused:
         print(f"fused the activation or affine ops (bias Add, Mul, BatchNormalization) that follow {fused} of them")
-    for name, why in list(s["float"].items()) + list(s["skipped"].items()):
-        print(f"float: {name}: {why}")
+    if not args.layers:
+        for name, why in list(s["float"].items()) + list(s["skipped"].items()):
+            print(f"float: {name}: {why}")
     if s.get("act_quant"):
         blocks = sorted({e["act_block"] for e in s["layers"].values() if "act_block" in e})
         print(f"activations: {s['act_quant']}" + (f", blocks of {blocks} input channels" if blocks else ""))
+    if "search" in s:
+        r = s["search"]
+        print(f"accuracy control: target {r['target_sqnr_db']:g} dB on {r['on']}: {_db(r['sqnr_db'])} dB at "
+              f"{r['nbytes'] / r['int8_nbytes']:.3f}x the bytes of all-{r['int8_scheme']} ({_db(r['int8_sqnr_db'])} "
+              f"dB); {r['evaluations']} model runs in {r['seconds']:g} s")
     print(f"weights {nb['float']:,} bytes float -> {nb['stored']:,} stored ({nb['ratio']:.3f}x); "
           f"file {os.path.getsize(args.model):,} -> {os.path.getsize(args.output):,} bytes; wrote {args.output}")
+    acc = s.get("accuracy")
+    if acc:
+        outs = ", ".join(f"{n} {_db(o['sqnr_db'])} dB (max abs err {o['max_abs_err']:.3g})"
+                         for n, o in acc["outputs"].items())
+        print(f"accuracy at the model's outputs vs float, on {acc['source']}: {outs}")
+        if acc["below_floor"]:
+            names = ", ".join(f"{r['layer']} (to {r['to']}: {_db(r['sqnr_db'])} dB)" for r in acc["restore"])
+            print(f"qconv quantize: output SQNR {_db(acc['sqnr_db'])} dB is below --min-sqnr {acc['min_sqnr']:g} "
+                  f"dB; the layers whose return helps most: {names}", file=sys.stderr)
+            if not args.allow_low_accuracy:
+                return 3
     return 0
 
 
@@ -148,12 +201,27 @@ def add_subcommands(sub) -> None:
     q.add_argument("model", help="float .onnx model")
     q.add_argument("output", help="quantized .onnx to write")
     how = q.add_mutually_exclusive_group()
-    how.add_argument("--scheme", default="int8-ch-sym",
-                     help="scheme for every layer, e.g. int8-ch-sym (default), int8-ch-sym-gptq-bc, int4-b32-asym-mse; "
-                          "-gptq and -bc (bias correction) schemes are calibrated on --calibration")
+    how.add_argument("--scheme",
+                     help=f"scheme for every layer, e.g. {DEFAULT_SCHEME} (default, chosen by measurement: "
+                          "qconv/onnx/README.md), int8-ch-sym-gptq-bc, int4-b32-asym-mse; -gptq and -bc (bias "
+                          "correction) schemes are calibrated on --calibration")
     how.add_argument("--plan", help="per-layer plan JSON from `inspect --target-sqnr T --save-plan PLAN.json`")
+    how.add_argument("--target-sqnr", type=float, metavar="DB",
+                     help="accuracy control: per-layer schemes (int4, int8, float; bias-corrected with "
+                          "--calibration) with the fewest bytes whose model output reaches DB on --calibration")
     q.add_argument("--calibration", nargs="+", metavar="INPUT",
-                   help="inputs (.npy or images) for -gptq / -bc schemes (default: a random feed, useless for images)")
+                   help="inputs (.npy or images) for --target-sqnr and -gptq / -bc schemes (default: a random feed, "
+                        "useless for images)")
+    q.add_argument("--eval", nargs="+", metavar="INPUT",
+                   help="inputs the quantized model is measured on (default: the calibration inputs, else a random "
+                        "feed); keep them apart from --calibration")
+    q.add_argument("--min-sqnr", type=float, default=MIN_SQNR_DB, metavar="DB",
+                   help=f"accuracy floor (default {MIN_SQNR_DB:g} dB; -1: none): below it quantize names the layers "
+                        "to return and exits with status 3")
+    q.add_argument("--allow-low-accuracy", action="store_true", help="write the model and exit 0 below --min-sqnr")
+    q.add_argument("--layers", action="store_true", help="print the per-layer table (scheme, bytes, weight SQNR)")
+    q.add_argument("--threads", type=int, help="threads of the measuring sessions (default: all cores)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bars")
     q.add_argument("--act-quant", choices=("tensor", "row", "block"),
                    help="activation mode recorded in the model for `run` (default: the plan's, else the session's)")
     q.add_argument("--act-block", type=int, default=0,

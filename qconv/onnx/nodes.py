@@ -162,8 +162,13 @@ def weight_bytes(model) -> dict:
 
     ``{"stored": bytes as stored (qconv nodes: codes + scales + offsets; float layers: float32 weight),
     "float": the same weights in float32, "ratio": stored / float, "quantized_layers": n, "float_layers": n}``.
-    Biases are not counted (they stay float32 either way)."""
-    from ..onnx_model import model_layers
+    Biases are not counted (they stay float32 either way). ``model``: an ``onnx.ModelProto`` or a path."""
+    import os
+
+    from ..onnx_model import load_model, model_layers
+
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(model)
 
     inits = {t.name: t for t in model.graph.initializer}
     stored = flt = nq = 0

@@ -29,11 +29,22 @@ import numpy as np
 
 from .. import _validate as V
 from ..geometry import ConvSpec
+from ..metrics import sqnr_db
 from ..model_report import CALIB_SEED, Plan, Scheme
 from . import wire
+from .accuracy import DEFAULT_SCHEME, MIN_SQNR_DB
 from .nodes import DOMAIN, OPSET, QCONV, QMATMUL, make_qnode
 
 SUMMARY_KEY = "qconv.summary"
+#: Metadata key of a quantized model saying how to run it (plain onnxruntime cannot: ``ai.qconv`` nodes).
+RUNTIME_KEY = "qconv.runtime"
+RUNTIME_NOTE = ("This model holds ai.qconv custom nodes (quantized weights): run it with "
+                "qconv.onnx.InferenceSession(path) (pip install qconv[onnx]); plain onnxruntime cannot run them. "
+                "See qconv/onnx/README.md and docs/onnxruntime.md in qconv's repository.")
+
+
+class LowAccuracyWarning(UserWarning):
+    """The quantized model's output SQNR is below ``quantize_model``'s ``min_sqnr`` floor."""
 
 
 def _load(model):
@@ -223,8 +234,116 @@ def layer_act_block(weight, act_block: int) -> int:
     return max(d for d in range(1, min(act_block, wb) + 1) if wb % d == 0)
 
 
-def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str | None = None, calibration=None,
-                   *, fuse: bool = True, act_quant: str | None = None, act_block: int = 0, min_weights: int = 0):
+def _rounded(db: float) -> float | None:
+    """A dB figure for JSON: 2 decimals, None for +-inf (JSON has no infinity)."""
+    return None if not np.isfinite(db) else round(float(db), 2)
+
+
+def _progress(items, desc: str, unit: str, enabled: bool):
+    if not enabled:
+        return items
+    try:
+        import sys
+
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False)
+
+
+_LOW_PRECISION = {10: "float16", 16: "bfloat16"}   # onnx.TensorProto data types
+
+
+def _check_float32(m) -> None:
+    """ValueError for a model whose weights or inputs are float16 / bfloat16: qconv quantizes float32 models."""
+    found = [(t.name, _LOW_PRECISION[t.data_type]) for t in m.graph.initializer if t.data_type in _LOW_PRECISION]
+    found += [(i.name, _LOW_PRECISION[i.type.tensor_type.elem_type]) for i in m.graph.input
+              if i.type.tensor_type.elem_type in _LOW_PRECISION]
+    if found:
+        name, kind = found[0]
+        raise ValueError(f"the model is {kind} ({len(found)} tensor(s), e.g. {name!r}): qconv quantizes float32 "
+                         "models; convert it to float32 first (e.g. onnxconverter_common's float16 tools, or "
+                         "export it again in float32)")
+
+
+def _proxy(m_float, layers, feeds, threads, calib_feeds=None):
+    """A :class:`~qconv.onnx.accuracy.WeightProxy` of the float model on ``feeds`` and its
+    :class:`~qconv.onnx.accuracy.Candidates` (calibrated on ``calib_feeds`` when given)."""
+    from .accuracy import Candidates, WeightProxy
+
+    proxy = WeightProxy(m_float, layers, feeds, threads or 2)
+    calib = {}
+    if calib_feeds:
+        calib = _layer_calibration(m_float, layers, calib_feeds, {la.name for la in layers})
+    return Candidates(proxy, calib)
+
+
+def _accuracy_control(m, layers, target: float, calib_feeds, progress: bool, threads) -> tuple[dict, dict]:
+    """``({layer name: Scheme}, search record)`` of :func:`~qconv.onnx.accuracy.search_plan` on the calibration
+    feeds: with real calibration inputs the int8 and int4 rungs are bias-corrected (the better of plain and
+    corrected all-int8 is the start)."""
+    from .accuracy import search_plan
+
+    source = "calibration inputs"
+    if not calib_feeds:
+        warnings.warn("target_sqnr without calibration inputs searches on a random feed, which suits no image "
+                      "model: pass calibration=... (inputs held out from those you evaluate on)", stacklevel=3)
+        from ..onnx_model import default_input
+        calib_feeds, source = [default_input(m, seed=CALIB_SEED)], "a random feed"
+    cands = _proxy(m, layers, calib_feeds, threads, calib_feeds if source == "calibration inputs" else None)
+    base, cheap = Scheme.parse(DEFAULT_SCHEME), Scheme.parse("int4-b32-asym")
+    if cands.calib:
+        base_bc = Scheme.parse(DEFAULT_SCHEME + "-bc")
+        if cands.proxy.sqnr(cands.assign({la.name: base_bc for la in layers})) > \
+                cands.proxy.sqnr(cands.assign({la.name: base for la in layers})):
+            base = base_bc
+        cheap = Scheme.parse("int4-b32-asym-bc")
+    r = search_plan(cands, target, base, cheap, progress=progress)
+    schemes = {n: cands.scheme_for(n, s) for n, s in r.schemes.items()}
+    record = dict(target_sqnr_db=target, on=f"{len(calib_feeds)} {source}", sqnr_db=_rounded(r.sqnr_db),
+                  nbytes=r.nbytes, int8_sqnr_db=_rounded(r.base_sqnr_db), int8_nbytes=r.base_nbytes,
+                  int8_scheme=base.label, evaluations=r.evaluations, seconds=round(r.seconds, 1))
+    return schemes, record
+
+
+def _measure(float_bytes, q, layers, schemes, eval_feeds, calib_feeds, min_sqnr, threads, act_quant) -> dict:
+    """``summary["accuracy"]``: :func:`~qconv.onnx.accuracy.measure_model` on the evaluation feeds (else the
+    calibration feeds, else a random feed, said in ``source``), and the guard."""
+    import onnx
+
+    from ..onnx_model import default_input
+    from .accuracy import measure_model, restore_ranking
+
+    if eval_feeds:
+        feeds, source = eval_feeds, f"{len(eval_feeds)} evaluation input(s)"
+    elif calib_feeds:
+        feeds, source = calib_feeds, f"the {len(calib_feeds)} calibration input(s) (pass eval= for held-out inputs)"
+    else:
+        feeds, source = [default_input(q, seed=0)], "a random feed (seed 0; pass eval= with real inputs)"
+    opts = {} if act_quant is None else {"act_quant": act_quant}
+    acc = measure_model(float_bytes, q, feeds, threads=threads, source=source, **opts)
+    out = dict(source=source, feeds=acc["feeds"], sqnr_db=_rounded(acc["sqnr_db"]),
+               outputs={k: dict(sqnr_db=_rounded(v["sqnr_db"]), max_abs_err=float(v["max_abs_err"]))
+                        for k, v in acc["outputs"].items()}, min_sqnr=min_sqnr)
+    out["below_floor"] = bool(min_sqnr is not None and acc["sqnr_db"] < min_sqnr)
+    if out["below_floor"]:
+        quantized = {n: s for n, s in schemes.items() if s.bits is not None}
+        cands = _proxy(onnx.load_from_string(float_bytes), layers, feeds, threads)
+        ranking = restore_ranking(cands, {la.name: quantized.get(la.name, Scheme(None)) for la in layers},
+                                  Scheme.parse(DEFAULT_SCHEME))
+        out["restore"] = [dict(layer=n, to="float" if quantized[n] == Scheme.parse(DEFAULT_SCHEME) else DEFAULT_SCHEME,
+                               sqnr_db=_rounded(db)) for n, db in ranking]
+        names = ", ".join(f"{r['layer']} (to {r['to']}: {r['sqnr_db']} dB)" for r in out["restore"])
+        warnings.warn(f"the quantized model's output SQNR is {acc['sqnr_db']:.1f} dB on {source}, below the floor "
+                      f"min_sqnr={min_sqnr:g} dB; the layers whose return helps most: {names}",
+                      LowAccuracyWarning, stacklevel=3)
+    return out
+
+
+def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str | None = None, calibration=None,
+                   *, eval=None, target_sqnr: float | None = None, min_sqnr: float | None = MIN_SQNR_DB,
+                   measure: bool = True, progress: bool = False, threads: int | None = None, fuse: bool = True,
+                   act_quant: str | None = None, act_block: int = 0, min_weights: int = 0):
     """Quantize the Conv / constant-weight MatMul / Gemm layers of an ONNX model into qconv nodes.
 
     ``model``: ``onnx.ModelProto`` (not modified) or a path. ``scheme``: a scheme label for every layer
@@ -247,15 +366,32 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
     :class:`~qconv.onnx.InferenceSession` uses unless told otherwise. On PP-OCRv4 det the default per-tensor
     activations cost far more accuracy than int8 weights (``qconv/onnx/README.md``).
 
+    Accuracy (:mod:`qconv.onnx.accuracy`). ``eval``: evaluation feeds (same forms as ``calibration``); the quantized
+    model is run by a qconv session and compared with the float model at every output (SQNR, max abs error), on
+    ``eval``, else on the calibration feeds, else on a seeded random feed (meaningless for image models), the
+    source recorded beside the figures (``measure=False`` skips it). ``target_sqnr``: accuracy control -- per-layer
+    schemes (``int4-b32-asym``, the per-channel int8 default, float; with ``calibration`` their bias-corrected
+    forms) chosen by :func:`~qconv.onnx.accuracy.search_plan` so that the model's output reaches ``target_sqnr`` dB
+    on the calibration feeds with the fewest weight bytes (never worse than all-int8 at more bytes); ``scheme``
+    and ``plan`` are then ignored. ``min_sqnr``: the accuracy floor (default 15 dB; None: no guard); below it a
+    :class:`LowAccuracyWarning` names the three layers whose return to int8 (or float) raises the output SQNR
+    most, each re-measured. ``progress``: progress bars on stderr. ``threads``: of the measuring sessions.
+
     Returns a new ``onnx.ModelProto``; its metadata ``qconv.summary`` (JSON) lists each layer's scheme (and
-    ``act_block``) and the layers left float with the reason. Raises ValueError when the model has no layer
-    qconv can take.
+    ``act_block``), its stored bytes and weight SQNR, the layers left float with the reason, and ``accuracy``
+    (:func:`~qconv.onnx.accuracy.measure_model`'s result, plus ``min_sqnr``, ``below_floor`` and ``restore``; with
+    ``target_sqnr``, ``search``). Raises ValueError when the model has no layer qconv can take, for float16 /
+    bfloat16 weights, and for scheme names the engines do not run.
     """
     import onnx
 
     from ..onnx_model import _constants, model_layers
 
     m = _load(model)
+    _check_float32(m)
+    float_bytes = m.SerializeToString() if measure else None
+    if min_sqnr is not None:
+        min_sqnr = float(min_sqnr)
     if plan is not None:
         plan = plan if isinstance(plan, Plan) else Plan.load(plan)
     if act_quant is None and plan is not None:
@@ -277,13 +413,17 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         if unknown:
             raise ValueError(f"the plan names layers this model does not have: {unknown[:5]}"
                              f"{' ...' if len(unknown) > 5 else ''} (was it made for another model?)")
-    else:
+    elif target_sqnr is None:
         if scheme is None:
             raise ValueError("give a scheme or a plan")
         s = Scheme.parse(scheme)
         schemes = {la.name: s for la in layers}
-    calib = _layer_calibration(m, layers, _calibration_feeds(m, calibration),
-                               {n for n, s in schemes.items() if s.calibrated})
+    calib_feeds = _calibration_feeds(m, calibration)
+    eval_feeds = _calibration_feeds(m, eval)
+    search = None
+    if target_sqnr is not None:
+        schemes, search = _accuracy_control(m, layers, float(target_sqnr), calib_feeds, progress, threads)
+    calib = _layer_calibration(m, layers, calib_feeds, {n for n, s in schemes.items() if s.calibrated})
 
     graph = m.graph
     consts = _constants(m)
@@ -300,7 +440,7 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         return nodes[users[0]] if len(users) == 1 and name not in graph_outputs else None, \
             (users[0] if len(users) == 1 else None)
 
-    for layer in layers:
+    for layer in _progress(layers, "quantize", "layer", progress):
         sch = schemes[layer.name]
         if sch.bits is None:
             summary["float"][layer.name] = "float in the plan"
@@ -366,7 +506,8 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
         replacement[layer.node_index] = node
         new_inits += inits
         summary["layers"][layer.name] = dict(scheme=sch.label, op=layer.op, activation=activation or "",
-                                             folded=folded, post=post)
+                                             folded=folded, post=post, bytes=int(qw.nbytes), block_size=int(qw.block_size),
+                                             weight_sqnr_db=_rounded(sqnr_db(qw.dequantize(), weight)))
         if act_block:
             summary["layers"][layer.name]["act_block"] = layer_act_block(qw, act_block)
     if not replacement:
@@ -404,13 +545,24 @@ def quantize_model(model, scheme: str | None = "int8-ch-sym", plan: Plan | str |
     m.metadata_props.extend(meta)
     if act_quant:
         summary["act_quant"] = act_quant
+    if search is not None:
+        summary["search"] = search
+    if measure:
+        summary["accuracy"] = _measure(float_bytes, m, layers, schemes, eval_feeds, calib_feeds, min_sqnr, threads,
+                                       act_quant)
     m.metadata_props.add(key=SUMMARY_KEY, value=json.dumps(summary))
+    m.metadata_props.add(key=RUNTIME_KEY, value=RUNTIME_NOTE)
     return m
 
 
 def model_summary(model) -> dict:
     """The ``qconv.summary`` metadata of a quantized model (``{}`` for a float model): ``model`` an
-    ``onnx.ModelProto`` or its serialized bytes."""
+    ``onnx.ModelProto``, its serialized bytes or a path."""
+    import os
+
+    if isinstance(model, (str, os.PathLike)):
+        with open(model, "rb") as fh:
+            model = fh.read()
     if isinstance(model, (bytes, bytearray, memoryview)):
         value = wire.metadata(model).get(SUMMARY_KEY)
     else:

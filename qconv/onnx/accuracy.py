@@ -1,0 +1,352 @@
+"""Model-level accuracy: measured at the model's outputs, and controlled by choosing a scheme per layer.
+
+Per-layer SQNR does not predict the model's output (a layer at 40 dB can cost the model 15 dB, another at 25 dB
+nothing), so qconv measures the quantized model as a whole:
+
+* :func:`measure_model` -- the SQNR and max abs error of every output of a quantized model (run by a qconv
+  :class:`~qconv.onnx.InferenceSession`) against the float model (run by onnxruntime) on the same feeds. It is the
+  one measurement ``quantize_model``, ``python -m qconv quantize / inspect`` and ``benchmarks/bench_models.py`` use.
+* :class:`WeightProxy` -- the float model with its layers' weights and biases turned into inputs, so that one
+  onnxruntime session evaluates any assignment of dequantized weights in one run (no model rebuilt, no session
+  made per trial). With float activations a qconv node computes ``conv(x, dequantize(q))`` in float32, so the proxy
+  measures what the qconv session gives, up to float32 summation order (checked by ``tests/test_onnx_accuracy.py``).
+* :func:`search_plan` -- accuracy control: per-layer schemes with the fewest weight bytes whose model output reaches
+  a target SQNR on the calibration feeds (see its docstring for the search).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..metrics import sqnr_db
+from ..model_report import Scheme
+
+#: The per-channel int8 scheme the searches start from and the guard returns layers to; ``quantize_model``'s
+#: default, chosen by measurement on the zoo (``qconv/onnx/README.md``, "The default scheme").
+DEFAULT_SCHEME = "int8-ch-sym"
+#: Output SQNR (dB) below which ``quantize_model`` warns (CLI: exit status 3).
+MIN_SQNR_DB = 15.0
+
+
+def _float_outputs(outputs) -> list[int]:
+    return [i for i, y in enumerate(outputs) if np.asarray(y).dtype.kind == "f"]
+
+
+def pooled_sqnr(ys: list[list], refs: list[list]) -> dict:
+    """Per output index: SQNR over every feed pooled (sum of signal over sum of noise) and max abs error.
+
+    ``ys`` / ``refs``: one list of outputs per feed. Returns ``{index: (sqnr dB, max abs error)}`` for the float
+    outputs."""
+    out = {}
+    for i in _float_outputs(refs[0]):
+        sig = noise = 0.0
+        err = 0.0
+        for y, r in zip(ys, refs):
+            r64 = np.asarray(r[i], np.float64)
+            d = np.asarray(y[i], np.float64) - r64
+            sig += float((r64 ** 2).sum())
+            noise += float((d ** 2).sum())
+            err = max(err, float(np.abs(d).max()) if d.size else 0.0)
+        db = math.inf if noise == 0 else (-math.inf if sig == 0 else 10.0 * math.log10(sig / noise))
+        out[i] = (db, err)
+    return out
+
+
+def measure_model(float_model, quantized_model, feeds, *, threads: int | None = None, device: str = "cpu",
+                  source: str = "", **session_options) -> dict:
+    """Accuracy of ``quantized_model`` at its outputs against ``float_model`` on ``feeds``.
+
+    ``float_model``: path, bytes or ``onnx.ModelProto``, run by onnxruntime (CPU). ``quantized_model``: the same
+    forms, run by a qconv :class:`~qconv.onnx.InferenceSession` on ``device`` with ``session_options`` (its
+    default activations unless given). ``feeds``: a feed dict or a list of them (every feed counts: the SQNR of an
+    output pools the signal and noise of all feeds). ``source``: a label saying where the feeds come from.
+
+    Returns ``{"outputs": {name: {"sqnr_db", "max_abs_err"}}, "sqnr_db": the lowest output SQNR, "feeds": n,
+    "source": source}`` (float outputs only; SQNR inf when equal)."""
+    import onnxruntime as ort
+
+    from .session import InferenceSession
+
+    feeds = [feeds] if isinstance(feeds, dict) else list(feeds)
+    if not feeds:
+        raise ValueError("measure_model needs at least one feed")
+    sess = InferenceSession(quantized_model, device=device, threads=threads, **session_options)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = sess.threads
+    so.log_severity_level = 3
+    ref_sess = ort.InferenceSession(_bytes(float_model), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    ref_names = {o.name for o in ref_sess.get_outputs()}
+    missing = [n for n in names if n not in ref_names]
+    if missing:
+        raise ValueError(f"the float model has no output(s) {missing}: is it the model that was quantized?")
+    ys = [sess.run(names, f) for f in feeds]
+    refs = [ref_sess.run(names, f) for f in feeds]
+    sess.close()
+    per = pooled_sqnr(ys, refs)
+    outputs = {names[i]: dict(sqnr_db=db, max_abs_err=err) for i, (db, err) in per.items()}
+    return dict(outputs=outputs, sqnr_db=min((o["sqnr_db"] for o in outputs.values()), default=math.inf),
+                feeds=len(feeds), source=source)
+
+
+def _bytes(model) -> bytes:
+    if hasattr(model, "SerializeToString"):
+        return model.SerializeToString()
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return bytes(model)
+    with open(model, "rb") as fh:
+        return fh.read()
+
+
+@dataclass
+class _Slot:
+    """Where one layer's weight (and bias) enter the proxy: input names and the node form of the weight."""
+
+    weight_input: str
+    bias_input: str | None
+    op: str
+    trans_b: bool = False
+    alpha: float = 1.0
+    w0: np.ndarray = field(default=None, repr=False)   # the float weight in node form
+    b0: np.ndarray | None = field(default=None, repr=False)
+
+
+class WeightProxy:
+    """The float model with every layer's weight (and a Conv's bias) as a model input: one onnxruntime session
+    evaluates any assignment of dequantized weights (see the module docstring).
+
+    ``model``: ``onnx.ModelProto``; ``layers``: its :class:`~qconv.onnx_model.ModelLayer` list; ``feeds``: the
+    feeds every evaluation runs. :meth:`sqnr` compares with the float model's outputs computed by the same session
+    with the float weights."""
+
+    def __init__(self, model, layers, feeds, threads: int = 2):
+        import onnx
+        import onnxruntime as ort
+
+        from ..onnx_model import _attrs, _constants
+
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        consts = _constants(m)
+        self.layers = {la.name: la for la in layers}
+        self.slots: dict[str, _Slot] = {}
+        for la in layers:
+            node = m.graph.node[la.node_index]
+            w_in = f"qconv.proxy/{la.name}/w"
+            w0 = np.asarray(consts[node.input[1]], np.float32)
+            attrs = _attrs(node)
+            slot = _Slot(w_in, None, la.op, bool(attrs.get("transB", 0)), float(attrs.get("alpha", 1.0)), w0)
+            node.input[1] = w_in
+            m.graph.input.append(onnx.helper.make_tensor_value_info(w_in, onnx.TensorProto.FLOAT, w0.shape))
+            if la.op == "Conv":
+                slot.bias_input = f"qconv.proxy/{la.name}/b"
+                slot.b0 = np.zeros(w0.shape[0], np.float32) if la.bias is None else np.asarray(la.bias, np.float32)
+                if len(node.input) > 2:
+                    node.input[2] = slot.bias_input
+                else:
+                    node.input.append(slot.bias_input)
+                m.graph.input.append(onnx.helper.make_tensor_value_info(slot.bias_input, onnx.TensorProto.FLOAT,
+                                                                        slot.b0.shape))
+            self.slots[la.name] = slot
+        used = {n for node in m.graph.node for n in node.input}
+        keep = [t for t in m.graph.initializer if t.name in used]
+        del m.graph.initializer[:]
+        m.graph.initializer.extend(keep)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.log_severity_level = 3
+        self.session = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.feeds = [dict(f) for f in feeds]
+        self.names = [o.name for o in self.session.get_outputs()]
+        self.evaluations = 0
+        self.refs = self.outputs({})
+
+    def node_weight(self, name: str, w: np.ndarray) -> np.ndarray:
+        """A qconv-form weight ``(O, I/groups, kh, kw)`` of layer ``name`` in its node's form (a MatMul's ``(K, N)``,
+        a Gemm's ``B`` with ``transB`` and ``alpha`` undone)."""
+        slot = self.slots[name]
+        if slot.op == "Conv":
+            return np.ascontiguousarray(w, np.float32)
+        w2 = w[:, :, 0, 0] / np.float32(slot.alpha) if slot.op == "Gemm" else w[:, :, 0, 0]
+        return np.ascontiguousarray(w2 if slot.op == "Gemm" and slot.trans_b else w2.T, np.float32)
+
+    def outputs(self, assign: dict) -> list[list]:
+        """Outputs per feed with ``assign`` = ``{layer name: (node-form weight, bias (O,) or None)}``; the other layers
+        keep their float weights."""
+        base = {}
+        for name, slot in self.slots.items():
+            w, b = assign.get(name, (None, None))
+            base[slot.weight_input] = slot.w0 if w is None else w
+            if slot.bias_input is not None:
+                base[slot.bias_input] = slot.b0 if b is None else b
+        self.evaluations += 1
+        return [self.session.run(self.names, {**f, **base}) for f in self.feeds]
+
+    def sqnr(self, assign: dict) -> float:
+        """The lowest pooled output SQNR (dB) of ``assign`` against the float weights."""
+        per = pooled_sqnr(self.outputs(assign), self.refs)
+        return min((db for db, _ in per.values()), default=math.inf)
+
+
+class Candidates:
+    """Quantized forms of every layer under each scheme, made once: ``get(layer, scheme)`` ->
+    ``(node-form dequantized weight, bias, stored bytes)``; float -> ``(None, None, 4 * weights)``.
+
+    Calibrated schemes (``-bc``, ``gptq``) use the layers' inputs captured on the calibration feeds (``calib``:
+    ``{layer name: [NCHW input per feed]}``); linear layers take the scheme without its ``-bc`` (the proxy feeds
+    no bias to a MatMul)."""
+
+    def __init__(self, proxy: WeightProxy, calib: dict | None = None):
+        self.proxy, self.calib, self.cache = proxy, calib or {}, {}
+
+    def scheme_for(self, name: str, scheme: Scheme) -> Scheme:
+        la = self.proxy.layers[name]
+        if scheme.bias_correction and la.is_linear:
+            return Scheme(scheme.bits, scheme.block_size, scheme.symmetric, scheme.method, False)
+        return scheme
+
+    def get(self, name: str, scheme: Scheme):
+        scheme = self.scheme_for(name, scheme)
+        key = (name, scheme.label)
+        if key not in self.cache:
+            la = self.proxy.layers[name]
+            if scheme.bits is None:
+                self.cache[key] = (None, None, 4 * la.weight.size)
+            else:
+                kw = dict(stride=la.stride, padding=la.padding, dilation=la.dilation)
+                calib = self.calib.get(name)
+                qw = scheme.quantize(la.weight, la.groups, calib, **kw)
+                bias = scheme.corrected_bias(la.weight, qw, la.bias, calib, **kw)
+                self.cache[key] = (self.proxy.node_weight(name, qw.dequantize()),
+                                   None if bias is None else np.asarray(bias, np.float32), qw.nbytes)
+        return self.cache[key]
+
+    def assign(self, plan: dict) -> dict:
+        """``{layer: scheme}`` -> the proxy's ``{layer: (weight, bias)}``."""
+        return {n: self.get(n, s)[:2] for n, s in plan.items()}
+
+    def nbytes(self, plan: dict) -> int:
+        return sum(self.get(n, s)[2] for n, s in plan.items())
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    import sys
+    return tqdm(total=total, desc=desc, unit="eval", disable=None if enabled else True, file=sys.stderr,
+                leave=False)
+
+
+@dataclass
+class SearchResult:
+    """What :func:`search_plan` chose: ``schemes`` ``{layer: Scheme}``, the SQNR it measured on the calibration
+    feeds, the bytes, the all-int8 reference (``base_*``), evaluations and seconds."""
+
+    schemes: dict
+    sqnr_db: float
+    nbytes: int
+    base_sqnr_db: float
+    base_nbytes: int
+    evaluations: int
+    seconds: float
+    log: list
+
+
+def search_plan(cands: Candidates, target_db: float, base: Scheme, cheap: Scheme, *, progress: bool = False,
+                max_failures: int = 6) -> SearchResult:
+    """Per-layer schemes (``cheap`` < ``base`` < float in bytes) whose model output reaches ``target_db`` on the
+    proxy's feeds with the fewest weight bytes found.
+
+    The search (sensitivity-ordered, the whole model re-measured at every step, like NNCF's
+    ``quantize_with_accuracy_control``, which ranks layers by what reverting each alone gives, then reverts them
+    in that order until the metric holds):
+
+    1. every layer at ``base`` (all-int8): SQNR ``s0``, bytes ``b0``;
+    2. below target: each layer's gain from float alone is measured; layers go to float in the order of gain per
+       extra byte, re-measured, kept only when the SQNR rises, until the target is reached;
+    3. at or above target: each layer's loss at ``cheap`` alone (from all-``base``) is measured; layers are
+       demoted in the order of loss per saved byte, each re-measured and kept only when the target still holds
+       (a run of ``max_failures`` refusals ends it);
+    4. the plan is never dominated by all-int8: if its bytes are >= ``b0`` and its SQNR < ``s0``, all-int8 wins.
+
+    Demotions from step 3 can pay for the promotions of step 2, so a plan can be more accurate than all-int8 at
+    fewer bytes. Each step is one proxy evaluation (one model run per feed)."""
+    t0 = time.perf_counter()
+    proxy = cands.proxy
+    names = list(proxy.layers)
+    n_evals = 2 * len(names) + 8
+    bar = _progress(n_evals, "accuracy control", progress)
+    log = []
+
+    def measure(plan):
+        db = proxy.sqnr(cands.assign(plan))
+        if bar is not None:
+            bar.update(1)
+        return db
+
+    plan = {n: base for n in names}
+    s0 = measure(plan)
+    b0 = cands.nbytes(plan)
+    current = s0
+    log.append(f"all {base.label}: {s0:.2f} dB, {b0:,} bytes")
+    flt = Scheme(None)
+    if current < target_db:
+        gains = []
+        for n in names:
+            db = measure({**plan, n: flt})
+            extra = cands.get(n, flt)[2] - cands.get(n, base)[2]
+            gains.append(((db - s0) / max(extra, 1), db, n))
+        for ratio, _, n in sorted(gains, reverse=True):
+            if current >= target_db or ratio <= 0:
+                break
+            trial = {**plan, n: flt}
+            db = measure(trial)
+            if db > current:
+                plan, current = trial, db
+                log.append(f"{n} -> float: {db:.2f} dB")
+    if current >= target_db:
+        losses = []
+        for n in names:
+            if plan[n] != base:
+                continue
+            saved = cands.get(n, base)[2] - cands.get(n, cheap)[2]
+            if saved <= 0:
+                continue
+            db = measure({**{k: base for k in names}, n: cheap})
+            losses.append(((s0 - db) / saved, n))
+        failures = 0
+        for _, n in sorted(losses):
+            trial = {**plan, n: cheap}
+            db = measure(trial)
+            if db >= target_db:
+                plan, current, failures = trial, db, 0
+                log.append(f"{n} -> {cheap.label}: {db:.2f} dB")
+            else:
+                failures += 1
+                if failures >= max_failures:
+                    break
+    nbytes = cands.nbytes(plan)
+    if nbytes >= b0 and current < s0:
+        plan, current, nbytes = {n: base for n in names}, s0, b0
+        log.append("all-int8 is better at no more bytes: kept")
+    if bar is not None:
+        bar.close()
+    return SearchResult(plan, current, nbytes, s0, b0, proxy.evaluations, time.perf_counter() - t0, log)
+
+
+def restore_ranking(cands: Candidates, plan: dict, base: Scheme, top: int = 3) -> list[tuple[str, float]]:
+    """The ``top`` layers whose return to ``base`` (or, for layers already there, to float) raises the proxy's SQNR
+    most, each re-measured alone against ``plan``: ``[(layer, SQNR dB with it returned)]``, best first."""
+    rows = []
+    for n, s in plan.items():
+        if s.bits is None:
+            continue
+        to = Scheme(None) if s == base else base
+        rows.append((cands.proxy.sqnr(cands.assign({**plan, n: to})), n))
+    rows.sort(reverse=True)
+    return [(n, db) for db, n in rows[:top]]
