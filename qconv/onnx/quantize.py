@@ -319,6 +319,12 @@ def _measure(float_bytes, q, layers, schemes, eval_feeds, calib_feeds, min_sqnr,
     elif calib_feeds:
         feeds, source = calib_feeds, f"the {len(calib_feeds)} calibration input(s) (pass eval= for held-out inputs)"
     else:
+        inputs = [i for i in q.graph.input if i.name not in {t.name for t in q.graph.initializer}]
+        dims = [d for i in inputs for d in i.type.tensor_type.shape.dim]
+        if len(inputs) != 1 or any(not d.HasField("dim_value") or d.dim_value < 1 for d in dims):
+            return dict(source="not measured: no eval= or calibration= inputs, and no random feed fits the model's "
+                               f"input(s) {[i.name for i in inputs]} (dynamic or several)", min_sqnr=min_sqnr,
+                        below_floor=False)
         feeds, source = [default_input(q, seed=0)], "a random feed (seed 0; pass eval= with real inputs)"
     opts = {} if act_quant is None else {"act_quant": act_quant}
     acc = measure_model(float_bytes, q, feeds, threads=threads, source=source, **opts)
