@@ -207,6 +207,9 @@ def format_plan(plan, rows) -> str:
     if len(int8) == len(plan.layers):
         line += f", {total / sum(int8.values()):.1%} of all-int8 per-channel ({sum(int8.values()):,})"
     lines.append(line + f"; worst layer {worst:.1f} dB")
+    lines.append("NOTE: this plan is per layer (each layer meets the target on its own); per-layer targets do not "
+                 "compose into the model's: for a target at the model's output use `python -m qconv quantize MODEL "
+                 "OUT --target-sqnr T --calibration ...`")
     return "\n".join(lines)
 
 
@@ -251,7 +254,8 @@ def main(argv=None) -> int:
     ins.add_argument("--csv", help="write all rows as CSV")
     ins.add_argument("--plot", help="draw SQNR per layer to this PNG (needs matplotlib)")
     ins.add_argument("--save", help="write the quantized weights to this .npz")
-    ins.add_argument("--target-sqnr", type=float, help="choose per layer the cheapest candidate meeting this SQNR")
+    ins.add_argument("--target-sqnr", type=float, help="a per-layer plan: per layer the cheapest candidate meeting this SQNR on its own (for a "
+                          "target at the model's output: `quantize --target-sqnr`)")
     ins.add_argument("--candidates", default="int4-b32-asym,int4-b64-asym,int8-ch-sym,float",
                      help="candidate schemes for --target-sqnr")
     ins.add_argument("--save-plan", help="write the plan of --target-sqnr as JSON")

@@ -332,6 +332,10 @@ def _measure(float_bytes, q, layers, schemes, eval_feeds, calib_feeds, min_sqnr,
                outputs={k: dict(sqnr_db=_rounded(v["sqnr_db"]), max_abs_err=float(v["max_abs_err"]))
                         for k, v in acc["outputs"].items()}, min_sqnr=min_sqnr)
     out["below_floor"] = bool(min_sqnr is not None and acc["sqnr_db"] < min_sqnr)
+    # integer activation modes that keep the floor, measured with every node in that mode
+    allowed = ["float"] + [mode for mode in ("tensor", "block") if min_sqnr is None or measure_model(
+        float_bytes, q, feeds, threads=threads, act_quant=mode)["sqnr_db"] >= min_sqnr]
+    out["act_allowed"] = allowed
     if out["below_floor"]:
         quantized = {n: s for n, s in schemes.items() if s.bits is not None}
         cands = _proxy(onnx.load_from_string(float_bytes), layers, feeds, threads)
@@ -366,7 +370,7 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     (``qconv/onnx/README.md`` measures PP-OCRv4 det with ``min_weights=1024``).
 
     ``act_quant``: the activation mode the session runs the nodes with (``"tensor"``, ``"row"``, ``"block"``;
-    None: the plan's, else the session's default); ``act_block``: with ``"block"``, the input channels per
+    None: the session's default; a plan records weight schemes only, its ``act_quant`` is not used); ``act_block``: with ``"block"``, the input channels per
     activation block, per layer the largest divisor of its weight block that is ``<= act_block``
     (:func:`layer_act_block`; 0 = the weight's block). Both are recorded in ``qconv.summary`` and are what
     :class:`~qconv.onnx.InferenceSession` uses unless told otherwise. On PP-OCRv4 det the default per-tensor
@@ -400,8 +404,6 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
         min_sqnr = float(min_sqnr)
     if plan is not None:
         plan = plan if isinstance(plan, Plan) else Plan.load(plan)
-    if act_quant is None and plan is not None:
-        act_quant = plan.act_quant
     V.check_choice(act_quant, "act_quant", ("tensor", "row", "block", None))
     act_block = V.check_int(act_block, "act_block", minimum=0)
     min_weights = V.check_int(min_weights, "min_weights", minimum=0)
@@ -556,6 +558,8 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     if measure:
         summary["accuracy"] = _measure(float_bytes, m, layers, schemes, eval_feeds, calib_feeds, min_sqnr, threads,
                                        act_quant)
+        for entry in summary["layers"].values():   # measured with every node in the mode (model-wide)
+            entry["act_allowed"] = summary["accuracy"].get("act_allowed", ["float"])
     m.metadata_props.add(key=SUMMARY_KEY, value=json.dumps(summary))
     m.metadata_props.add(key=RUNTIME_KEY, value=RUNTIME_NOTE)
     return m
