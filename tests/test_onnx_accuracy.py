@@ -104,7 +104,8 @@ def test_the_proxy_measures_what_the_session_gives(scheme):
 def _search(target, bn=False):
     model, fs = chain(bn=bn), feeds(2, 3)
     cands = Candidates(WeightProxy(model, model_layers(model), fs, threads=1))
-    return cands, search_plan(cands, target, Scheme.parse("int8-ch-sym"), Scheme.parse("int4-b8-asym"))
+    ladder = [Scheme.parse(s) for s in ("int4-b8-asym", "int8-ch-sym", "int8-b8-asym", "float")]
+    return cands, search_plan(cands, target, ladder, ladder[1])
 
 
 @settings(max_examples=8, deadline=None)
@@ -122,11 +123,12 @@ def test_a_plan_is_never_dominated_by_all_int8(offset):
     assert cands.proxy.sqnr(cands.assign(r.schemes)) == pytest.approx(r.sqnr_db, abs=1e-9)
 
 
-def test_a_reachable_target_above_all_int8_is_reached_with_float_layers():
-    """A target between all-int8 and float is reached by promoting layers to float."""
+def test_a_reachable_target_above_all_int8_is_reached_by_promoting_layers():
+    """A target between all-int8 and float is reached by moving layers up the ladder (int8-b8-asym or float)."""
     base = _search(200.0)[1].base_sqnr_db
     _, r = _search(base + 6)
-    assert r.sqnr_db >= base + 6 and any(s.bits is None for s in r.schemes.values())
+    assert r.sqnr_db >= base + 6
+    assert any(s.bits is None or s.block_size for s in r.schemes.values())
 
 
 def test_quantize_model_target_sqnr_searches_on_calibration_and_measures_on_eval():
@@ -139,7 +141,8 @@ def test_quantize_model_target_sqnr_searches_on_calibration_and_measures_on_eval
     assert s["accuracy"]["source"] == "2 evaluation input(s)"
     assert s["accuracy"]["sqnr_db"] == pytest.approx(measure_model(model, q, feeds(2, 5))["sqnr_db"], abs=0.006)
     schemes = {e["scheme"] for e in s["layers"].values()}
-    assert schemes <= {"int4-b32-asym-bc", "int8-ch-sym-bc", "int4-b32-asym", "int8-ch-sym"}
+    assert schemes <= set(s["search"]["ladder"]) | {"int4-b32-asym-gptq", "int8-b16-asym"}   # linear: no -bc
+    assert s["search"]["int8_scheme"] in qo.quantize.INT8_CALIBRATED
     # the plan's bytes: all-int8's at most, as all-int8 meets 25 dB on this graph
     assert s["search"]["int8_sqnr_db"] < 25.0 or s["search"]["nbytes"] <= s["search"]["int8_nbytes"]
 

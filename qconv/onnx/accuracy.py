@@ -257,19 +257,21 @@ class SearchResult:
     log: list
 
 
-def search_plan(cands: Candidates, target_db: float, base: Scheme, cheap: Scheme, *, progress: bool = False,
+def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme, *, progress: bool = False,
                 max_failures: int = 6) -> SearchResult:
-    """Per-layer schemes (``cheap`` < ``base`` < float in bytes) whose model output reaches ``target_db`` on the
-    proxy's feeds with the fewest weight bytes found.
+    """Per-layer schemes from ``ladder`` (schemes in increasing bytes per weight, ``base`` among them, e.g.
+    ``[int4-b32-asym, int8-ch-sym, int8-b16-asym, float]``) whose model output reaches ``target_db`` on the proxy's
+    feeds with the fewest weight bytes found.
 
     The search (sensitivity-ordered, the whole model re-measured at every step, like NNCF's
     ``quantize_with_accuracy_control``, which ranks layers by what reverting each alone gives, then reverts them
     in that order until the metric holds):
 
     1. every layer at ``base`` (all-int8): SQNR ``s0``, bytes ``b0``;
-    2. below target: each layer's gain from float alone is measured; layers go to float in the order of gain per
-       extra byte, re-measured, kept only when the SQNR rises, until the target is reached;
-    3. at or above target: each layer's loss at ``cheap`` alone (from all-``base``) is measured; layers are
+    2. below target: for every layer and every rung above ``base``, the gain of that layer alone at that rung is
+       measured; the (layer, rung) moves are tried in the order of gain per extra byte (each layer moved once),
+       re-measured, kept only when the SQNR rises, until the target is reached;
+    3. at or above target: each ``base`` layer's loss at the rung below ``base`` alone is measured; layers are
        demoted in the order of loss per saved byte, each re-measured and kept only when the target still holds
        (a run of ``max_failures`` refusals ends it);
     4. the plan is never dominated by all-int8: if its bytes are >= ``b0`` and its SQNR < ``s0``, all-int8 wins.
@@ -279,8 +281,9 @@ def search_plan(cands: Candidates, target_db: float, base: Scheme, cheap: Scheme
     t0 = time.perf_counter()
     proxy = cands.proxy
     names = list(proxy.layers)
-    n_evals = 2 * len(names) + 8
-    bar = _progress(n_evals, "accuracy control", progress)
+    k = ladder.index(base)
+    upper, cheap = ladder[k + 1:], (ladder[k - 1] if k > 0 else None)
+    bar = _progress(len(names) * (len(upper) + 2) + 2, "accuracy control", progress)
     log = []
 
     def measure(plan):
@@ -289,36 +292,38 @@ def search_plan(cands: Candidates, target_db: float, base: Scheme, cheap: Scheme
             bar.update(1)
         return db
 
-    plan = {n: base for n in names}
+    all_base = {n: base for n in names}
+    plan = dict(all_base)
     s0 = measure(plan)
     b0 = cands.nbytes(plan)
     current = s0
     log.append(f"all {base.label}: {s0:.2f} dB, {b0:,} bytes")
-    flt = Scheme(None)
-    if current < target_db:
-        gains = []
+    if current < target_db and upper:
+        moves = []
         for n in names:
-            db = measure({**plan, n: flt})
-            extra = cands.get(n, flt)[2] - cands.get(n, base)[2]
-            gains.append(((db - s0) / max(extra, 1), db, n))
-        for ratio, _, n in sorted(gains, reverse=True):
+            for rung in upper:
+                extra = cands.get(n, rung)[2] - cands.get(n, base)[2]
+                db = measure({**all_base, n: rung})
+                moves.append(((db - s0) / max(extra, 1), n, rung))
+        moved: set = set()
+        for ratio, n, rung in sorted(moves, key=lambda m: m[0], reverse=True):
             if current >= target_db or ratio <= 0:
                 break
-            trial = {**plan, n: flt}
+            if n in moved:
+                continue
+            trial = {**plan, n: rung}
             db = measure(trial)
             if db > current:
                 plan, current = trial, db
-                log.append(f"{n} -> float: {db:.2f} dB")
-    if current >= target_db:
+                moved.add(n)
+                log.append(f"{n} -> {rung.label}: {db:.2f} dB")
+    if current >= target_db and cheap is not None:
         losses = []
         for n in names:
-            if plan[n] != base:
-                continue
             saved = cands.get(n, base)[2] - cands.get(n, cheap)[2]
-            if saved <= 0:
+            if plan[n] != base or saved <= 0:
                 continue
-            db = measure({**{k: base for k in names}, n: cheap})
-            losses.append(((s0 - db) / saved, n))
+            losses.append(((s0 - measure({**all_base, n: cheap})) / saved, n))
         failures = 0
         for _, n in sorted(losses):
             trial = {**plan, n: cheap}
@@ -332,7 +337,7 @@ def search_plan(cands: Candidates, target_db: float, base: Scheme, cheap: Scheme
                     break
     nbytes = cands.nbytes(plan)
     if nbytes >= b0 and current < s0:
-        plan, current, nbytes = {n: base for n in names}, s0, b0
+        plan, current, nbytes = all_base, s0, b0
         log.append("all-int8 is better at no more bytes: kept")
     if bar is not None:
         bar.close()

@@ -13,7 +13,8 @@ GraphProto          node (1), initializer (5)
 NodeProto           input (1), output (2), name (3), op_type (4), attribute (5), domain (7)
 AttributeProto      name (1), f (2), i (3), s (4), floats (7), ints (8), strings (9), type (20)
 TensorProto         dims (1), data_type (2), float_data (4), int32_data (5), int64_data (7), name (8),
-                    raw_data (9), external_data (13), data_location (14)
+                    raw_data (9), double_data (10), uint64_data (11), external_data (13),
+                    data_location (14)
 ==================  ==================================================================================
 
 :func:`rewrite_graph` copies every other field through byte for byte. Tensors decode as ``onnx.numpy_helper``
@@ -33,7 +34,7 @@ _A_FLOAT, _A_INT, _A_STRING, _A_FLOATS, _A_INTS, _A_STRINGS = 1, 2, 3, 6, 7, 8
 # TensorProto.data_type -> numpy dtype (INT4 / UINT4: the unpacked codes)
 INT4, UINT4 = 22, 21
 _DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
-           10: np.float16, 11: np.float64, UINT4: np.uint8, INT4: np.int8}
+           10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64, UINT4: np.uint8, INT4: np.int8}
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
@@ -84,19 +85,21 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _packed_ints(wtype, value) -> list:
-    """A repeated int64/int32 field's values: one varint, or a packed run of them."""
+def _packed_ints(wtype, value, signed: bool = True) -> list:
+    """A repeated int64/int32 (``signed``) or uint64 field's values: one varint, or a packed run of them."""
     if wtype == VARINT:
-        return [_signed(value)]
+        return [_signed(value) if signed else value]
     out, pos = [], 0
     while pos < len(value):
         v, pos = _varint(value, pos)
-        out.append(_signed(v))
+        out.append(_signed(v) if signed else v)
     return out
 
 
-def _packed_floats(wtype, value) -> list:
-    return list(struct.unpack(f"<{len(value) // 4}f", value))
+def _packed_floats(wtype, value, fmt: str = "f") -> list:
+    """A repeated float (``fmt`` ``"f"``) or double (``"d"``) field's values: packed (LEN) or one fixed value."""
+    size = struct.calcsize(fmt)
+    return list(struct.unpack(f"<{len(value) // size}{fmt}", value))
 
 
 @dataclass
@@ -171,7 +174,7 @@ class Tensor:
     dims: list = field(default_factory=list)
     data_type: int = 0
     raw: memoryview | None = None
-    typed: list = field(default_factory=list)   # (field, wire type, value) of float_data / int32_data / int64_data
+    typed: list = field(default_factory=list)   # (field, wire type, value) of the typed data fields
     external: bool = False
 
     def to_array(self) -> tuple[np.ndarray, int]:
@@ -197,14 +200,16 @@ class Tensor:
             return np.frombuffer(self.raw, np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(shape), 8
         values = []   # decoded here, not when the model is read: a float model's typed fields can be large
         for number, wtype, value in self.typed:
-            if number == 4:
-                values += _packed_floats(wtype, value) if wtype == LEN else list(struct.unpack("<f", value))
+            if number in (4, 10):
+                values += _packed_floats(wtype, value, "f" if number == 4 else "d")
             else:
-                values += _packed_ints(wtype, value)
+                values += _packed_ints(wtype, value, signed=number != 11)
         if len(values) != n:
             raise ValueError(f"tensor {self.name!r}: {len(values)} values for shape {shape}")
         if self.data_type == 10:   # float16 bit patterns in int32_data
             return np.asarray(values, np.uint16).view(np.float16).reshape(shape), 8
+        if self.data_type in (12, 13):   # uint64_data: Python ints up to 2**64 - 1, exact only as uint64
+            return np.array(values, np.uint64).astype(dtype).reshape(shape), 8
         return np.asarray(values).astype(dtype).reshape(shape), 8
 
 
@@ -219,7 +224,7 @@ def read_tensor(buf) -> Tensor:
             t.name = bytes(value).decode()
         elif number == 9 and wtype == LEN:
             t.raw = value
-        elif number in (4, 5, 7):
+        elif number in (4, 5, 7, 10, 11):
             t.typed.append((number, wtype, value))
         elif number == 13:
             t.external = True
