@@ -399,8 +399,10 @@ def test_session_memory_settings_and_no_float_weights():
     model, _ = conv_chain()
     sess = qo.InferenceSession(qo.quantize_model(model), threads=1)
     assert sess._sess.get_session_options().enable_mem_pattern is False
-    assert qo.InferenceSession(qo.quantize_model(model), threads=1,
-                               enable_mem_pattern=True)._sess.get_session_options().enable_mem_pattern is True
+    so = ort.SessionOptions()
+    so.enable_mem_pattern = True   # a given sess_options keeps its own memory pattern setting
+    assert qo.InferenceSession(qo.quantize_model(model), so,
+                               threads=1).get_session_options().enable_mem_pattern is True
     sess.run(None, {"x": RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)})
     engines = {k.name: k.layer.engine for k in sess.kernels}
     assert [n for n, e in engines.items() if e.path == "depthwise"] == ["dw3"]

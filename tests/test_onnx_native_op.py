@@ -4,6 +4,7 @@ These drive the bridge itself with stand-in kernels registered under keys of the
 the kernel as views of onnxruntime's tensors (input read-only), the output is what the kernel wrote, errors fail
 the node with the kernel's message (never the process), and kernel references are released with the session.
 """
+import ctypes
 import sys
 import threading
 
@@ -45,10 +46,13 @@ class Fails:
         raise ZeroDivisionError("stand-in failure")
 
 
-def _session(key, op=QCONV, dims=("n", 3, 4, 5)):
-    node = helper.make_node(op, ["x"], ["y"], name="n0", domain=DOMAIN, **{_ortops.KEY_ATTR: key})
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(dims))],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+def _session(key, op=QCONV, dims=("n", 3, 4, 5), inputs=("x",), outputs=("y",)):
+    """A session of one ``op`` node ``inputs -> outputs`` whose attribute ``qconv_key`` is ``key`` (None: none)."""
+    node = helper.make_node(op, list(inputs), list(outputs), name="n0", domain=DOMAIN,
+                            **({} if key is None else {_ortops.KEY_ATTR: key}))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(i, TensorProto.FLOAT, list(dims))
+                                            for i in inputs],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
     so = ort.SessionOptions()
     so.register_custom_ops_library(qk.register())
@@ -135,3 +139,58 @@ def test_sessions_run_concurrently_from_threads(registered):
     for t in threads:
         t.join()
     assert not errors
+
+
+@pytest.mark.parametrize("key", [None, 7])
+def test_a_node_without_a_string_key_fails_naming_the_attribute(key):
+    with pytest.raises(Exception, match=r"needs the string attribute 'qconv_key'.*through "
+                                        r"qconv.onnx.InferenceSession \(onnxruntime: "):
+        _session(key)
+
+
+@pytest.mark.parametrize("inputs, outputs, what", [(("x", "z"), ("y",), "input size 2"),
+                                                    (("x",), ("y", "w"), "output size 2")])
+def test_a_node_with_other_input_or_output_counts_is_refused(registered, inputs, outputs, what):
+    """The operators declare one required input and output: onnxruntime refuses the graph, naming the node."""
+    registered("native-test/counts", Stretch())
+    with pytest.raises(Exception, match=rf"Node\(n0\) with schema\(ai.qconv::QConv:1\) has {what} not in range "
+                                        r"\[min=1, max=1\]"):
+        _session("native-test/counts", inputs=inputs, outputs=outputs)
+
+
+def test_registering_without_api_16_returns_an_error_naming_the_versions():
+    """An onnxruntime without C API version 16 (< 1.16): RegisterCustomOps returns an error status made with the
+    newest table it has, naming both versions, instead of registering nothing. A stand-in OrtApiBase whose
+    ``GetApi`` knows versions 1..15 and whose ``CreateStatus`` (entry 0 of every table) records the message."""
+    create_status_t = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+    get_api_t = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_uint32)
+    version_t = ctypes.CFUNCTYPE(ctypes.c_void_p)   # const char *: the address of a buffer kept here
+    version = ctypes.create_string_buffer(b"1.15.1")
+    made, asked = [], []
+
+    @create_status_t
+    def create_status(code, msg):
+        made.append((code, msg.decode()))
+        return 0x5151
+
+    tables = {v: (ctypes.c_void_p * 1)(ctypes.cast(create_status, ctypes.c_void_p)) for v in range(1, 16)}
+
+    @get_api_t
+    def get_api(version):
+        asked.append(version)
+        return ctypes.addressof(tables[version]) if version in tables else None
+
+    @version_t
+    def get_version_string():
+        return ctypes.addressof(version)
+
+    class ApiBase(ctypes.Structure):
+        _fields_ = [("GetApi", get_api_t), ("GetVersionString", version_t)]
+
+    register = ctypes.CDLL(_ortops.library_path()).RegisterCustomOps
+    register.restype, register.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(ApiBase)]
+    base = ApiBase(get_api, get_version_string)
+    assert register(None, ctypes.byref(base)) == 0x5151
+    assert asked == [16, 15]
+    assert made == [(1, "qconv: onnxruntime 1.15.1 gives its C API up to version 15; qconv's native operators need "
+                        "version 16 (onnxruntime >= 1.16): upgrade onnxruntime")]

@@ -123,7 +123,7 @@ def test_malformed_bytes_raise_value_error(tmp_path):
     path.write_bytes(b"not an onnx model at all")
     with pytest.raises(ValueError, match="not a readable ONNX model"):
         qo.InferenceSession(str(path))
-    with pytest.raises(TypeError, match="path or an onnx.ModelProto"):
+    with pytest.raises(TypeError, match="a path, the bytes of a model or an onnx.ModelProto"):
         qo.InferenceSession(42)
     t = numpy_helper.from_array(np.ones((2, 3), np.float32), "t")
     t.raw_data = t.raw_data[:-4]

@@ -3,7 +3,9 @@
 
 This module's own file is the custom-op library a session registers (:func:`library_path`). Each node of those
 types carries one string attribute, ``qconv_key``; at kernel creation the resolver given to :func:`install` maps
-it to a prepared Python kernel, which the kernel holds a reference to until onnxruntime destroys it. A compute
+it to a prepared Python kernel, which the kernel holds a reference to until onnxruntime destroys it. A node
+without that attribute (a string), or whose key the resolver does not know, fails kernel creation with an error
+saying so; an onnxruntime older than 1.16 fails the library's registration (``qconv_ort.h``). A compute
 call takes the GIL and passes the kernel numpy views of onnxruntime's own memory, no copies:
 
 1. ``x``: the float32 input tensor, read-only;
@@ -37,6 +39,7 @@ cdef extern from "qconv_ort.h" nogil:
     qc_ort_compute_fn qc_ort_compute
     qc_ort_destroy_fn qc_ort_destroy
     OrtStatus *qc_ort_status(qc_ort_api api, const char *msg)
+    OrtStatus *qc_ort_wrap(qc_ort_api api, OrtStatus *s, const char *what)
     OrtStatus *qc_ort_attr_string(qc_ort_api api, const OrtKernelInfo *info, const char *name, char **out)
     OrtStatus *qc_ort_input(qc_ort_api api, OrtKernelContext *ctx, size_t i, const float **data, int64_t *dims,
                             size_t cap, size_t *nd)
@@ -46,6 +49,9 @@ cdef extern from "qconv_ort.h" nogil:
 DEF MAX_DIMS = 8
 cdef const char *_KEY = "qconv_key"
 KEY_ATTR = _KEY.decode()   # the node attribute naming its prepared kernel
+cdef const char *_NO_KEY = ("qconv: an ai.qconv node needs the string attribute 'qconv_key' naming its prepared "
+                            "kernel, which qconv.onnx.InferenceSession adds: run a model of qconv.onnx.quantize_model "
+                            "through qconv.onnx.InferenceSession")
 
 cdef object _resolve = None    # key (str) -> prepared kernel
 cdef object _on_error = None   # exception -> None
@@ -83,7 +89,7 @@ cdef OrtStatus *_create(const qc_ort_op *op, qc_ort_api api, const OrtKernelInfo
     cdef OrtStatus *s = qc_ort_attr_string(api, info, _KEY, &key)
     out[0] = NULL
     if s != NULL:
-        return s
+        return qc_ort_wrap(api, s, _NO_KEY)
     cdef _kernel *k = <_kernel *>malloc(sizeof(_kernel))
     if k == NULL:
         free(key)

@@ -6,7 +6,11 @@
  *         each function used here is called through its index in the table (QC_ORT_*), with its C signature;
  *       * OrtCustomOp is declared with the members of version 16 (compute returning an OrtStatus*), which
  *         onnxruntime >= 1.16 reads; members of later versions are not read for version 16.
- *   - The table is the one onnxruntime passes for API version QC_ORT_API (16); every index below is < 100.
+ *   - The table is the one onnxruntime passes for API version QC_ORT_API (16); every index below is < 100. An
+ *     onnxruntime without that version (< 1.16) gets an error status from RegisterCustomOps naming both
+ *     versions, so registering the library fails with it (rather than registering nothing).
+ *   - The operators declare one required float32 input and output, so onnxruntime's graph check refuses a
+ *     qconv node with another number of inputs or outputs (naming the node and the counts) before any kernel.
  *   - onnxruntime loads this extension module as a custom-op library (SessionOptions.register_custom_ops_library
  *     of the module's own file) and calls RegisterCustomOps, the one exported symbol defined here; the kernels
  *     then call back into the Python kernels the module was given (see _ortops.pyx).
@@ -16,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +43,7 @@ typedef struct {
 /* indices in the OrtApi table */
 enum {
     QC_ORT_CreateStatus = 0,                  /* OrtStatus *(int code, const char *msg) */
+    QC_ORT_GetErrorMessage = 2,               /* const char *(const OrtStatus *) */
     QC_ORT_CreateCustomOpDomain = 26,         /* (const char *domain, OrtCustomOpDomain **out) */
     QC_ORT_CustomOpDomain_Add = 27,           /* (OrtCustomOpDomain *, const OrtCustomOp *) */
     QC_ORT_AddCustomOpDomain = 28,            /* (OrtSessionOptions *, OrtCustomOpDomain *) */
@@ -49,6 +55,7 @@ enum {
     QC_ORT_KernelContext_GetInput = 90,       /* (const OrtKernelContext *, size_t i, const OrtValue **out) */
     QC_ORT_KernelContext_GetOutput = 91,      /* (OrtKernelContext *, size_t i, const int64_t *dims, size_t n,
                                                   OrtValue **out) */
+    QC_ORT_ReleaseStatus = 93,                /* void (OrtStatus *) */
     QC_ORT_ReleaseTensorTypeAndShapeInfo = 99 /* void (OrtTensorTypeAndShapeInfo *) */
 };
 
@@ -84,6 +91,23 @@ typedef struct qc_ort_op {   /* OrtCustomOp, version 16 */
 
 static inline OrtStatus *qc_ort_status(qc_ort_api api, const char *msg) {
     return QC_ORT_FN(api, QC_ORT_CreateStatus, OrtStatus *(*)(int, const char *))(QC_ORT_ERROR_FAIL, msg);
+}
+
+/* A new error status "<what> (onnxruntime: <s's message>)"; ``s`` is released. */
+static inline OrtStatus *qc_ort_wrap(qc_ort_api api, OrtStatus *s, const char *what) {
+    const char *inner = QC_ORT_FN(api, QC_ORT_GetErrorMessage, const char *(*)(const OrtStatus *))(s);
+    size_t n = strlen(what) + strlen(inner) + 32;
+    char *msg = (char *)malloc(n);
+    OrtStatus *out;
+    if (msg) {
+        snprintf(msg, n, "%s (onnxruntime: %s)", what, inner);
+        out = qc_ort_status(api, msg);   /* CreateStatus copies the message */
+        free(msg);
+    } else {
+        out = qc_ort_status(api, what);
+    }
+    QC_ORT_FN(api, QC_ORT_ReleaseStatus, void (*)(OrtStatus *))(s);
+    return out;
 }
 
 /* Attribute ``name`` of a node as a malloc'd NUL-terminated string (*out; free it), or an error status. */
@@ -171,11 +195,28 @@ static qc_ort_op qc_ort_ops[2] = { QC_ORT_OP("QConv"), QC_ORT_OP("QMatMul") };
 static OrtCustomOpDomain *qc_ort_domain;   /* one for the process: sessions only keep a pointer to it */
 static const char *qc_ort_domain_name = "ai.qconv";
 
+/* The error when onnxruntime has no table of version QC_ORT_API (onnxruntime < 1.16): made with the newest
+ * older table it gives (CreateStatus is the first function of every version), naming both versions. NULL only if
+ * it gives no table at all, when no status can be made. */
+static OrtStatus *qc_ort_version_error(const qc_ort_api_base *base) {
+    for (uint32_t v = QC_ORT_API - 1; v >= 1; v--) {
+        qc_ort_api older = base->GetApi(v);
+        if (!older) continue;
+        char msg[320];
+        snprintf(msg, sizeof msg, "qconv: onnxruntime %s gives its C API up to version %u; qconv's native "
+                 "operators need version %d (onnxruntime >= 1.%d): upgrade onnxruntime",
+                 base->GetVersionString ? base->GetVersionString() : "(unknown version)", v, QC_ORT_API,
+                 QC_ORT_API);
+        return qc_ort_status(older, msg);
+    }
+    return NULL;
+}
+
 /* The entry point onnxruntime looks up in a custom-op library. */
 __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOptions *so,
                                                                     const qc_ort_api_base *base) {
     qc_ort_api api = base->GetApi(QC_ORT_API);
-    if (!api) return NULL;   /* cannot happen: onnxruntime checks its version before loading */
+    if (!api) return qc_ort_version_error(base);
     OrtStatus *s = NULL;
     if (!qc_ort_domain) {
         OrtCustomOpDomain *d = NULL;

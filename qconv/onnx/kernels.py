@@ -131,7 +131,8 @@ def make_kernel(qnode: QNode, **options):
 def _resolve(key: str):
     kernel = KERNELS.get(key)
     if kernel is None:
-        raise RuntimeError(f"qconv: no prepared kernel for {key!r} (its session was closed?)")
+        raise RuntimeError(f"qconv: no prepared kernel for {key!r}: a key names a kernel that a live "
+                           f"qconv.onnx.InferenceSession of this process prepared (was that session closed?)")
     return kernel
 
 

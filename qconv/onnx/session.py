@@ -3,7 +3,8 @@
 At construction the qconv nodes (:mod:`qconv.onnx.nodes`) are read, each becomes a prepared qconv layer (its
 weight goes straight from the packed initializers into the engine's layout: no float copy of a quantized
 weight is made), and onnxruntime gets the graph with those nodes reduced to ``X -> Y`` plus a key attribute
-(:mod:`qconv.onnx.kernels`), without the weight initializers; the parsed model is then dropped.
+(:mod:`qconv.onnx.kernels`), without the weight initializers; the parsed model is then dropped (bytes or a
+``ModelProto`` given are kept as bytes for pickling: a pickled session re-creates itself from them).
 
 Activations: ``act_quant="auto"`` (the default) is, on the CPU, float activations for convs (weight-only
 quantization: :data:`qconv.onnx.kernels.SESSION_CONV_ACT_QUANT`; on real vision models they are both more
@@ -14,6 +15,7 @@ runs convs on the integer GEMM with per-tensor dynamic int8, as ``qconv.Conv2d``
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import weakref
@@ -26,6 +28,8 @@ from . import wire
 from .nodes import DOMAIN, is_qnode, read_qnode
 
 _IDS = itertools.count(1)
+_SPIN = "session.intra_op.allow_spinning"
+_REGISTERED = weakref.WeakSet()   # the SessionOptions objects qconv's custom-op library is registered on
 _NP_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
              "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
@@ -54,25 +58,94 @@ def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_option
     return wire.rewrite_graph(data, replace, drop - used), kernels
 
 
-def _read_model(path_or_model) -> tuple[bytes, list, dict]:
-    """``(bytes, nodes, initializers)`` of a path or an ``onnx.ModelProto`` (:func:`wire.graph_parts`). A file
-    whose tensors keep their data in external files is loaded with ``onnx`` (which reads them in); other files
-    are read as they are."""
-    if hasattr(path_or_model, "SerializeToString"):
-        data = path_or_model.SerializeToString()
+def _read_model(model) -> tuple[bytes, list, dict]:
+    """``(bytes, nodes, initializers)`` of a path, the bytes of a model or an ``onnx.ModelProto``
+    (:func:`wire.graph_parts`). A file whose tensors keep their data in external files is loaded with ``onnx``
+    (which reads them in); other files are read as they are. Model bytes must hold their tensors' data."""
+    if hasattr(model, "SerializeToString"):
+        data = model.SerializeToString()
         return (data,) + wire.graph_parts(data)
-    if not isinstance(path_or_model, (str, os.PathLike)):
-        raise TypeError(f"path_or_model must be a path or an onnx.ModelProto, got {type(path_or_model).__name__}")
-    with open(path_or_model, "rb") as f:
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        data = bytes(model)
+        try:
+            nodes, inits = wire.graph_parts(data)
+        except ValueError as exc:
+            raise ValueError(f"the model bytes are not a readable ONNX model ({exc})") from None
+        external = [name for name, t in inits.items() if t.external]
+        if external:
+            raise ValueError(f"the model bytes keep tensor(s) {external[:3]} in external files; pass the model's path "
+                             "(the files are found beside it)")
+        return data, nodes, inits
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"path_or_bytes must be a path, the bytes of a model or an onnx.ModelProto, got "
+                        f"{type(model).__name__}")
+    with open(model, "rb") as f:
         data = f.read()
     try:
         nodes, inits = wire.graph_parts(data)
     except ValueError as exc:
-        raise ValueError(f"{path_or_model}: not a readable ONNX model ({exc})") from None
+        raise ValueError(f"{model}: not a readable ONNX model ({exc})") from None
     if any(t.external for t in inits.values()):
         from ..onnx_model import load_model
-        return _read_model(load_model(path_or_model))
+        return _read_model(load_model(model))
     return data, nodes, inits
+
+
+def _file_stamp(path) -> tuple:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def _options_state(so) -> dict:
+    """The attributes of the ``onnxruntime.SessionOptions`` ``so`` that differ from a new one's (enums as ints), and
+    the config entry qconv sets itself if ``so`` has it: what :func:`_options_from_state` re-creates it from."""
+    import onnxruntime as ort
+
+    default = ort.SessionOptions()
+    state = {}
+    for name in _option_names():
+        value = getattr(so, name)
+        if value != getattr(default, name):
+            state[name] = value if isinstance(value, (bool, int, float, str)) else int(value)
+    spin = _config_entry(so, _SPIN)
+    return {"attributes": state, "config": {} if spin is None else {_SPIN: spin}}
+
+
+def _options_from_state(state: dict):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    for name, value in state["attributes"].items():
+        setattr(so, name, type(getattr(so, name))(value))
+    for key, value in state["config"].items():
+        so.add_session_config_entry(key, value)
+    return so
+
+
+def _option_names() -> list:
+    """The settable attributes of ``onnxruntime.SessionOptions`` (``intra_op_num_threads``, ...)."""
+    import onnxruntime as ort
+
+    cls = ort.SessionOptions
+    return [n for n in dir(cls) if not n.startswith("_") and isinstance(getattr(cls, n), property)
+            and getattr(cls, n).fset is not None]
+
+
+def _config_entry(so, key: str):
+    """The session config entry ``key`` of ``so``, or None where it has none."""
+    try:
+        return so.get_session_config_entry(key)
+    except RuntimeError:   # onnxruntime: "SessionOptions does not have configuration with key: ..."
+        return None
+
+
+def _layer_option_names(device) -> list:
+    """The engine options of ``device``'s engine that a session passes on to its layers (``kernel``, ...)."""
+    from ..layer import engine_class
+
+    params = inspect.signature(engine_class(device).__init__).parameters
+    return sorted(n for n, p in params.items() if n not in ("self", "spec", "device", "threads")
+                  and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def _release(keys):
@@ -80,47 +153,108 @@ def _release(keys):
         KERNELS.pop(k, None)
 
 
+class _FromModel:
+    def __repr__(self):
+        return "<the model's>"
+
+
+_FROM_MODEL = _FromModel()   # act_quant / act_block not given: what quantize_model recorded in the model, if any
+
+
 class InferenceSession:
-    """onnxruntime's ``InferenceSession`` interface over a model quantized by :func:`qconv.onnx.quantize_model`.
+    """onnxruntime's ``InferenceSession`` over a model quantized by :func:`qconv.onnx.quantize_model` (the qconv
+    nodes run qconv's kernels; a float model runs too: plain onnxruntime). ``docs/onnxruntime.md`` maps every
+    onnxruntime argument and method to what qconv does with it.
 
-    ``path_or_model``: path of an ``.onnx`` file or an ``onnx.ModelProto`` (a float model runs too: plain
-    onnxruntime). ``device``: the qconv engine of the qconv nodes (``"cpu"``, ``"opencl"``, ``"reference"``, ...).
-    ``threads``: threads of both qconv's layers and onnxruntime's intra-op pool (default: every core of this
-    process), with onnxruntime's spinning off (``session.intra_op.allow_spinning=0``) so that its idle workers do
-    not hold the cores qconv's threads need, and its memory pattern off (``enable_mem_pattern=False``: lower peak
-    memory, see the constructor). ``options``: ``act_quant`` (default ``"auto"``, see the module
-    docstring; the ``act_quant`` the model was quantized with, if any), ``act_block`` (default: each node's
-    from ``quantize_model(act_block=...)``, else the weight's block), other qconv layer
-    options (``kernel``, ...) and any ``onnxruntime.SessionOptions`` attribute (``graph_optimization_level``,
-    ``log_severity_level``, ...). ``providers`` defaults to the CPU execution provider.
+    Arguments, in onnxruntime's order:
 
-    ``run(output_names, feeds)`` -> list of numpy arrays, as onnxruntime's; ``get_inputs()``, ``get_outputs()``.
+    * ``path_or_bytes``: a path (str / ``os.PathLike``) of an ``.onnx`` file, the model's bytes, or an
+      ``onnx.ModelProto``.
+    * ``sess_options``: an ``onnxruntime.SessionOptions`` or None. Its settings are onnxruntime's for the whole
+      graph (``graph_optimization_level``, ``log_severity_level``, ``enable_profiling``, ``enable_mem_pattern``,
+      config entries, ...), with these rules: its ``intra_op_num_threads``, when > 0, sizes onnxruntime's pool and,
+      when ``threads`` is not given, qconv's layers too; when 0 (onnxruntime's default) both get ``threads``. An
+      ``inter_op_num_threads`` of 0 becomes 1, and ``session.intra_op.allow_spinning`` becomes ``"0"`` unless the
+      options set it (idle onnxruntime workers would hold the cores qconv's threads need). The options object
+      keeps qconv's custom-op library and that config entry registered on it (it can serve more sessions); its
+      thread counts are left as given. With None, qconv's own options: those rules, and onnxruntime's memory
+      pattern off (``enable_mem_pattern=False``: lower peak memory, the arena serves every tensor); a given
+      ``sess_options`` keeps its own ``enable_mem_pattern``.
+    * ``providers``, ``provider_options``: onnxruntime's execution providers for the nodes that are not qconv's
+      (default, for None or empty: ``["CPUExecutionProvider"]``); qconv's nodes always run on the host.
+
+    qconv's options, keyword-only: ``device`` (the engine of the qconv nodes: ``"cpu"``, ``"opencl"``,
+    ``"opencl:P:D"``, ``"reference"``); ``threads`` (int >= 1, threads of qconv's layers; default: see
+    ``sess_options``, else every core of this process); ``act_quant`` (default: what the model was quantized with,
+    else ``"auto"``, see the module docstring; ``"none"`` or None: float activations; else ``"tensor"``,
+    ``"row"``, ``"block"`` where the engine runs them); ``act_block`` (default: each node's from
+    ``quantize_model(act_block=...)``, else the weight's block); and ``device``'s engine options (``kernel``,
+    ``tile_cols``, ...: :func:`qconv.layer.engine_class`). Any other keyword raises ``TypeError`` naming it.
+
+    ``run(output_names, input_feed, run_options=None)`` -> list of numpy arrays, as onnxruntime's.
+
+    A session pickles (``pickle``, ``concurrent.futures.ProcessPoolExecutor``, Dask, Ray): the copy re-creates
+    itself from the model's bytes and the arguments above. Bytes or a ``ModelProto`` given are kept for that
+    (a path is read again when the session is pickled: it must not have changed). Of ``sess_options`` the copy
+    gets the attributes that differ from a new ``SessionOptions`` and ``session.intra_op.allow_spinning``; other
+    config entries, initializers and custom-op libraries added to it are not carried. ``device`` must be a string.
     """
 
-    def __init__(self, path_or_model, device="cpu", threads=None, *, providers=None, **options):
+    def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, *, device="cpu",
+                 threads=None, act_quant=_FROM_MODEL, act_block=_FROM_MODEL, **layer_options):
         import onnxruntime as ort
 
+        from .. import _validate as V
         from ..cpu.engine import default_threads
+        from ..layer import engine_class
         from .quantize import model_summary
 
-        data, nodes, inits = _read_model(path_or_model)
-        threads = default_threads() if threads is None else int(threads)
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        so = ort.SessionOptions()
-        # onnxruntime's memory pattern (a block for all planned tensors, allocated from the 2nd run on beside
-        # the arena) raises the peak RSS on PP-OCRv4 det at 640 from 178 to 231 MiB here; without it the arena
-        # serves every tensor. A user's enable_mem_pattern=True still wins.
-        so.enable_mem_pattern = False
-        for name in [k for k in options if hasattr(so, k) and not k.startswith("_")]:
-            setattr(so, name, options.pop(name))
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        given = dict(layer_options, device=device)   # the qconv options as given, for a pickled copy
+        given.update((k, v) for k, v in (("threads", threads), ("act_quant", act_quant), ("act_block", act_block))
+                     if v is not _FROM_MODEL)
+        engine_cls = engine_class(device)
+        names = _layer_option_names(device)
+        for name in layer_options:
+            if name not in names:
+                hint = ("an onnxruntime.SessionOptions attribute: set it on the sess_options given"
+                        if name in _option_names() else
+                        "qconv's keyword options: device, threads, act_quant, act_block"
+                        + "".join(f", {n}" for n in names))
+                raise TypeError(f"InferenceSession() got an unexpected keyword argument {name!r} ({hint})")
+        if sess_options is not None and not isinstance(sess_options, ort.SessionOptions):
+            raise TypeError(f"sess_options must be an onnxruntime.SessionOptions or None, got "
+                            f"{type(sess_options).__name__} {sess_options!r}"
+                            + (" (qconv's device is keyword-only: device=...)" if isinstance(sess_options, str)
+                               else ""))
+        if threads is not None:
+            threads = V.check_int(threads, "threads", minimum=1)
+        data, nodes, inits = _read_model(path_or_bytes)
         summary = model_summary(data)
-        act_quant = options.pop("act_quant") if "act_quant" in options else summary.get("act_quant") or "auto"
-        act_blocks = {} if "act_block" in options else {  # quantize_model(act_block=...) resolved per layer
-            name: e["act_block"] for name, e in summary.get("layers", {}).items() if "act_block" in e}
+        if act_quant is _FROM_MODEL:
+            act_quant = summary.get("act_quant") or "auto"
+        elif isinstance(act_quant, str) and act_quant == "none":
+            act_quant = None
+        V.check_choice(act_quant, "act_quant", ("auto",) + tuple(engine_cls.supported_act_quant) + ("none",))
+        options = dict(layer_options)
+        if act_block is _FROM_MODEL:   # quantize_model(act_block=...) resolved per layer
+            act_blocks = {name: e["act_block"] for name, e in summary.get("layers", {}).items() if "act_block" in e}
+        else:
+            act_blocks, options["act_block"] = {}, act_block
+
+        self._args = dict(providers=providers, provider_options=provider_options, qconv=given,   # __getstate__
+                          sess_options=None if sess_options is None else _options_state(sess_options))
+        if isinstance(path_or_bytes, (str, os.PathLike)):
+            self._source, self._stamp = os.fspath(path_or_bytes), _file_stamp(path_or_bytes)
+        else:
+            self._source = data
+
+        if sess_options is None:
+            so = ort.SessionOptions()
+            so.enable_mem_pattern = False
+        else:
+            so = sess_options
+        if threads is None:
+            threads = so.intra_op_num_threads if so.intra_op_num_threads > 0 else default_threads()
         self.device, self.threads, self.act_quant = device, threads, act_quant
         self._id = f"s{next(_IDS)}"
         data, kernels = _runtime_graph(data, nodes, inits, self._id, dict(device=device, threads=threads,
@@ -129,39 +263,78 @@ class InferenceSession:
         self.kernels = list(kernels.values())   # one per qconv node
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
-        if kernels:
-            so.register_custom_ops_library(register())
+        given_threads = so.intra_op_num_threads, so.inter_op_num_threads
         try:
-            self._sess = ort.InferenceSession(data, so,
-                                              providers=providers or ["CPUExecutionProvider"])
+            if so.intra_op_num_threads == 0:
+                so.intra_op_num_threads = threads
+            if so.inter_op_num_threads == 0:
+                so.inter_op_num_threads = 1
+            if _config_entry(so, _SPIN) is None:
+                so.add_session_config_entry(_SPIN, "0")
+            if kernels and so not in _REGISTERED:   # onnxruntime refuses the library twice on one options object
+                so.register_custom_ops_library(register())
+                _REGISTERED.add(so)
+            self._sess = ort.InferenceSession(data, so, providers=providers or ["CPUExecutionProvider"],
+                                              provider_options=provider_options)
         except Exception:
             self._finalizer()
             raise
+        finally:
+            so.intra_op_num_threads, so.inter_op_num_threads = given_threads
         del data
         self._inputs = self._sess.get_inputs()
 
-    def get_inputs(self):
-        return self._sess.get_inputs()
+    def _live(self):
+        if self._sess is None:
+            raise RuntimeError("this session is closed")
+        return self._sess
 
-    def get_outputs(self):
-        return self._sess.get_outputs()
+    def get_inputs(self) -> list:
+        """onnxruntime's ``NodeArg`` list of the model's inputs (``name``, ``shape``, ``type``)."""
+        return self._live().get_inputs()
+
+    def get_outputs(self) -> list:
+        """onnxruntime's ``NodeArg`` list of the model's outputs."""
+        return self._live().get_outputs()
 
     def get_modelmeta(self):
-        return self._sess.get_modelmeta()
+        """onnxruntime's ``ModelMetadata`` of the model (producer, graph name, custom metadata map, ...)."""
+        return self._live().get_modelmeta()
 
-    def check_feeds(self, feeds: dict) -> None:
+    def get_providers(self) -> list:
+        """onnxruntime's execution providers of the session (the qconv nodes run on the host, as CPU nodes)."""
+        return self._live().get_providers()
+
+    def get_provider_options(self) -> dict:
+        """onnxruntime's ``{provider: {option: value}}`` of the session."""
+        return self._live().get_provider_options()
+
+    def get_session_options(self):
+        """The ``onnxruntime.SessionOptions`` the session runs with (qconv's thread counts and config entry in)."""
+        return self._live().get_session_options()
+
+    def end_profiling(self) -> str:
+        """Ends onnxruntime's profiling (``sess_options.enable_profiling``) and returns its JSON file's name; each
+        qconv node is one entry of the profile."""
+        return self._live().end_profiling()
+
+    def io_binding(self):
+        raise NotImplementedError("qconv.onnx.InferenceSession has no io_binding: qconv's kernels read and write "
+                                  "numpy arrays in host memory; use run(output_names, input_feed)")
+
+    def check_feeds(self, input_feed: dict) -> None:
         """Raise a clear error for missing, unknown, wrongly typed or wrongly shaped inputs."""
-        if not isinstance(feeds, dict):
-            raise TypeError(f"feeds must be a dict {{input name: array}}, got {type(feeds).__name__}")
+        if not isinstance(input_feed, dict):
+            raise TypeError(f"input_feed must be a dict {{input name: array}}, got {type(input_feed).__name__}")
         names = [i.name for i in self._inputs]
-        missing = [n for n in names if n not in feeds]
+        missing = [n for n in names if n not in input_feed]
         if missing:
             raise ValueError(f"missing input(s) {missing}; the model takes {names}")
-        unknown = [n for n in feeds if n not in names]
+        unknown = [n for n in input_feed if n not in names]
         if unknown:
             raise ValueError(f"unknown input(s) {unknown}; the model takes {names}")
         for inp in self._inputs:
-            x = feeds[inp.name]
+            x = input_feed[inp.name]
             want = _NP_TYPES.get(inp.type)
             dtype = getattr(x, "dtype", None)
             if want is not None and dtype != want:
@@ -176,20 +349,40 @@ class InferenceSession:
                 raise ValueError(f"input {inp.name!r} must have shape {inp.shape}, got {shape} (dimension "
                                  f"{bad[0][0]} must be {bad[0][1]})")
 
-    def run(self, output_names, feeds, run_options=None):
-        """``output_names`` (None = all) -> list of numpy arrays for ``feeds`` ``{input name: array}``. An exception
-        of a qconv layer fails its node (onnxruntime raises) and is raised as it is, onnxruntime's error chained."""
-        if self._sess is None:
-            raise RuntimeError("this session is closed")
-        self.check_feeds(feeds)
+    def run(self, output_names, input_feed, run_options=None) -> list:
+        """``output_names`` (None = all) -> list of numpy arrays for ``input_feed`` ``{input name: array}``;
+        ``run_options``: an ``onnxruntime.RunOptions`` or None. An exception of a qconv layer fails its node
+        (onnxruntime raises) and is raised as it is, onnxruntime's error chained."""
+        sess = self._live()
+        self.check_feeds(input_feed)
         take_error()
         try:
-            return self._sess.run(output_names, feeds, run_options)
+            return sess.run(output_names, input_feed, run_options)
         except Exception as exc:
             kernel_exc = take_error()
             if kernel_exc is not None:
                 raise kernel_exc from exc
             raise
+
+    def _model_bytes(self) -> bytes:
+        if isinstance(self._source, bytes):
+            return self._source
+        if _file_stamp(self._source) != self._stamp:
+            raise RuntimeError(f"{self._source} changed since this session read it: a pickled session re-creates "
+                               f"itself from the model's bytes")
+        return _read_model(self._source)[0]
+
+    def __getstate__(self) -> dict:
+        """The model's bytes and the constructor's arguments (see the class docstring)."""
+        self._live()
+        if not isinstance(self.device, str):
+            raise TypeError(f"a session on device {self.device!r} cannot be pickled: give the device as a string "
+                            f"(\"opencl:P:D\")")
+        return dict(self._args, model=self._model_bytes())
+
+    def __setstate__(self, state: dict) -> None:
+        so = None if state["sess_options"] is None else _options_from_state(state["sess_options"])
+        self.__init__(state["model"], so, state["providers"], state["provider_options"], **state["qconv"])
 
     def close(self) -> None:
         """Release the prepared kernels (the session cannot run afterwards)."""
