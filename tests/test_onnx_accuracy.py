@@ -98,7 +98,8 @@ def test_the_proxy_measures_what_the_session_gives(scheme):
     layers = model_layers(model)
     cands = Candidates(WeightProxy(model, layers, fs, threads=1))
     proxy = cands.proxy.sqnr(cands.assign({la.name: Scheme.parse(scheme) for la in layers}))
-    assert proxy == pytest.approx(real, abs=0.05)
+    halves = [measure_model(model, q, f, threads=1, act_quant=None)["sqnr_db"] for f in (fs[:1], fs[1:])]
+    assert proxy == pytest.approx(min([real] + halves), abs=0.05)
 
 
 def _search(target, bn=False):
