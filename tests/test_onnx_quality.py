@@ -182,7 +182,7 @@ def test_int8_per_channel_recipe_on_the_text_detector():
     Measured 2026-12-01: 31.1 dB vs 15.8 dB; the session default (int8-ch-sym, float activations) 28.4 dB, and
     35.2 dB with the int8-ch-sym-gptq-bc weights (0.6.0's recipe: calibrated weights, default activations); int8-ch-sym weights with block-8 activations 25.8 dB
     (int8-ch-sym-gptq without -bc 17.8 dB, int8-ch-sym-bc 22.5 dB: neither alone, both together). At 640x640 on the
-    whole picture, calibrated on a rendered picture of other words: 32.3 dB vs 21.9 dB (benchmarks/labs/accuracy.py)."""
+    whole picture, calibrated on a rendered picture of other words: 32.3 dB vs 21.9 dB (measured with the 0.4.0-era benchmarks/labs/accuracy.py)."""
     from PIL import Image
 
     from qconv.onnx_model import load_model

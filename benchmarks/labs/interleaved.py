@@ -8,7 +8,7 @@ weight quantization (``mnnconvert``, as ``bench_models.py``) in the peer's place
 is: float run, float run (timed), pause, qconv run, qconv run (timed), pause (``--gap-ms``): each session is
 timed back to back with itself, as in a process of its own.
 
-    python -m benchmarks.labs.interleaved [--model det|rec] [--runs 20] [--scheme int8-ch-sym] [--size 640]
+    python -m benchmarks.labs.interleaved [--model det|rec] [--runs 20] [--scheme int8-ch-sym]
                                           [--threads 2] [--min-weights N] [--act-quant auto|tensor|none|...]
                                           [--ort-spinning on|off] [--gap-ms 50] [--peer ort-float|mnn-int8|...]
 """
@@ -25,14 +25,12 @@ def main(argv=None):
     import onnxruntime as ort
 
     import qconv.onnx as qo
-    from benchmarks.bench_models import det_input, rec_input
-    from qconv.onnx_model import rapidocr_model
+    from qconv import zoo
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="det", choices=("det", "rec"))
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--scheme", default="int8-ch-sym")
-    ap.add_argument("--size", type=int, default=640)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-weights", type=int, default=0, help="quantize_model(min_weights=...)")
     ap.add_argument("--act-quant", default="auto", choices=("auto", "tensor", "row", "block", "none"),
@@ -43,8 +41,8 @@ def main(argv=None):
     ap.add_argument("--peer", default="ort-float", choices=("ort-float", "mnn-int8", "mnn-int4-b32"),
                     help="what qconv is timed against (mnn-*: bench_models.py's MNN rows)")
     args = ap.parse_args(argv)
-    path = rapidocr_model(f"ch_PP-OCRv4_{args.model}_infer.onnx")
-    x = det_input(args.size) if args.model == "det" else rec_input()
+    zname = {"det": "ppocr-det", "rec": "ppocr-rec"}[args.model]
+    path, x = zoo.get(zname).path(), zoo.eval_feeds(zname, 1)[0]["x"]   # det 640, rec 48x320: the picture
     q = qo.quantize_model(onnx.load(path), scheme=args.scheme, min_weights=args.min_weights)
     q = qo.InferenceSession(q, threads=args.threads, act_quant=None if args.act_quant == "none" else args.act_quant)
     so = ort.SessionOptions()
@@ -75,7 +73,7 @@ def main(argv=None):
             times[i] = time.perf_counter() - t
             time.sleep(args.gap_ms / 1e3)
     r = tq / tf
-    what = f"det {args.size}" if args.model == "det" else "rec 48x320"
+    what = "det 640" if args.model == "det" else "rec 48x320"
     peer = f"onnxruntime float (spinning {args.ort_spinning})" if args.peer == "ort-float" else args.peer
     print(f"{what}: {peer} {np.median(tf) * 1e3:.1f} ms, qconv {args.scheme} ({q.act_quant}) "
           f"{np.median(tq) * 1e3:.1f} ms; qconv / peer per pair: median {np.median(r):.2f} "
