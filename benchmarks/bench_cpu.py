@@ -36,7 +36,7 @@ import warnings
 THREADS = 2
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
     os.environ[_var] = str(THREADS)
-# every library runs with its own default thread-pool policy (qconv's pool: a 0.2 ms spin, then sleep;
+# every library runs with its own default thread-pool policy (qconv's pool: a 1 ms spin, then sleep;
 # libgomp's brief spin for torch; onnxruntime's spinning pool)
 
 import numpy as np  # noqa: E402

@@ -1,7 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Machine-ceiling probes of ``benchmarks/bench_cpu.py`` (the "% of peak" columns): peak int8 multiply-add
 rates (AVX-512 VNNI ``vpdpbusd``, AMX ``tdpbusd``) and read bandwidth. Not used by the engine; the C code is
-``qconv_probe.h``. Allocations go through the engine's refusal hook (``_cpu._alloc``)."""
+``qconv_probe.h``. Allocations go through the engine's refusal hook (``_cpu._alloc``). The threads are the engine's
+pool (``_cpu._parallel_for``, one item a thread): a worker slow to wake leaves its item to another thread, so a
+rate is a lower bound of the machine's."""
 from libc.stdint cimport uint8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport free
 

@@ -36,8 +36,9 @@
 #include <sched.h>
 
 #define QC_POOL_MAX_THREADS 256
-#define QC_POOL_SPIN_NS 200000          /* spin before blocking: 0.2 ms */
-#define QC_POOL_PAUSE_NS 20000          /* of which pause-only (then sched_yield between checks) */
+#define QC_POOL_SPIN_NS 1000000         /* spin before blocking: 1 ms (libgomp, the engine's threads up to
+                                         * 0.10.0, spun a few ms; onnxruntime spins ~10^6 pauses) */
+#define QC_POOL_PAUSE_NS 50000          /* of which pause-only (then sched_yield between checks) */
 #define QC_POOL_COUNTED 64              /* tids whose chunks the testing hook counts */
 
 typedef int64_t (*qc_pool_fn)(void *ctx, int64_t begin, int64_t end, int tid);

@@ -45,7 +45,7 @@ result after the activation (so relu/relu6 act through the clamp).
 Threads: ``threads`` per engine (default :func:`default_threads`), run by the engine's own pool
 (``qconv/_ext/qconv_pool.h``; no OpenMP, no environment variable read but ``OMP_NUM_THREADS`` by
 :func:`default_threads`). Every parallel loop hands its work items out in dynamic chunks, so a thread that the OS
-deschedules (a core taken by another process) leaves its share to the others; idle workers spin for 0.2 ms (so
+deschedules (a core taken by another process) leaves its share to the others; idle workers spin for 1 ms (so
 back-to-back layers start at once) and then sleep. Work is split over outputs only, so results are the same
 bits for any thread count. Calls under ``SERIAL_MACS`` multiply-adds run on one thread, and inputs under
 ``SERIAL_QUANT_VALUES`` values are quantized on one thread. Both are read on every call; :func:`serial_thresholds`
