@@ -42,6 +42,37 @@ def test_parallel_for_nested_runs_inline():
     assert (runs == 1).all() and total == 60
 
 
+def test_parallel_for_back_to_back_calls():
+    """Many short calls with changing thread counts (workers late for a call, a call with fewer threads than
+    workers): each runs every item once, on thread indices below its own count."""
+    rng = np.random.default_rng(5)
+    for _ in range(600):
+        n, chunk, threads = int(rng.integers(1, 40)), int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        tid_of, runs, total = T._test_parallel_for(n, chunk, threads, work=int(rng.integers(0, 3000)))
+        assert (runs == 1).all() and total == -(-n // chunk)
+        assert ((tid_of >= 0) & (tid_of < threads)).all()
+
+
+def test_parallel_for_from_two_python_threads():
+    """Calls from two Python threads at once (the GIL released): one of them runs inline, both complete."""
+    import threading
+
+    errors = []
+
+    def calls():
+        for _ in range(150):
+            tid_of, runs, total = T._test_parallel_for(64, 1, 2, work=3000)
+            if not ((runs == 1).all() and total == 64 and ((tid_of >= 0) & (tid_of < 2)).all()):
+                errors.append((runs, total))
+
+    th = [threading.Thread(target=calls) for _ in range(2)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert not errors
+
+
 @pytest.mark.parametrize("threads, stalled", [(2, 1), (3, 1), (3, 2)])
 def test_stalled_worker_chunks_taken_by_others(pool_hook, threads, stalled):
     pool_hook(stalled, STALL_CAP_MS, True)
