@@ -107,7 +107,8 @@ def main(argv=None) -> int:
                     med[eng, t, k] = float(np.median(ts))
                     rows.append((eng, t, k, med[eng, t, k], float(np.percentile(ts, 90))))
                     print(f"  {eng} threads={t} busy={k}: median {med[eng, t, k]:.1f} ms", file=sys.stderr)
-    print(f"PP-OCRv4 det {args.size}x{args.size}, {args.runs} runs after {args.warmup} warm-ups, {os.cpu_count()} logical CPUs")
+    print(f"PP-OCRv4 det {args.size}x{args.size}, {args.runs} runs after {args.warmup} warm-ups, "
+          f"{os.cpu_count()} logical CPUs")
     print(f"{'engine':<7}{'threads':>8}{'busy':>6}{'median ms':>11}{'p90 ms':>9}{'vs t1':>7}{'busy/idle':>11}"
           f"{'/ ort':>7}")
     for eng, t, k, m, p90 in rows:

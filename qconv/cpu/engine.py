@@ -98,7 +98,8 @@ SRC_UNIT = int(_cpu.SRC_UNIT)
 MAX_BLOCK_VALUES = {8: 65536, 4: 524288}
 # Calls with fewer multiply-adds than this run on one thread: waking a sleeping worker costs more than the
 # work (measured ~50-70 us per parallel region on this 2-vCPU VM with OpenMP's passive wait policy, before the
-# engine had its own pool, vs ~20 us for a whole 8->8 3x3 6x6 call on one thread). Results do not depend on the thread count.
+# engine had its own pool, vs ~20 us for a whole 8->8 3x3 6x6 call on one thread). Results do not depend on the
+# thread count.
 SERIAL_MACS = 1 << 21
 # Depthwise calls of fewer multiply-adds run on one thread only when they also have fewer (sample, channel)
 # planes than this: each plane costs about a microsecond of set-up (its padded rows, its epilogue calls) besides its
