@@ -40,10 +40,12 @@ cdef struct _MarkCtx:
 
 
 cdef int64_t _mark_nested(void *ctx, int64_t b, int64_t e, int tid) noexcept nogil:
+    """Parallel-for body of the nested calls: returns its item count."""
     return e - b
 
 
 cdef int64_t _mark(void *ctx, int64_t b, int64_t e, int tid) noexcept nogil:
+    """Parallel-for body of :func:`_test_parallel_for`: records ``tid`` and a run per item; returns 1 (a chunk)."""
     cdef _MarkCtx *m = <_MarkCtx *> ctx
     cdef int64_t i, k, bad = 0
     cdef double acc = 1.0
