@@ -1,46 +1,21 @@
 """Build the Cython extensions of qconv.
 
-Every ``qconv/_ext/*.pyx`` becomes ``qconv._ext.<name>``. OpenMP (for ``prange``) is used when the
-compiler accepts ``-fopenmp``; otherwise the loops build serial. ``QCONV_SANITIZE=1`` adds
+Every ``qconv/_ext/*.pyx`` becomes ``qconv._ext.<name>``. Threads are the engine's own pool
+(``qconv/_ext/qconv_pool.h``, pthreads): no OpenMP. ``QCONV_SANITIZE=1`` adds
 ``-fsanitize=address,undefined`` (see ``make sanitize``). No ``-march`` flag is ever passed: every SIMD kernel
 is compiled through target attributes and picked at run time from CPUID, so one build runs on any x86-64 CPU.
 """
 import glob
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 
-def _compiler_accepts(flags):
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return False
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "t.c")
-        with open(src, "w") as fh:
-            fh.write("#include <omp.h>\nint main(void){return omp_get_max_threads() < 1;}\n")
-        try:
-            res = subprocess.run([cc, *flags, src, "-o", os.path.join(tmp, "t")],
-                                 capture_output=True, timeout=60)
-        except (OSError, subprocess.SubprocessError):
-            return False
-        return res.returncode == 0
-
-
 def _flags():
-    compile_args = ["-O3", "-fno-strict-aliasing"]
-    link_args = []
-    if sys.platform != "win32" and _compiler_accepts(["-fopenmp"]):
-        compile_args.append("-fopenmp")
-        link_args.append("-fopenmp")
-    else:
-        print("qconv: compiler has no OpenMP; building serial loops", file=sys.stderr)
+    compile_args = ["-O3", "-fno-strict-aliasing", "-pthread"]
+    link_args = ["-pthread"]
     if os.environ.get("QCONV_SANITIZE"):
         san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1"]
         compile_args = [a for a in compile_args if a != "-O3"] + san

@@ -36,8 +36,8 @@ import warnings
 THREADS = 2
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
     os.environ[_var] = str(THREADS)
-# every library runs with its own default thread-pool policy (libgomp's brief spin for qconv and torch,
-# onnxruntime's spinning pool); set OMP_WAIT_POLICY=PASSIVE in the environment to measure sleeping workers
+# every library runs with its own default thread-pool policy (qconv's pool: a 1 ms spin, then sleep;
+# libgomp's brief spin for torch; onnxruntime's spinning pool)
 
 import numpy as np  # noqa: E402
 

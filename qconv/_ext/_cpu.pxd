@@ -166,6 +166,10 @@ cdef class ConvGeometry:
 
 
 # --- nogil helpers of _cpu (see their docstrings there) ---
+ctypedef int64_t (*pool_fn)(void *ctx, int64_t begin, int64_t end, int tid) noexcept nogil
+cdef int64_t _parallel_for(int64_t n, int64_t chunk, pool_fn fn, void *ctx, int nthreads) noexcept nogil
+cdef void _pool_testing(int stall_tid, int stall_ms, int count) noexcept nogil
+cdef int64_t _pool_chunks(int tid) noexcept nogil
 cdef void _geometry_into(ConvGeometry geo, ConvJob *j)
 cdef void *_alloc(size_t n) noexcept nogil
 cdef int64_t _refuse_allocations(int64_t k) noexcept nogil

@@ -26,7 +26,6 @@ can reach every such path.
 import numpy as np
 
 cimport cython
-from cython.parallel cimport prange, threadid
 from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy, memset
 from libc.math cimport fabsf, roundf
@@ -51,24 +50,39 @@ def best_kernel():
             QC_KERNEL_AMX: "amx"}[v]
 
 
-def openmp_enabled():
-    """True when the extension was built with OpenMP (``prange`` runs in parallel)."""
-    return bool(_openmp())
+cdef extern from "qconv_pool.h" nogil:
+    ctypedef int64_t (*qc_pool_fn)(void *ctx, int64_t begin, int64_t end, int tid) noexcept nogil
+    int64_t qc_parallel_for(int64_t n, int64_t chunk, qc_pool_fn fn, void *ctx, int nthreads)
+    enum:
+        QC_POOL_COUNTED
+    ctypedef struct qc_pool_testing:
+        int stall_tid, stall_ms, count
+        int64_t chunks[64]
+    qc_pool_testing qc_pool_test
 
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int _qc_openmp(void) { return 1; }
-    static int _qc_thread(void) { return omp_get_thread_num(); }
-    #else
-    static int _qc_openmp(void) { return 0; }
-    static int _qc_thread(void) { return 0; }
-    #endif
-    """
-    int _openmp "_qc_openmp"() nogil
-    int _thread_num "_qc_thread"() nogil
+cdef int64_t _parallel_for(int64_t n, int64_t chunk, pool_fn fn, void *ctx, int nthreads) noexcept nogil:
+    """The engine's one parallel-for (``qconv_pool.h``): ``fn(ctx, begin, end, tid)`` over items ``0 .. n-1`` in
+    dynamic chunks of ``chunk`` on up to ``nthreads`` threads (``tid`` < ``nthreads``); returns the sum of fn's
+    return values."""
+    return qc_parallel_for(n, chunk, <qc_pool_fn> fn, ctx, nthreads)
+
+
+cdef void _pool_testing(int stall_tid, int stall_ms, int count) noexcept nogil:
+    """Testing hook of the pool: stall worker ``stall_tid`` (-1: none) up to ``stall_ms`` before its first chunk of
+    each call while chunks remain; ``count`` 1 zeroes the per-thread chunk counts and counts from now, 0 stops."""
+    cdef int i
+    qc_pool_test.stall_tid = stall_tid
+    qc_pool_test.stall_ms = stall_ms
+    if count:
+        for i in range(QC_POOL_COUNTED):
+            qc_pool_test.chunks[i] = 0
+    qc_pool_test.count = count
+
+
+cdef int64_t _pool_chunks(int tid) noexcept nogil:
+    """Chunks run by thread ``tid`` since the testing hook started counting."""
+    return qc_pool_test.chunks[tid] if 0 <= tid < QC_POOL_COUNTED else 0
 
 
 cdef extern from *:
@@ -105,21 +119,35 @@ cdef int64_t _refuse_allocations(int64_t k) noexcept nogil:
 # ----------------------------------------------------------------------------------------------------
 # reductions for the dynamic quantization parameters
 # ----------------------------------------------------------------------------------------------------
+cdef struct _RangeCtx:
+    const float *x
+    int64_t n, A, N, M, nchunk
+    float *part
+    int variant
+
+
+cdef int64_t _minmax_chunks(void *ctx, int64_t c0, int64_t c1, int tid) noexcept nogil:
+    """Parallel-for body of :func:`_minmax`: the partials of 65536-value chunks ``c0 .. c1-1``."""
+    cdef _RangeCtx *r = <_RangeCtx *> ctx
+    cdef int64_t c, a, b
+    for c in range(c0, c1):
+        a = c * 65536
+        b = a + 65536 if a + 65536 < r.n else r.n
+        qc_minmax(r.x + a, b - a, &r.part[2 * c], &r.part[2 * c + 1], r.variant)
+    return 0
+
+
 cdef int _minmax(const float *x, int64_t n, int nthreads, float *lo, float *hi, int variant) noexcept nogil:
     """min and max of ``x[0:n]`` (n >= 1), reduced over chunk partials computed by ``nthreads`` threads.
     Returns 0, or -1 when the partials could not be allocated."""
     cdef int64_t nchunk = (n + 65535) // 65536
     cdef float *part = <float *> qc_alloc(2 * nchunk * sizeof(float))
-    cdef int64_t c, a, b
-    cdef int nt = <int> (nchunk if nchunk < nthreads else nthreads)
+    cdef int64_t c
+    cdef _RangeCtx r
     if part == NULL:
         return -1
-    for c in prange(nchunk, nogil=True, num_threads=nt, schedule="static"):
-        a = c * 65536
-        b = a + 65536
-        if b > n:
-            b = n
-        qc_minmax(x + a, b - a, &part[2 * c], &part[2 * c + 1], variant)
+    r.x, r.n, r.part, r.variant = x, n, part, variant
+    _parallel_for(nchunk, 1, _minmax_chunks, &r, nthreads)
     lo[0] = part[0]
     hi[0] = part[1]
     for c in range(1, nchunk):
@@ -146,6 +174,22 @@ cdef void _lanes_minmax(const float *x, int64_t npix, int lanes, float *lo, floa
                 hi[0] = v
 
 
+cdef int64_t _absmax_chunks(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body of :func:`_absmax_rows`: the partials of items ``i0 .. i1-1`` (a, n, 65536-value chunk)."""
+    cdef _RangeCtx *r = <_RangeCtx *> ctx
+    cdef int64_t it, a, n, c, s, e
+    for it in range(i0, i1):
+        c = it % r.nchunk
+        n = (it // r.nchunk) % r.N
+        a = it // (r.nchunk * r.N)
+        s = (a * r.N + n) * r.M + c * 65536
+        e = s + 65536
+        if e > (a * r.N + n + 1) * r.M:
+            e = (a * r.N + n + 1) * r.M
+        r.part[it] = qc_absmax(r.x + s, e - s, r.variant)
+    return 0
+
+
 cdef int _absmax_rows(const float *x, int64_t A, int64_t N, int64_t M, int nthreads, float *out,
                       int variant) noexcept nogil:
     """``out[n] = max |x[a, n, m]|`` over a < A, m < M for ``x`` contiguous ``(A, N, M)`` (0 when A == 0).
@@ -153,8 +197,8 @@ cdef int _absmax_rows(const float *x, int64_t A, int64_t N, int64_t M, int nthre
     cdef int64_t nchunk = (M + 65535) // 65536
     cdef int64_t items = A * N * nchunk
     cdef float *part
-    cdef int64_t it, a, n, c, s, e
-    cdef int nt = <int> (items if items < nthreads else nthreads)
+    cdef int64_t it, n
+    cdef _RangeCtx r
     for n in range(N):
         out[n] = 0
     if items == 0:
@@ -162,15 +206,8 @@ cdef int _absmax_rows(const float *x, int64_t A, int64_t N, int64_t M, int nthre
     part = <float *> qc_alloc(items * sizeof(float))
     if part == NULL:
         return -1
-    for it in prange(items, nogil=True, num_threads=nt, schedule="static"):
-        c = it % nchunk
-        n = (it // nchunk) % N
-        a = it // (nchunk * N)
-        s = (a * N + n) * M + c * 65536
-        e = s + 65536
-        if e > (a * N + n + 1) * M:
-            e = (a * N + n + 1) * M
-        part[it] = qc_absmax(x + s, e - s, variant)
+    r.x, r.A, r.N, r.M, r.nchunk, r.part, r.variant = x, A, N, M, nchunk, part, variant
+    _parallel_for(items, 1, _absmax_chunks, &r, nthreads)
     for it in range(items):
         n = (it // nchunk) % N
         if part[it] > out[n] or part[it] != part[it]:
@@ -213,56 +250,43 @@ def absmax_rows(const float[:, :, ::1] x, int threads=1, str kernel="scalar"):
 # ----------------------------------------------------------------------------------------------------
 # quantization of the input into Q / PS
 # ----------------------------------------------------------------------------------------------------
-cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil:
-    """Fill ``Q``/``PS`` from the input, a run of image rows of one sample per work item; returns the number of
-    work items whose scratch could not be allocated (then ``Q``/``PS`` are incomplete: the caller must fail).
+cdef struct _QuantCtx:
+    QuantJob *q
+    int64_t per_img, rph, rows, rowlen
+    int tail
 
-    Float input: ``xq = clip(roundf(x*qs[n]) + z[n], qlo, qhi)`` (half away from zero on the float32 product,
-    then the zero point, as the oracle); int8 input (static path): ``xq = x``. Each run is quantized
-    channel by channel into a ``[C][rows*W]`` buffer (vectorised), transposed into the pixel-major ``Q``
-    (padded lanes = ``z + 128``), and ``PS`` is the per-block byte sum minus the padded zero points.
-    NC4HW4 padding lanes (channels ``C .. 4*ceil(C/4)-1``) are never read as values: the tail quad is quantized
-    from a copy with those lanes zeroed, and only real channels reach ``Q``.
-    """
-    cdef int64_t r, n, h, w, c, i, pix0, rows, rowlen, plane, rph, per_img, nh, L, npx
+
+cdef int64_t _quant_vectors(void *ctx, int64_t r0, int64_t r1, int tid) noexcept nogil:
+    """Parallel-for body of :func:`_quantize` for ``(N, C, 1, 1)`` float input: samples ``r0 .. r1-1``."""
+    cdef QuantJob *q = (<_QuantCtx *> ctx).q
+    cdef int64_t r
+    for r in range(r0, r1):
+        qc_quant((<const float *> q.x) + r * q.C, q.C, q.qs[r], q.z[r], q.qlo, q.qhi, q.abias,
+                 q.Q + r * q.Ltot1, q.variant)
+        if q.Ltot1 > q.C:
+            memset(q.Q + r * q.Ltot1 + q.C, <int> ((q.z[r] + q.abias) & 255), q.Ltot1 - q.C)
+        qc_block_sums(q.Q + r * q.Ltot1, 1, q.Ltot1, q.GNB, q.BCp, q.z[r] + 128, 0 if q.abias else 0x80,
+                      q.PS + r * q.GNB, q.variant)
+    return 0
+
+
+cdef int64_t _quant_runs(void *ctx, int64_t r0, int64_t r1, int tid) noexcept nogil:
+    """Parallel-for body of :func:`_quantize`: work items ``r0 .. r1-1`` (a run of image rows of one sample each);
+    returns the items whose row buffer could not be allocated."""
+    cdef _QuantCtx *qc = <_QuantCtx *> ctx
+    cdef QuantJob *q = qc.q
+    cdef int64_t per_img = qc.per_img, rph = qc.rph, rows = qc.rows, rowlen = qc.rowlen
+    cdef int tail = qc.tail
+    cdef int64_t r, n, h, w, c, i, pix0, nh, L, npx, plane
     cdef int64_t fails = 0
     cdef int32_t zn
     cdef uint8_t zpad
-    cdef int tail = <int> (q.C % 4) if q.nc4hw4 and not q.int8_input else 0   # real lanes of the tail quad
     cdef uint8_t *tmp
     cdef uint8_t *qpix
     cdef float *xt
     cdef const int8_t *xi
     cdef const float *xf
-    if q.nc4hw4:
-        rows, rowlen = (q.C + 3) // 4, q.W * 4
-    else:
-        rows, rowlen = q.C, q.W
-    # small inputs (GEMV rows) are quantized by one thread: no cross-thread barrier for tiny work
-    cdef int nt = nthreads if q.N * q.H * q.W * q.C >= q.serial_values else 1
-    if nt > q.N * q.H:
-        nt = <int> (q.N * q.H)
-    if q.H * q.W == 1 and not q.nc4hw4 and q.contiguous and not q.int8_input:
-        # (N, C, 1, 1) float: each sample is C contiguous floats -> one vector call straight into its Q row
-        q.used_threads = nt
-        for r in prange(q.N, nogil=True, num_threads=nt, schedule="static"):
-            qc_quant((<const float *> q.x) + r * q.C, q.C, q.qs[r], q.z[r], q.qlo, q.qhi, q.abias,
-                     q.Q + r * q.Ltot1, q.variant)
-            if q.Ltot1 > q.C:
-                memset(q.Q + r * q.Ltot1 + q.C, <int> ((q.z[r] + q.abias) & 255), q.Ltot1 - q.C)
-            qc_block_sums(q.Q + r * q.Ltot1, 1, q.Ltot1, q.GNB, q.BCp, q.z[r] + 128, 0 if q.abias else 0x80,
-                          q.PS + r * q.GNB, q.variant)
-        return 0
-    # work item = a run of rph image rows of one sample: the quantizer sees rph*W contiguous values per channel
-    # (few calls, few masked tails) and the transpose writes rph*W consecutive pixels
-    rph = (512 + rowlen - 1) // rowlen
-    per_img = (q.H + rph - 1) // rph
-    if q.N * per_img < 2 * nt:               # keep every thread busy on small batches
-        per_img = min(q.H, (2 * nt + q.N - 1) // q.N)
-    rph = (q.H + per_img - 1) // per_img
-    per_img = (q.H + rph - 1) // rph
-    q.used_threads = nt
-    for r in prange(q.N * per_img, nogil=True, num_threads=nt, schedule="static"):
+    for r in range(r0, r1):
         n = r // per_img
         h = (r % per_img) * rph
         nh = q.H - h if q.H - h < rph else rph
@@ -318,24 +342,59 @@ cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil:
     return fails
 
 
-cdef int64_t _float_pixels(QuantJob *q, int nthreads) noexcept nogil:
-    """``act_quant=None``: the float32 input (NCHW or NC4HW4 pack 4) into pixel-major float rows of ``Ltot1``
-    values at ``(float *) Q`` (channel ``c`` at ``chpos[c]``, padded lanes 0), a run of image rows per work item.
-    Returns the number of NaN / inf values among the real channels (0: all finite)."""
-    cdef int64_t r, n, h, nh, w, c, pix0, npx, rph, per_img, i
+cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil:
+    """Fill ``Q``/``PS`` from the input, a run of image rows of one sample per work item; returns the number of
+    work items whose scratch could not be allocated (then ``Q``/``PS`` are incomplete: the caller must fail).
+
+    Float input: ``xq = clip(roundf(x*qs[n]) + z[n], qlo, qhi)`` (half away from zero on the float32 product,
+    then the zero point, as the oracle); int8 input (static path): ``xq = x``. Each run is quantized
+    channel by channel into a ``[C][rows*W]`` buffer (vectorised), transposed into the pixel-major ``Q``
+    (padded lanes = ``z + 128``), and ``PS`` is the per-block byte sum minus the padded zero points.
+    NC4HW4 padding lanes (channels ``C .. 4*ceil(C/4)-1``) are never read as values: the tail quad is quantized
+    from a copy with those lanes zeroed, and only real channels reach ``Q``.
+    """
+    cdef int64_t rows, rowlen, rph, per_img
+    cdef _QuantCtx qc
+    qc.q = q
+    qc.tail = <int> (q.C % 4) if q.nc4hw4 and not q.int8_input else 0   # real lanes of the tail quad
+    if q.nc4hw4:
+        rows, rowlen = (q.C + 3) // 4, q.W * 4
+    else:
+        rows, rowlen = q.C, q.W
+    # small inputs (GEMV rows) are quantized by one thread: no cross-thread barrier for tiny work
+    cdef int nt = nthreads if q.N * q.H * q.W * q.C >= q.serial_values else 1
+    if nt > q.N * q.H:
+        nt = <int> (q.N * q.H)
+    if q.H * q.W == 1 and not q.nc4hw4 and q.contiguous and not q.int8_input:
+        # (N, C, 1, 1) float: each sample is C contiguous floats -> one vector call straight into its Q row
+        q.used_threads = nt
+        _parallel_for(q.N, 1, _quant_vectors, &qc, nt)
+        return 0
+    # work item = a run of rph image rows of one sample: the quantizer sees rph*W contiguous values per channel
+    # (few calls, few masked tails) and the transpose writes rph*W consecutive pixels
+    rph = (512 + rowlen - 1) // rowlen
+    per_img = (q.H + rph - 1) // rph
+    if q.N * per_img < 2 * nt:               # keep every thread busy on small batches
+        per_img = min(q.H, (2 * nt + q.N - 1) // q.N)
+    rph = (q.H + per_img - 1) // per_img
+    per_img = (q.H + rph - 1) // rph
+    q.used_threads = nt
+    qc.per_img, qc.rph, qc.rows, qc.rowlen = per_img, rph, rows, rowlen
+    return _parallel_for(q.N * per_img, 1, _quant_runs, &qc, nt)
+
+
+cdef int64_t _float_rows(void *ctx, int64_t r0, int64_t r1, int tid) noexcept nogil:
+    """Parallel-for body of :func:`_float_pixels`: work items ``r0 .. r1-1``; returns the non-finite count."""
+    cdef QuantJob *q = (<_QuantCtx *> ctx).q
+    cdef int64_t rph = (<_QuantCtx *> ctx).rph, per_img = (<_QuantCtx *> ctx).per_img
+    cdef int64_t r, n, h, nh, c, pix0, npx, i
     cdef int64_t bad = 0
     cdef float v
     cdef float *xf = <float *> q.Q
     cdef const float *x = <const float *> q.x
     cdef const float *src
     cdef float *dst
-    cdef int nt = nthreads
-    rph = (1024 + q.W - 1) // q.W
-    per_img = (q.H + rph - 1) // rph
-    if nt > q.N * per_img:
-        nt = <int> (q.N * per_img)
-    q.used_threads = nt
-    for r in prange(q.N * per_img, nogil=True, num_threads=nt, schedule="static"):
+    for r in range(r0, r1):
         n = r // per_img
         h = (r % per_img) * rph
         nh = q.H - h if q.H - h < rph else rph
@@ -363,6 +422,21 @@ cdef int64_t _float_pixels(QuantJob *q, int nthreads) noexcept nogil:
                     bad += not (v - v == 0)
                     dst[i * q.Ltot1] = v
     return bad
+
+
+cdef int64_t _float_pixels(QuantJob *q, int nthreads) noexcept nogil:
+    """``act_quant=None``: the float32 input (NCHW or NC4HW4 pack 4) into pixel-major float rows of ``Ltot1``
+    values at ``(float *) Q`` (channel ``c`` at ``chpos[c]``, padded lanes 0), a run of image rows per work item.
+    Returns the number of NaN / inf values among the real channels (0: all finite)."""
+    cdef _QuantCtx qc
+    cdef int nt = nthreads
+    qc.q = q
+    qc.rph = (1024 + q.W - 1) // q.W
+    qc.per_img = (q.H + qc.rph - 1) // qc.rph
+    if nt > q.N * qc.per_img:
+        nt = <int> (q.N * qc.per_img)
+    q.used_threads = nt
+    return _parallel_for(q.N * qc.per_img, 1, _float_rows, &qc, nt)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -545,9 +619,10 @@ cdef int _block_cols(const ConvJob *j, int64_t p0, int ncols, uint8_t *A, const 
 
 
 cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const float *dxc, float *OUT, int ncols,
-                int g, int k0, int nk, int t0, int nt) noexcept nogil:
+                int g, int k0, int nk, int t0, int nt, int tid) noexcept nogil:
     """Blocks ``k0 .. k0+nk-1`` of channel tiles ``t0 .. t0+nt-1`` of group ``g`` for ``ncols`` columns (table
-    ``AP``) into ``OUT``: the float partial sums start at block 0 and are finished after the last block."""
+    ``AP``) into ``OUT``: the float partial sums start at block 0 and are finished after the last block. ``tid``:
+    the calling thread's index in the parallel-for (its packed float weights, float activations)."""
     cdef qc_gemm_args a
     # tables are tile-major like the weights: (G, OCU, NB, UNIT)
     cdef int64_t tab = (<int64_t> g * j.OCU + t0) * j.NB * QC_UNIT + <int64_t> k0 * QC_UNIT
@@ -587,7 +662,7 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
     a.lo = j.lo
     a.hi = j.hi
     if j.float_act:
-        a.wf = j.WF + <int64_t> _thread_num() * j.wf_len   # this thread's packed float weights
+        a.wf = j.WF + <int64_t> tid * j.wf_len   # this thread's packed float weights
         qc_gemm_f32(&a, j.variant)
         return
     a.wa = (j.wa + g * j.wa_gstride + k0 * j.wa_bstride + t0 * j.wa_tstride) if j.wa != NULL else NULL
@@ -599,10 +674,10 @@ cdef void _gemm(const ConvJob *j, const uint8_t **AP, const int32_t *S, const fl
 
 
 cdef inline void _gemm_range(const ConvJob *j, const uint8_t **AP, const int32_t *S, const float *dxc, float *OUT,
-                             int ncols, int g, int t0, int nt) noexcept nogil:
+                             int ncols, int g, int t0, int nt, int tid) noexcept nogil:
     """Every block of channel tiles ``t0 .. t0+nt-1`` (the kernels run tiles outer, blocks inner: the tile-major
     weights and tables of each tile are one sequential stream)."""
-    _gemm(j, AP, S, dxc, OUT, ncols, g, 0, j.NB, t0, nt)
+    _gemm(j, AP, S, dxc, OUT, ncols, g, 0, j.NB, t0, nt, tid)
 
 
 cdef void _store(const ConvJob *j, float *OUT, int64_t p0, int ncols) noexcept nogil:
@@ -677,7 +752,8 @@ cdef inline int _tile_inputs(const ConvJob *j, int64_t tile, int slot, int ncols
 
 
 cdef int _tile_all(const ConvJob *j, int64_t tile, int slot) noexcept nogil:
-    """One column tile, every output channel: indirection table, GEMM per (group, channel tile), store."""
+    """One column tile, every output channel: indirection table, GEMM per (group, channel tile), store; ``slot``
+    is the calling thread's index (its scratch)."""
     cdef int64_t p0 = tile * j.tile_cols
     cdef int ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
     cdef int g
@@ -685,9 +761,40 @@ cdef int _tile_all(const ConvJob *j, int64_t tile, int slot) noexcept nogil:
     cdef int bad = _tile_inputs(j, tile, slot, ncols)
     for g in range(j.G):
         _gemm_range(j, j.AP + <int64_t> slot * j.tile_cols * j.K, j.S + <int64_t> slot * j.tile_cols * j.GNB,
-                    j.DXC + <int64_t> slot * j.tile_cols, OUT, ncols, g, 0, j.OCU)
+                    j.DXC + <int64_t> slot * j.tile_cols, OUT, ncols, g, 0, j.OCU, slot)
     _store(j, OUT, p0, ncols)
     return bad
+
+
+cdef struct _RunCtx:
+    const ConvJob *j
+    int chunk, nchunks
+
+
+cdef int64_t _run_tiles(void *ctx, int64_t t0, int64_t t1, int tid) noexcept nogil:
+    """Parallel-for body of :func:`_run`: column tiles ``t0 .. t1-1``, scratch slot ``tid``."""
+    cdef int64_t tile, bad = 0
+    for tile in range(t0, t1):
+        bad += _tile_all((<_RunCtx *> ctx).j, tile, tid)
+    return bad
+
+
+cdef int64_t _run_channels(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body of :func:`_run`'s channel split: items ``i0 .. i1-1`` (column tile, group, chunk of
+    channel tiles), each into its column tile's slot."""
+    cdef const ConvJob *j = (<_RunCtx *> ctx).j
+    cdef int chunk = (<_RunCtx *> ctx).chunk, nchunks = (<_RunCtx *> ctx).nchunks
+    cdef int64_t item, tile, p0
+    cdef int g, t, ncols
+    for item in range(i0, i1):
+        tile = item // (j.G * nchunks)
+        g = <int> ((item // nchunks) % j.G)
+        t = <int> (item % nchunks) * chunk
+        p0 = tile * j.tile_cols
+        ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
+        _gemm_range(j, j.AP + tile * j.tile_cols * j.K, j.S + tile * j.tile_cols * j.GNB, j.DXC + tile * j.tile_cols,
+                    j.OUT + tile * j.tile_cols * j.ldo, ncols, g, t, chunk if t + chunk <= j.OCU else j.OCU - t, tid)
+    return 0
 
 
 cdef int64_t _run(ConvJob *j, int nthreads) noexcept nogil:
@@ -696,16 +803,16 @@ cdef int64_t _run(ConvJob *j, int nthreads) noexcept nogil:
     so the result does not depend on the split or the thread count. Sets ``j.used_threads`` and
     ``j.channel_split`` (what ran, for :attr:`qconv.cpu.CpuEngine.last_call`)."""
     cdef int64_t ntiles = (j.P + j.tile_cols - 1) // j.tile_cols
-    cdef int64_t tile, item, nitems
+    cdef int64_t tile
     cdef int64_t p0
-    cdef int ncols, g, t, chunk, nchunks
+    cdef int ncols
     cdef int64_t bad = 0
+    cdef _RunCtx r
+    r.j = j
     j.used_threads = nthreads
     j.channel_split = 0
     if ntiles >= nthreads or nthreads == 1:
-        for tile in prange(ntiles, nogil=True, num_threads=nthreads, schedule="dynamic"):
-            bad += _tile_all(j, tile, threadid())
-        return bad
+        return _parallel_for(ntiles, 1, _run_tiles, &r, nthreads)
     j.channel_split = 1
     # channel split: slot = tile index (ntiles < nthreads slots exist); tiny serial set-up and store
     for tile in range(ntiles):
@@ -713,17 +820,9 @@ cdef int64_t _run(ConvJob *j, int nthreads) noexcept nogil:
         ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
         bad += _tile_inputs(j, tile, <int> tile, ncols)
     # work item = (column tile, group, chunk of channel tiles); ~4 items per thread for balance
-    chunk = (j.OCU + 4 * nthreads - 1) // (4 * nthreads)
-    nchunks = (j.OCU + chunk - 1) // chunk
-    nitems = ntiles * j.G * nchunks
-    for item in prange(nitems, nogil=True, num_threads=nthreads, schedule="dynamic"):
-        tile = item // (j.G * nchunks)
-        g = <int> ((item // nchunks) % j.G)
-        t = <int> (item % nchunks) * chunk
-        p0 = tile * j.tile_cols
-        ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)
-        _gemm_range(j, j.AP + tile * j.tile_cols * j.K, j.S + tile * j.tile_cols * j.GNB, j.DXC + tile * j.tile_cols,
-                    j.OUT + tile * j.tile_cols * j.ldo, ncols, g, t, chunk if t + chunk <= j.OCU else j.OCU - t)
+    r.chunk = (j.OCU + 4 * nthreads - 1) // (4 * nthreads)
+    r.nchunks = (j.OCU + r.chunk - 1) // r.chunk
+    _parallel_for(ntiles * j.G * r.nchunks, 1, _run_channels, &r, nthreads)
     for tile in range(ntiles):
         p0 = tile * j.tile_cols
         ncols = <int> (j.P - p0 if j.P - p0 < j.tile_cols else j.tile_cols)

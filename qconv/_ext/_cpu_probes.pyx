@@ -1,12 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Machine-ceiling probes of ``benchmarks/bench_cpu.py`` (the "% of peak" columns): peak int8 multiply-add
 rates (AVX-512 VNNI ``vpdpbusd``, AMX ``tdpbusd``) and read bandwidth. Not used by the engine; the C code is
-``qconv_probe.h``. Allocations go through the engine's refusal hook (``_cpu._alloc``)."""
-from cython.parallel cimport prange
+``qconv_probe.h``. Allocations go through the engine's refusal hook (``_cpu._alloc``). The threads are the engine's
+pool (``_cpu._parallel_for``, one item a thread): a worker slow to wake leaves its item to another thread, so a
+rate is a lower bound of the machine's."""
 from libc.stdint cimport uint8_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport free
 
-from qconv._ext._cpu cimport _alloc, qc_kernel_supported, QC_KERNEL_AMX
+from qconv._ext._cpu cimport _alloc, _parallel_for, qc_kernel_supported, QC_KERNEL_AMX
 
 
 cdef extern from "qconv_probe.h" nogil:
@@ -22,17 +23,44 @@ cdef extern from "qconv_probe.h" nogil:
 ctypedef int32_t (*_probe_fn)(int64_t) noexcept nogil
 
 
+cdef struct _ProbeCtx:
+    _probe_fn probe
+    int64_t n
+    const uint8_t *buf
+    int64_t chunk
+    uint64_t *part
+
+
+cdef int64_t _probe_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body: ``probe(n)`` once per item (one item a thread)."""
+    cdef _ProbeCtx *p = <_ProbeCtx *> ctx
+    cdef int64_t i, sink = 0
+    for i in range(i0, i1):
+        sink += p.probe(p.n)
+    return sink
+
+
+cdef int64_t _read_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body: the XOR of the 64-bit words of slices ``i0 .. i1-1`` of the buffer, into ``part``."""
+    cdef _ProbeCtx *p = <_ProbeCtx *> ctx
+    cdef int64_t t
+    for t in range(i0, i1):
+        p.part[t] = qc_probe_read(p.buf + t * p.chunk, p.chunk)
+    return 0
+
+
 cdef double _steps_per_second(_probe_fn probe, int threads, double seconds, int64_t n):
     """Rounds per second of ``probe(n)`` on ``threads`` threads, ``n`` grown until one timing lasts ``seconds``."""
     import time
-    cdef int64_t i
-    cdef int32_t sink = 0
+    cdef int64_t sink = 0
     cdef double t = 0
+    cdef _ProbeCtx p
+    p.probe = probe
     while True:
         t0 = time.perf_counter()
+        p.n = n
         with nogil:
-            for i in prange(threads, num_threads=threads, schedule="static"):
-                sink += probe(n)
+            sink += _parallel_for(threads, 1, _probe_items, &p, threads)
         t = time.perf_counter() - t0
         if t >= seconds or n > (1 << 40):
             break
@@ -68,18 +96,19 @@ def probe_read(const uint8_t[::1] buf, int threads=1, int reps=3):
     cdef int64_t nbytes = buf.shape[0], chunk, t
     cdef uint64_t x = 0
     cdef uint64_t *part
+    cdef _ProbeCtx p
     if threads < 1 or nbytes == 0 or nbytes % (256 * threads):
         raise ValueError("buf length must be a positive multiple of 256 * threads")
     chunk = nbytes // threads
     part = <uint64_t *> _alloc(threads * sizeof(uint64_t))
     if part == NULL:
         raise MemoryError("probe_read: no memory for the per-thread checksums")
+    p.buf, p.chunk, p.part = &buf[0], chunk, part
     best = 0.0
     for _ in range(max(reps, 1)):
         t0 = time.perf_counter()
         with nogil:
-            for t in prange(threads, num_threads=threads, schedule="static"):
-                part[t] = qc_probe_read(&buf[0] + t * chunk, chunk)
+            _parallel_for(threads, 1, _read_items, &p, threads)
         dt = time.perf_counter() - t0
         best = max(best, nbytes / dt / 1e9)
     x = 0

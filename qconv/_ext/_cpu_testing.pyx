@@ -6,7 +6,6 @@ wheel beside ``_cpu`` (a few tens of KiB): ``qconv.testing`` users and downstrea
 against an installed qconv, and a test module missing from the wheel would turn those into skips."""
 import numpy as np
 
-from cython.parallel cimport prange
 from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t
 from libc.string cimport memset
 
@@ -18,6 +17,64 @@ def _test_refuse_allocation(int64_t k):
     """Make the ``k``-th native allocation from now (0 = the next) fail; ``-1`` turns the hook off. Returns the
     previous setting (``-1`` once an armed refusal has happened)."""
     return _refuse_allocations(k)
+
+
+def _test_pool_hook(int stall_tid=-1, int stall_ms=0, bint count=False):
+    """Arm the thread pool's testing hook: worker ``stall_tid`` (-1: none) waits up to ``stall_ms`` before its first
+    chunk of each parallel-for while chunks remain; ``count`` zeroes the per-thread chunk counts and counts from
+    now (False stops counting)."""
+    _pool_testing(stall_tid, stall_ms, count)
+
+
+def _test_pool_chunks(int threads):
+    """Chunks run by each of threads ``0 .. threads-1`` since :func:`_test_pool_hook` started counting (a list)."""
+    return [int(_pool_chunks(t)) for t in range(threads)]
+
+
+cdef struct _MarkCtx:
+    int32_t *tid_of     # (n,) the thread that ran each item (-1 before)
+    int32_t *runs       # (n,) times each item ran
+    int64_t nested      # items per nested parallel-for (0: none)
+    int64_t work        # dependent multiply-adds per item (to give other threads time to join)
+    int nthreads
+
+
+cdef int64_t _mark_nested(void *ctx, int64_t b, int64_t e, int tid) noexcept nogil:
+    """Parallel-for body of the nested calls: returns its item count."""
+    return e - b
+
+
+cdef int64_t _mark(void *ctx, int64_t b, int64_t e, int tid) noexcept nogil:
+    """Parallel-for body of :func:`_test_parallel_for`: records ``tid`` and a run per item; returns 1 (a chunk)."""
+    cdef _MarkCtx *m = <_MarkCtx *> ctx
+    cdef int64_t i, k, bad = 0
+    cdef double acc = 1.0
+    for i in range(b, e):
+        for k in range(m.work):
+            acc = acc * 0.999999 + 1e-9
+        bad += acc < 0   # keeps the loop
+        m.tid_of[i] = tid
+        m.runs[i] += 1
+        if m.nested and _parallel_for(m.nested, 1, _mark_nested, NULL, m.nthreads) != m.nested:
+            bad += 1
+    return 1 + bad * 1000000
+
+
+def _test_parallel_for(int64_t n, int64_t chunk, int threads, int64_t nested=0, int64_t work=0):
+    """``(tid_of, runs, total)`` of one parallel-for over ``n`` items: the thread index that ran each item, how many
+    times each ran, and the returned sum (each chunk returns 1). ``nested``: every item also runs a parallel-for of
+    that many items from inside the body (it must run inline; a wrong count adds 10**6 to the sum); ``work``:
+    dependent multiply-adds per item, so that the other threads have time to join."""
+    tid_of = np.full(max(n, 1), -1, np.int32)
+    runs = np.zeros(max(n, 1), np.int32)
+    cdef int32_t[::1] tv = tid_of
+    cdef int32_t[::1] rv = runs
+    cdef _MarkCtx m
+    cdef int64_t total
+    m.tid_of, m.runs, m.nested, m.work, m.nthreads = &tv[0], &rv[0], nested, work, threads
+    with nogil:
+        total = _parallel_for(n, chunk, _mark, &m, threads)
+    return tid_of[:n], runs[:n], int(total)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -19,11 +19,11 @@ Results do not depend on the thread count or the band size.
 """
 import numpy as np
 
-from cython.parallel cimport prange, parallel
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, calloc, free
 
 from . import _cpu
+from ._cpu cimport _parallel_for
 
 
 
@@ -88,27 +88,59 @@ def is_depthwise(spec):
     return w.groups == w.in_channels and w.groups > 1 and w.q.shape[1] == 1
 
 
+cdef struct _RunCtx:
+    const qc_dw_job *j
+    int64_t nf, npt
+    float **scr             # (nt,) thread tid's scratch, set up at its first item
+    const float ***ptrs     # (nt,)
+    int64_t *fails          # (nt,) items thread tid could not run (no scratch)
+    char *tried             # (nt,) 1 once thread tid tried to allocate
+
+
+cdef int64_t _items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body: work items ``i0 .. i1-1`` on thread ``tid``'s scratch (allocated and set up at its first
+    chunk); returns the block-mode non-finite count."""
+    cdef _RunCtx *r = <_RunCtx *> ctx
+    cdef int64_t item, bad = 0
+    if not r.tried[tid]:
+        r.tried[tid] = 1
+        r.scr[tid] = <float *> malloc(r.nf * sizeof(float))
+        r.ptrs[tid] = <const float **> malloc(r.npt * sizeof(float *))
+        if r.scr[tid] != NULL and r.ptrs[tid] != NULL:
+            qc_dw_thread_setup(r.j, r.scr[tid], r.ptrs[tid])
+    if r.scr[tid] == NULL or r.ptrs[tid] == NULL:
+        r.fails[tid] += i1 - i0
+        return 0
+    for item in range(i0, i1):
+        bad += qc_dw_item(r.j, item, r.scr[tid], r.ptrs[tid])
+    return bad
+
+
 cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
-    """Every work item on ``nt`` threads (one scratch per thread); returns the block-mode non-finite count."""
-    cdef int64_t nitems = qc_dw_items(j), item
-    cdef int64_t nf = qc_dw_scratch_floats(j), npt = qc_dw_scratch_ptrs(j)
-    cdef int64_t bad = 0, fl = 0
-    cdef float *scr
-    cdef const float **ptrs = NULL
-    scr = NULL
-    with parallel(num_threads=nt):
-        scr = <float *> malloc(nf * sizeof(float))
-        ptrs = <const float **> malloc(npt * sizeof(float *))
-        if scr != NULL and ptrs != NULL:
-            qc_dw_thread_setup(j, scr, ptrs)
-        for item in prange(nitems, schedule="dynamic"):
-            if scr == NULL or ptrs == NULL:
-                fl += 1
-            else:
-                bad += qc_dw_item(j, item, scr, ptrs)
-        free(scr)
-        free(ptrs)
-    fails[0] = fl
+    """Every work item on ``nt`` threads (one scratch per thread); returns the block-mode non-finite count and sets
+    ``fails`` to the items that found no scratch."""
+    cdef int64_t nitems = qc_dw_items(j), bad = 0
+    cdef int t
+    cdef _RunCtx r
+    r.j = j
+    r.nf, r.npt = qc_dw_scratch_floats(j), qc_dw_scratch_ptrs(j)
+    r.scr = <float **> calloc(nt, sizeof(float *))
+    r.ptrs = <const float ***> calloc(nt, sizeof(float **))
+    r.fails = <int64_t *> calloc(nt, sizeof(int64_t))
+    r.tried = <char *> calloc(nt, 1)
+    fails[0] = 0
+    if r.scr == NULL or r.ptrs == NULL or r.fails == NULL or r.tried == NULL:
+        fails[0] = nitems
+    else:
+        bad = _parallel_for(nitems, 1, _items, &r, nt)
+        for t in range(nt):
+            fails[0] += r.fails[t]
+            free(r.scr[t])
+            free(r.ptrs[t])
+    free(r.scr)
+    free(r.ptrs)
+    free(r.fails)
+    free(r.tried)
     return bad
 
 

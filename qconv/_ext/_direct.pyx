@@ -10,11 +10,11 @@ Results do not depend on the thread count.
 """
 import numpy as np
 
-from cython.parallel cimport prange, parallel, threadid
 from libc.stdint cimport uint8_t, int32_t, int64_t
 from libc.string cimport memset
 
 from ..layouts.int4 import ONNX_INT4
+from ._cpu cimport _parallel_for
 
 
 cdef extern from "qconv_direct.h" nogil:
@@ -60,7 +60,6 @@ cdef extern from "qconv_direct.h" nogil:
     int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
     void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
     int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
-    void qc_direct_barrier()
 
 
 STRIP_PIXELS = QC_DIRECT_NP
@@ -93,38 +92,68 @@ cdef int64_t _layout(qc_direct_job *j, int nt, int64_t *parts) noexcept nogil:
     return parts[3] + nt * qc_direct_thread_floats(j)
 
 
+cdef struct _RunCtx:
+    const qc_direct_job *j
+    float *xp
+    float *wf
+    float *scratch      # thread tid's at scratch + tid * nf
+    int64_t nf
+
+
+cdef int64_t _pad_planes(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body: the phase planes of (sample, channel) ``i0 .. i1-1``; returns the non-finite count."""
+    cdef _RunCtx *r = <_RunCtx *> ctx
+    cdef int64_t i, bad = 0
+    for i in range(i0, i1):
+        bad += qc_direct_pad(r.j, i // r.j.C, i % r.j.C, r.xp)
+    return bad
+
+
+cdef int64_t _dequant_blocks(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body: the dequantized weight of channel blocks ``i0 .. i1-1``."""
+    cdef _RunCtx *r = <_RunCtx *> ctx
+    cdef int64_t i
+    for i in range(i0, i1):
+        qc_direct_dequant(r.j, i, r.wf)
+    return 0
+
+
+cdef int64_t _strip_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body: items (strips) ``i0 .. i1-1`` on thread ``tid``'s scratch; returns the non-finite count."""
+    cdef _RunCtx *r = <_RunCtx *> ctx
+    cdef int64_t i, bad = 0
+    for i in range(i0, i1):
+        bad += qc_direct_item(r.j, i, r.scratch + tid * r.nf)
+    return bad
+
+
 cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
-    """Phase planes (unless in place) and the dequantized weight, then every strip; returns the NaN / inf count."""
+    """Phase planes (unless in place), the dequantized weight, then every strip (three parallel-for calls: every
+    block is in wf before any strip reads it); returns the NaN / inf count."""
     cdef int64_t parts[4]
-    cdef int64_t i, t, nitems, nf, npl, bad = 0
-    cdef float *xp
-    cdef float *wf
+    cdef int64_t npl, bad = 0
     cdef int64_t *koff
+    cdef _RunCtx r
     _layout(j, nt, parts)
-    nitems, nf = qc_direct_items(j), qc_direct_thread_floats(j)
     koff = <int64_t *> (buf + parts[0])
-    wf = buf + parts[1]
-    xp = buf + parts[2]
+    r.j = j
+    r.wf = buf + parts[1]
+    r.xp = buf + parts[2]
+    r.scratch = buf + parts[3]
+    r.nf = qc_direct_thread_floats(j)
     qc_direct_offsets(j, koff)
-    j.koff, j.wf = koff, wf
+    j.koff, j.wf = koff, r.wf
     if j.in_place:
         j.xp = j.x
     else:
         npl = j.N * qc_direct_sample(j)
-        memset(xp + npl, 0, qc_direct_slack(j) * sizeof(float))
-        j.xp = xp
-        for i in prange(j.N * j.C, nogil=True, num_threads=nt, schedule="static"):
-            bad += qc_direct_pad(j, i // j.C, i % j.C, xp)
+        memset(r.xp + npl, 0, qc_direct_slack(j) * sizeof(float))
+        j.xp = r.xp
+        bad = _parallel_for(j.N * j.C, 1, _pad_planes, &r, nt)
     if bad:
         return bad
-    with parallel(num_threads=nt):   # one team: the weight's blocks, then (after the loop's barrier) the strips
-        t = threadid()
-        for i in prange(j.OCB, schedule="static"):
-            qc_direct_dequant(j, i, wf)
-        qc_direct_barrier()   # Cython's prange ends with nowait: every block is in wf before any strip reads it
-        for i in prange(nitems, schedule="static"):
-            bad += qc_direct_item(j, i, buf + parts[3] + t * nf)
-    return bad
+    _parallel_for(j.OCB, 1, _dequant_blocks, &r, nt)
+    return _parallel_for(qc_direct_items(j), 1, _strip_items, &r, nt)
 
 
 cdef class DirectPlan:

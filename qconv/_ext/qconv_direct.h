@@ -230,14 +230,6 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
     return bad;
 }
 
-/* a barrier of the calling thread's OpenMP team (an orphaned directive; nothing in a build without OpenMP) */
-static inline void qc_direct_barrier(void)
-{
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
-}
-
 /* code i (output channel 4*ocb + i) of k in a block's codes q: (OCB, K, 4) int8 or (OCB, K, 2) two int4 a byte (the
  * nibble shifted to the top of a signed byte and back: sign-extended) */
 static inline int qc_direct_code(const uint8_t *q, int bits, int64_t k, int i)

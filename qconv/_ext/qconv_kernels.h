@@ -662,7 +662,7 @@ QC_TGT_AVX2 static void qc_gemm_avx2(const qc_gemm_args *g)
  *   3. the tiles go to an int32 buffer cbuf[16*RT][32] and each column runs qc_vnni_epi, the VNNI kernel's own
  *      epilogue (same float operations, same order): results are bitwise those of the VNNI kernel.
  * The tile configuration (palette 1, eight 16 x 64-byte tiles) is loaded at the start of every call, on the
- * calling thread (OpenMP workers included), and released at its end, so other AMX users in the process
+ * calling thread (pool workers included), and released at its end, so other AMX users in the process
  * (oneDNN) and ours never see each other's configuration. Scratch: two per-thread buffers grown on demand
  * (kept for the thread's life); when one cannot be allocated the call runs the VNNI kernel instead. */
 #define QC_TGT_AMX __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma,amx-tile,amx-int8")))

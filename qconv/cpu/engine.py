@@ -1,4 +1,4 @@
-"""``CpuEngine``: the weight-quantized conv on the CPU (Cython + SIMD micro-kernels, OpenMP threads).
+"""``CpuEngine``: the weight-quantized conv on the CPU (Cython + SIMD micro-kernels, the engine's own thread pool).
 
 Per layer (constructor): the weights go into tile-major :class:`~qconv.layouts.gemm_tiles.TiledWeightLayout`
 tiles (UNIT=32 output channels x SRC_UNIT=4; int4 stays packed as half-split nibbles), and the fused tables are
@@ -13,7 +13,7 @@ with its fused float epilogue (scales, offset and weight-sum corrections, bias, 
 result. Threads split the column tiles, or the output-channel tiles when there are fewer column tiles than
 threads (GEMV). Scratch comes from the calling thread's :mod:`~qconv.cpu.scratch` arena (shared by every layer,
 bound for one call and released after: an engine keeps no scratch between calls). Calls with little work
-(``SERIAL_MACS``) run on one thread: waking a sleeping OpenMP worker costs more than such a call.
+(``SERIAL_MACS``) run on one thread: waking a sleeping worker costs more than such a call.
 
 ``act_quant=None`` (float activations, weight-only quantization; within the oracle's float tolerance, not
 bitwise): one-group convs take the **direct path** (:class:`qconv._ext._direct.DirectPlan`, ``qconv_direct.h``):
@@ -42,14 +42,15 @@ Static int8 path: ``input_qparams=(scale, zero_point)`` makes the layer take an 
 makes it return int8 ``clip(round_half_away(y / scale) + zero_point, -128, 127)``, with ``y`` the float
 result after the activation (so relu/relu6 act through the clamp).
 
-Threads: OpenMP (``prange``), ``threads`` per engine; calls under ``SERIAL_MACS`` multiply-adds run on one
-thread, and inputs under ``SERIAL_QUANT_VALUES`` values are quantized on one thread. Both are read on every call;
-:func:`serial_thresholds` changes them for a block of code (tests set them to 0 so that small calls take the
-threaded paths), and :attr:`CpuEngine.last_call` says what the last call ran. OpenMP's wait policy is left to
-the user: libgomp's default spins briefly between parallel regions, which is what makes 2 threads pay off on
-small layers (1x1 256->1024@14 int8: 0.25 ms vs 0.54 ms with ``OMP_WAIT_POLICY=PASSIVE``); on a machine shared
-with other busy processes set ``OMP_WAIT_POLICY=PASSIVE`` (or ``threads=1``) before importing qconv, since a
-spinning thread then holds a core another process needs.
+Threads: ``threads`` per engine (default :func:`default_threads`), run by the engine's own pool
+(``qconv/_ext/qconv_pool.h``; no OpenMP, no environment variable read but ``OMP_NUM_THREADS`` by
+:func:`default_threads`). Every parallel loop hands its work items out in dynamic chunks, so a thread that the OS
+deschedules (a core taken by another process) leaves its share to the others; idle workers spin for 1 ms (so
+back-to-back layers start at once) and then sleep. Work is split over outputs only, so results are the same
+bits for any thread count. Calls under ``SERIAL_MACS`` multiply-adds run on one thread, and inputs under
+``SERIAL_QUANT_VALUES`` values are quantized on one thread. Both are read on every call; :func:`serial_thresholds`
+changes them for a block of code (tests set them to 0 so that small calls take the threaded paths), and
+:attr:`CpuEngine.last_call` says what the last call ran.
 """
 from __future__ import annotations
 
@@ -95,9 +96,10 @@ SRC_UNIT = int(_cpu.SRC_UNIT)
 # Longest block (reduction positions, padding included) whose int32 accumulators stay exact:
 # |sum U*q| <= L*255*128 (int8) and L*255*16 (int4, nibbles and the 8*L term) must stay below 2**31.
 MAX_BLOCK_VALUES = {8: 65536, 4: 524288}
-# Calls with fewer multiply-adds than this run on one thread: waking a sleeping OpenMP worker costs more than the
-# work (measured ~50-70 us per parallel region on this 2-vCPU VM with the passive wait policy, vs ~20 us for a
-# whole 8->8 3x3 6x6 call on one thread). Results do not depend on the thread count.
+# Calls with fewer multiply-adds than this run on one thread: waking a sleeping worker costs more than the
+# work (measured ~50-70 us per parallel region on this 2-vCPU VM with OpenMP's passive wait policy, before the
+# engine had its own pool, vs ~20 us for a whole 8->8 3x3 6x6 call on one thread). Results do not depend on the
+# thread count.
 SERIAL_MACS = 1 << 21
 # Depthwise calls of fewer multiply-adds run on one thread only when they also have fewer (sample, channel)
 # planes than this: each plane costs about a microsecond of set-up (its padded rows, its epilogue calls) besides its
@@ -135,11 +137,19 @@ def serial_thresholds(macs=None, quant_values=None):
 
 
 def default_threads() -> int:
-    """Cores this process may run on."""
+    """The thread count of every CPU default (``threads=None`` in :class:`CpuEngine`, the layers and
+    :class:`qconv.onnx.InferenceSession`): ``min(OMP_NUM_THREADS, cores this process may run on)``, the cores from
+    ``os.sched_getaffinity(0)`` (``os.cpu_count()`` where that does not exist), and ``OMP_NUM_THREADS`` only
+    when it is set to a positive integer (else ignored); at least 1, at most :data:`MAX_THREADS`. Read on every
+    call. The one place this default is defined (docs/install.md lists the variable)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        cores = min(cores, int(env))
+    return max(1, min(cores, MAX_THREADS))
 
 
 def select_kernel(kernel=None) -> str:
@@ -209,7 +219,8 @@ class CpuEngine:
 
     ``spec``: :class:`~qconv.geometry.ConvSpec` with ``act_quant`` ``"tensor"``, ``"row"``, ``"block"`` or None
     (float activations: see the module docstring).
-    ``threads``: OpenMP threads (None = every core of this process); settable later via ``engine.threads``.
+    ``threads``: threads of the engine's pool (None = :func:`default_threads`); settable later via
+    ``engine.threads``.
     ``kernel``: ``"scalar"``, ``"avx2"``, ``"avx512vnni"`` or ``"amx"`` to force a micro-kernel (default:
     ``$QCONV_CPU_KERNEL``, else the best one CPUID reports; ``"amx"`` runs calls of ``amx_min_cols`` or more columns on
     AMX-INT8 tiles of an :class:`~qconv.layouts.amx.AmxWeightLayout` copy of the weights, packed at the first such
