@@ -1,4 +1,6 @@
 """Wall-clock timing and peak memory, shared by the command-line tools and the benchmarks."""
+from __future__ import annotations
+
 import resource
 import sys
 import time
@@ -33,6 +35,19 @@ def best_ms(fn, repeat: int, min_s: float = 0.05) -> float:
         best = min(best, time.perf_counter() - t0)
         n += 1
     return best * 1e3
+
+
+def cpu_pressure(path: str = "/proc/pressure/cpu") -> float | None:
+    """Share of the last minute (%) in which some runnable task waited for a core (Linux PSI ``some avg60``), or
+    None where the kernel does not report it: above a few percent, other processes' load inflated the timings."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith("some "):
+                    return float(dict(f.split("=") for f in line.split()[1:])["avg60"])
+    except (OSError, KeyError, ValueError):
+        pass
+    return None
 
 
 def peak_rss_mb() -> float:

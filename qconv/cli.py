@@ -19,7 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._timing import best_ms
+from ._timing import best_ms, cpu_pressure
+
+BUSY_PERCENT = 10.0
+"""The demo notes a busy machine above this CPU pressure (% of the last minute some task waited for a core)."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,10 @@ def _demo(args) -> int:
     print("ms: the best of at least --repeat runs; rel err = ||y - y_float|| / ||y_float|| against the float conv"
           " of the unquantized weights; CPU engines quantize activations to int8 (act_quant='tensor'), OpenCL"
           f" keeps them float (kernels tune={args.tune}).")
+    busy = cpu_pressure()
+    if busy is not None and busy > BUSY_PERCENT:
+        print(f"note: the CPU was busy: some task waited for a core {busy:.0f}% of the last minute"
+              " (/proc/pressure/cpu); the load of other processes inflates the times, of multi-threaded cases most")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -179,3 +179,25 @@ def test_demo_runs_opencl_untuned_by_default(monkeypatch):
     seen.clear()
     run_demo(["opencl"], repeat=1, quick=True, progress=False, tune="fast")
     assert set(seen) == {"fast"}
+
+
+def test_cpu_pressure_reads_psi_some_avg60(tmp_path):
+    from qconv._timing import cpu_pressure
+
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=49.97 avg60=59.77 avg300=70.86 total=1312640457\n"
+                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert cpu_pressure(str(psi)) == 59.77
+    assert cpu_pressure(str(tmp_path / "missing")) is None
+    psi.write_text("garbage\n")
+    assert cpu_pressure(str(psi)) is None
+
+
+def test_demo_notes_a_busy_machine(monkeypatch, capsys):
+    """The note appears above ``BUSY_PERCENT`` only (the timings are then other processes' as much as qconv's)."""
+    from qconv import cli
+
+    for pressure, noted in ((50.0, True), (1.0, False), (None, False)):
+        monkeypatch.setattr(cli, "cpu_pressure", lambda: pressure)
+        assert cli.main(["demo", "--quick", "--repeat", "1", "--no-progress", "--engines", "reference"]) == 0
+        assert ("note: the CPU was busy" in capsys.readouterr().out) == noted
