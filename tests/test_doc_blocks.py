@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def blocks(name: str) -> list[Block]:
         if open_at is None and m:
             open_at, lang, body = i, m.group(1), []
         elif open_at is not None and line.strip() == "```":
-            out.append(Block(name, open_at, lang, "\n".join(body) + "\n"))
+            out.append(Block(name, open_at, lang, textwrap.dedent("\n".join(body)) + "\n"))  # a fence in a list
             open_at = None
         elif open_at is not None:
             body.append(line)
@@ -81,7 +82,7 @@ def _workdir(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("block", CODE, ids=str)
 def test_doc_block_runs(block, tmp_path):
-    first = block.text.lstrip().splitlines()[0]
+    first = (block.text.strip().splitlines() or [""])[0]
     skip = SKIP.match(first)
     if skip:
         pytest.skip(skip.group(1))
