@@ -2,7 +2,13 @@
 
 ``demo`` quantizes a built-in, seeded suite of conv layers in several weight schemes, runs each through
 every engine available here (numpy reference, Cython CPU, each OpenCL device) and prints a table:
-layer, scheme, weight bytes float -> packed, relative error vs the float conv, and time per engine.
+layer, scheme, weight bytes float -> packed, relative error vs the float conv, and time per engine (the best
+of several runs). The OpenCL engine runs untuned by default (``--tune none``: the engine's heuristic kernel
+choice): tuning a CPU OpenCL device (PoCL) times several compiled variants per case, minutes for the suite.
+
+A user error (a missing file, a bad scheme or shape, a file that is not a model) prints one line,
+``qconv COMMAND: error: MESSAGE``, to stderr and exits with status 2; ``qconv --debug COMMAND ...`` shows
+the traceback instead.
 """
 from __future__ import annotations
 
@@ -13,7 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._timing import median_ms
+from ._timing import best_ms, cpu_pressure
+
+BUSY_PERCENT = 10.0
+"""The demo notes a busy machine above this CPU pressure (% of the last minute some task waited for a core)."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +66,9 @@ def _rel_err(y, ref) -> float:
     return float(np.linalg.norm((y - ref).ravel()) / max(np.linalg.norm(ref.ravel()), 1e-30))
 
 
-def run_demo(engines=None, repeat: int = 5, quick: bool = False, progress: bool = True, seed: int = 0):
-    """Run the demo suite; returns a list of result rows (dicts)."""
+def run_demo(engines=None, repeat: int = 5, quick: bool = False, progress: bool = True, seed: int = 0,
+             tune: str = "none"):
+    """Run the demo suite; returns a list of result rows (dicts). ``tune``: the OpenCL engines' tuning level."""
     import qconv
     from qconv import reference
 
@@ -84,9 +94,10 @@ def run_demo(engines=None, repeat: int = 5, quick: bool = False, progress: bool 
                    bytes_float=qw.nbytes_float, bytes_packed=qw.nbytes, engines={})
         for dev in devices:
             try:
-                conv = qconv.Conv2d(qw, bias, device=dev, **kw)
+                opts = dict(tune=tune) if dev.startswith("opencl") else {}
+                conv = qconv.Conv2d(qw, bias, device=dev, **kw, **opts)
                 y = conv(x)
-                ms = median_ms(lambda: conv(x), repeat)
+                ms = best_ms(lambda: conv(x), repeat)
                 row["engines"][dev] = dict(ms=ms, rel_err=_rel_err(y, y_float),
                                            act_quant=conv.spec.act_quant)
             except Exception as exc:  # one engine failing must not hide the others' results
@@ -111,13 +122,21 @@ def format_table(rows) -> str:
 
 def _demo(args) -> int:
     import qconv
+    from .layer import engine_class
 
     engines = args.engines.split(",") if args.engines else None
+    for name in engines or ():
+        engine_class(name)  # ValueError for a name that is no engine, before the suite runs
     print(f"qconv {qconv.__version__} demo; engines: {', '.join(engines or qconv.available_devices())}")
-    rows = run_demo(engines, repeat=args.repeat, quick=args.quick, progress=not args.no_progress)
+    rows = run_demo(engines, repeat=args.repeat, quick=args.quick, progress=not args.no_progress, tune=args.tune)
     print(format_table(rows))
-    print("rel err = ||y - y_float|| / ||y_float|| against the float conv of the unquantized weights;"
-          " CPU engines quantize activations to int8 (act_quant='tensor'), OpenCL keeps them float.")
+    print("ms: the best of at least --repeat runs; rel err = ||y - y_float|| / ||y_float|| against the float conv"
+          " of the unquantized weights; CPU engines quantize activations to int8 (act_quant='tensor'), OpenCL"
+          f" keeps them float (kernels tune={args.tune}).")
+    busy = cpu_pressure()
+    if busy is not None and busy > BUSY_PERCENT:
+        print(f"note: the CPU was busy: some task waited for a core {busy:.0f}% of the last minute"
+              " (/proc/pressure/cpu); the load of other processes inflates the times, of multi-threaded cases most")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
@@ -137,6 +156,7 @@ def _inspect(args) -> int:
 
     import qconv
     from . import model_report as mr
+    from .onnx.cli import _shape
 
     if args.scheme:
         schemes = [mr.Scheme.parse(s) for s in args.scheme]
@@ -150,7 +170,7 @@ def _inspect(args) -> int:
         engines = args.engines.split(",")
     else:
         engines = [d for d in qconv.available_devices() if d != "reference"]
-    shape = tuple(int(v) for v in args.input_shape.split(",")) if args.input_shape else None
+    shape = _shape(args.input_shape)
     rows = mr.inspect(args.model, measure, _act_quant_arg(args.act_quant), args.act_block, engines, args.input,
                       shape, args.repeat, progress=not args.no_progress, calibration_paths=args.calibration)
     shown = [r for r in rows if mr.Scheme.parse(r["scheme"]) in schemes]
@@ -219,12 +239,44 @@ def _convert(args) -> int:
     return convert.main(args)
 
 
+_USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
+"""What a user's input raises in practice: a bad value or scheme (``ValueError``), a missing or unreadable file
+(``OSError``), an optional package not installed (``ImportError``, with the ``pip install`` to run)."""
+_USER_ERROR_CLASSES = (("qconv.convert", "ConvertError"), ("qconv.gpu.errors", "OpenCLUnavailableError"),
+                       ("onnxruntime.capi.onnxruntime_pybind11_state", "InvalidProtobuf"),
+                       ("onnxruntime.capi.onnxruntime_pybind11_state", "NoSuchFile"),
+                       ("onnxruntime.capi.onnxruntime_pybind11_state", "InvalidArgument"))
+"""(module, class) of the user errors of qconv's and onnxruntime's own classes, looked up only where the
+module was imported (an exception of a module never imported cannot have been raised)."""
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """True when ``exc`` reports a user's mistake (a file, a value, an option, a missing package): the CLI then
+    prints its message in one line instead of a traceback."""
+    if isinstance(exc, _USER_ERRORS):
+        return True
+    if isinstance(exc, SystemExit):  # raise SystemExit("message"): a message, not an exit status
+        return isinstance(exc.code, str)
+    for module, name in _USER_ERROR_CLASSES:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(exc, cls):
+            return True
+    return False
+
+
 def main(argv=None) -> int:
+    """``python -m qconv``: parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status.
+    A user error (:func:`is_user_error`) prints ``qconv COMMAND: error: MESSAGE`` (the message's first line) to
+    stderr and returns 2; with ``--debug`` it propagates with its traceback. Other exceptions propagate."""
     parser = argparse.ArgumentParser(prog="qconv", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the built-in suite through every engine and print a table")
     demo.add_argument("--engines", help="comma-separated engines (default: all available)")
-    demo.add_argument("--repeat", type=int, default=5, help="timed runs per case (median)")
+    demo.add_argument("--repeat", type=int, default=5, help="timed runs per case, at least (the best is shown)")
+    demo.add_argument("--tune", choices=("none", "fast", "full"), default="none",
+                      help="OpenCL auto-tuning (default none: the heuristic kernel choice; fast and full time the "
+                           "candidates, minutes on a CPU OpenCL device)")
     demo.add_argument("--quick", action="store_true", help="a smaller suite")
     demo.add_argument("--json", help="also write the rows as JSON to this file")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -279,8 +331,17 @@ def main(argv=None) -> int:
     conv.set_defaults(func=_convert)
     from .onnx.cli import add_subcommands  # whole models: `quantize` and `run`
     add_subcommands(sub)
+    for command in sub.choices.values():  # `--debug` after the subcommand too (without resetting the global one)
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BaseException as exc:
+        if args.debug or not is_user_error(exc):
+            raise
+        lines = str(exc.code if isinstance(exc, SystemExit) else exc).strip().splitlines()
+        print(f"qconv {args.command}: error: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -142,3 +142,62 @@ def test_gptq_pools_several_calibration_inputs():
     assert pooled != quantize_weight_calibrated(w, a, 4, 2, False, padding=1)
     c = rng.standard_normal((1, 4, 9, 5)).astype(np.float32)  # another size: columns pooled all the same
     quantize_weight_calibrated(w, [a, c], 4, 2, False, padding=1)
+
+
+def test_best_ms_is_the_fastest_timed_run_after_a_warm_up(monkeypatch):
+    """A fake clock: the warm-up (5 s) and the stalled runs (16 ms) are not what ``best_ms`` reports; runs go on
+    until ``min_s`` has passed, past ``repeat``."""
+    from qconv import _timing
+
+    durations = iter([5.0, 0.016, 0.016, 0.0001, 0.016, 0.016, 0.016])
+    now = [0.0]
+    calls = []
+
+    def fn():
+        calls.append(1)
+        now[0] += next(durations)
+
+    monkeypatch.setattr(_timing.time, "perf_counter", lambda: now[0])
+    assert abs(_timing.best_ms(fn, repeat=2, min_s=0.05) - 0.1) < 1e-9
+    assert len(calls) == 6  # warm-up + 5 timed runs: the first 4 take 0.0481 s < min_s, the 5th passes it
+
+
+def test_demo_runs_opencl_untuned_by_default(monkeypatch):
+    """The demo's OpenCL layers get ``tune="none"`` (tuning PoCL takes minutes), the others no ``tune``; ``tune=``
+    is passed through. The layers are not built: the spy records the options and fails, as an engine may."""
+    import qconv
+
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append(kw.get("tune", "-"))
+        raise RuntimeError("not built in this test")
+
+    monkeypatch.setattr(qconv, "Conv2d", spy)
+    rows = run_demo(["cpu", "opencl"], repeat=1, quick=True, progress=False)
+    assert seen == ["-", "none"] * len(rows) and all("error" in e for r in rows for e in r["engines"].values())
+    seen.clear()
+    run_demo(["opencl"], repeat=1, quick=True, progress=False, tune="fast")
+    assert set(seen) == {"fast"}
+
+
+def test_cpu_pressure_reads_psi_some_avg60(tmp_path):
+    from qconv._timing import cpu_pressure
+
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=49.97 avg60=59.77 avg300=70.86 total=1312640457\n"
+                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert cpu_pressure(str(psi)) == 59.77
+    assert cpu_pressure(str(tmp_path / "missing")) is None
+    psi.write_text("garbage\n")
+    assert cpu_pressure(str(psi)) is None
+
+
+def test_demo_notes_a_busy_machine(monkeypatch, capsys):
+    """The note appears above ``BUSY_PERCENT`` only (the timings are then other processes' as much as qconv's)."""
+    from qconv import cli
+
+    for pressure, noted in ((50.0, True), (1.0, False), (None, False)):
+        monkeypatch.setattr(cli, "cpu_pressure", lambda: pressure)
+        assert cli.main(["demo", "--quick", "--repeat", "1", "--no-progress", "--engines", "reference"]) == 0
+        assert ("note: the CPU was busy" in capsys.readouterr().out) == noted

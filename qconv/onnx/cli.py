@@ -26,7 +26,13 @@ def _floats(text):
 
 
 def _shape(text):
-    return tuple(int(v) for v in text.split(",")) if text else None
+    """``--input-shape N,C,H,W`` -> a tuple of ints (``None`` for no value); ``ValueError`` naming the option."""
+    if not text:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--input-shape must be comma-separated integers such as 1,3,640,640, got {text!r}") from None
 
 
 def _feeds(model, specs, shape=None, mean=None, std=None, seed=0) -> dict:
