@@ -165,7 +165,7 @@ def model_layers(model, skipped: dict | None = None) -> list[ModelLayer]:
             elif node.op_type in ("MatMul", "Gemm"):
                 layer = _linear_layer(node, consts)
             elif node.op_type == "ConvTranspose":
-                layer = "ConvTranspose is not supported (it stays an onnxruntime float op)"
+                layer = "not supported by qconv (it stays an onnxruntime float op)"
             else:
                 continue
         except UnsupportedLayer as exc:
