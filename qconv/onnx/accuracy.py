@@ -272,9 +272,10 @@ def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme,
     in that order until the metric holds):
 
     1. every layer at ``base`` (all-int8): SQNR ``s0``, bytes ``b0``;
-    2. below target: for every layer and every rung above ``base``, the gain of that layer alone at that rung is
-       measured; the (layer, rung) moves are tried in the order of gain per extra byte (each layer moved once),
-       re-measured, kept only when the SQNR rises, until the target is reached;
+    2. below target: for every layer and every rung above its own, the gain of moving that layer alone is
+       measured; the (layer, rung) moves are tried in the order of gain per extra byte (a layer once a pass),
+       re-measured, kept only when the SQNR rises, until the target is reached; a pass per rung above ``base``
+       (a layer moved to ``int8-b16`` can move on to float);
     3. at or above target: each ``base`` layer's loss at the rung below ``base`` alone is measured; layers are
        demoted in the order of loss per saved byte, each re-measured and kept only when the target still holds
        (a run of ``max_failures`` refusals ends it);
@@ -287,7 +288,7 @@ def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme,
     names = list(proxy.layers)
     k = ladder.index(base)
     upper, cheap = ladder[k + 1:], (ladder[k - 1] if k > 0 else None)
-    bar = _progress(len(names) * (len(upper) + 2) + 2, "accuracy control", progress)
+    bar = _progress(len(names) * (2 * len(upper) + 2) + 2, "accuracy control", progress)
     log = []
 
     def measure(plan):
@@ -302,13 +303,14 @@ def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme,
     b0 = cands.nbytes(plan)
     current = s0
     log.append(f"all {base.label}: {s0:.2f} dB, {b0:,} bytes")
-    if current < target_db and upper:
-        moves = []
+    for _ in range(len(upper)):   # a pass per rung above base: a layer moved up may move up again
+        if current >= target_db:
+            break
+        moves, start = [], current
         for n in names:
-            for rung in upper:
-                extra = cands.get(n, rung)[2] - cands.get(n, base)[2]
-                db = measure({**all_base, n: rung})
-                moves.append(((db - s0) / max(extra, 1), n, rung))
+            for rung in ladder[ladder.index(plan[n]) + 1:]:
+                extra = cands.get(n, rung)[2] - cands.get(n, plan[n])[2]
+                moves.append(((measure({**plan, n: rung}) - start) / max(extra, 1), n, rung))
         moved: set = set()
         for ratio, n, rung in sorted(moves, key=lambda m: m[0], reverse=True):
             if current >= target_db or ratio <= 0:
@@ -321,6 +323,8 @@ def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme,
                 plan, current = trial, db
                 moved.add(n)
                 log.append(f"{n} -> {rung.label}: {db:.2f} dB")
+        if not moved:
+            break
     if current >= target_db and cheap is not None:
         losses = []
         for n in names:

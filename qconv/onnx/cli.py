@@ -103,7 +103,7 @@ def quantize_main(args) -> int:
                            calibration=calib, eval=evals, target_sqnr=args.target_sqnr,
                            min_sqnr=None if args.min_sqnr < 0 else args.min_sqnr, progress=not args.no_progress,
                            threads=args.threads, fuse=not args.no_fuse, act_quant=args.act_quant,
-                           act_block=args.act_block, min_weights=args.min_weights)
+                           act_block=args.act_block, min_weights=args.min_weights, format=args.format)
     for w in caught:
         if not issubclass(w.category, LowAccuracyWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -227,6 +227,9 @@ def add_subcommands(sub) -> None:
                    help=f"accuracy floor (default {MIN_SQNR_DB:g} dB; -1: none): below it quantize names the layers "
                         "to return and exits with status 3")
     q.add_argument("--allow-low-accuracy", action="store_true", help="write the model and exit 0 below --min-sqnr")
+    q.add_argument("--format", choices=("qconv", "qdq"), default="qconv",
+                   help="qconv: ai.qconv nodes for qconv's session (default); qdq: standard DequantizeLinear + "
+                        "Conv/MatMul that plain onnxruntime runs (symmetric schemes)")
     q.add_argument("--layers", action="store_true", help="print the per-layer table (scheme, bytes, weight SQNR)")
     q.add_argument("--threads", type=int, help="threads of the measuring sessions (default: all cores)")
     q.add_argument("--no-progress", action="store_true", help="no progress bars")

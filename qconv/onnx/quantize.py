@@ -42,6 +42,78 @@ RUNTIME_NOTE = ("This model holds ai.qconv custom nodes (quantized weights): run
                 "qconv.onnx.InferenceSession(path) (pip install qconv[onnx]); plain onnxruntime cannot run them. "
                 "See qconv/onnx/README.md and docs/onnxruntime.md in qconv's repository.")
 
+QDQ_NOTE = ("Standard ONNX (DequantizeLinear weights) written by qconv.onnx.quantize_model(format='qdq'): any "
+            "onnxruntime runs it.")
+
+
+class _NotQDQ(ValueError):
+    """A quantized weight that QDQ (integer zero points) cannot hold exactly."""
+
+
+def _qdq_nodes(layer, qw, bias, activation, post_affine, out_name: str, pads, label: str):
+    """``([NodeProto], [TensorProto])``: the layer as DequantizeLinear -> Conv / MatMul (+ bias Add) -> its fused
+    activation -> its post-affine Mul / Add, writing ``out_name`` (see ``format="qdq"``)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from ..interop.onnx_format import dequantize_linear_node
+
+    p = f"{layer.name}/qdq"
+    dq, inits, report = dequantize_linear_node(qw, f"{p}/w", layout="matmul" if layer.is_linear else "conv")
+    if not report.lossless:
+        raise _NotQDQ(f"format='qdq' cannot hold {label} weights exactly (layer {layer.name}: "
+                      f"{'; '.join(report.notes) or 'offsets off the integer zero-point grid'}): use a symmetric "
+                      "scheme (int8-ch-sym, int4-b32-sym, ...) or format='qconv'")
+    nodes, y = [dq], f"{p}/y"
+    o = qw.out_channels
+    if layer.is_linear:
+        nodes.append(helper.make_node("MatMul", [layer.input_name, dq.output[0]], [y], name=f"{p}/matmul"))
+        if bias is not None:
+            inits.append(numpy_helper.from_array(np.asarray(bias, np.float32), f"{p}/b"))
+            nodes.append(helper.make_node("Add", [y, f"{p}/b"], [f"{p}/yb"], name=f"{p}/bias"))
+            y = f"{p}/yb"
+    else:
+        ins = [layer.input_name, dq.output[0]]
+        if bias is not None:
+            inits.append(numpy_helper.from_array(np.asarray(bias, np.float32), f"{p}/b"))
+            ins.append(f"{p}/b")
+        nodes.append(helper.make_node("Conv", ins, [y], name=f"{p}/conv", strides=list(layer.stride),
+                                      pads=list(pads), dilations=list(layer.dilation), group=layer.groups))
+    shape = (o,) if layer.is_linear else (o, 1, 1)
+    if activation == "relu":
+        nodes.append(helper.make_node("Relu", [y], [f"{p}/act"], name=f"{p}/relu"))
+    elif activation == "relu6":
+        inits += [numpy_helper.from_array(np.array(v, np.float32), f"{p}/{n}") for n, v in (("lo", 0), ("hi", 6))]
+        nodes.append(helper.make_node("Clip", [y, f"{p}/lo", f"{p}/hi"], [f"{p}/act"], name=f"{p}/clip"))
+    elif activation == "hardswish":
+        nodes.append(helper.make_node("HardSwish", [y], [f"{p}/act"], name=f"{p}/hardswish"))
+    y = f"{p}/act" if activation else y
+    if post_affine is not None:
+        scale, shift = (np.broadcast_to(np.asarray(v, np.float32), (o,)).reshape(shape) for v in post_affine)
+        inits += [numpy_helper.from_array(np.ascontiguousarray(scale), f"{p}/ps"),
+                  numpy_helper.from_array(np.ascontiguousarray(shift), f"{p}/pb")]
+        nodes += [helper.make_node("Mul", [y, f"{p}/ps"], [f"{p}/pm"], name=f"{p}/post_scale"),
+                  helper.make_node("Add", [f"{p}/pm", f"{p}/pb"], [f"{p}/pa"], name=f"{p}/post_shift")]
+        y = f"{p}/pa"
+    nodes.append(helper.make_node("Identity", [y], [out_name], name=f"{p}/out"))
+    del onnx
+    return nodes, inits
+
+
+def _raise_opset(m, target: int):
+    """``m`` with its default-domain opset raised to ``target`` (onnx's version converter) when lower."""
+    import onnx
+
+    current = max((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if current >= target:
+        return m
+    try:
+        return onnx.version_converter.convert_version(m, target)
+    except Exception as exc:
+        raise ValueError(f"format='qdq' needs opset {target} (DequantizeLinear{' with blocks / int4' if target == 21 else ''}); "
+                         f"onnx's version converter could not raise this model's opset {current}: "
+                         f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
 
 class LowAccuracyWarning(UserWarning):
     """The quantized model's output SQNR is below ``quantize_model``'s ``min_sqnr`` floor."""
@@ -364,7 +436,7 @@ def _measure(float_bytes, q, layers, schemes, eval_feeds, calib_feeds, min_sqnr,
 def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str | None = None, calibration=None,
                    *, eval=None, target_sqnr: float | None = None, min_sqnr: float | None = MIN_SQNR_DB,
                    measure: bool = True, progress: bool = False, threads: int | None = None, fuse: bool = True,
-                   act_quant: str | None = None, act_block: int = 0, min_weights: int = 0):
+                   act_quant: str | None = None, act_block: int = 0, min_weights: int = 0, format: str = "qconv"):
     """Quantize the Conv / constant-weight MatMul / Gemm layers of an ONNX model into qconv nodes.
 
     ``model``: ``onnx.ModelProto`` (not modified) or a path. ``scheme``: a scheme label for every layer
@@ -398,6 +470,15 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     :class:`LowAccuracyWarning` names the three layers whose return to int8 (or float) raises the output SQNR
     most, each re-measured. ``progress``: progress bars on stderr. ``threads``: of the measuring sessions.
 
+    ``format``: ``"qconv"`` (``ai.qconv`` nodes, run by :class:`~qconv.onnx.InferenceSession`) or ``"qdq"``: standard
+    ONNX that plain onnxruntime runs -- each layer a ``DequantizeLinear`` of its codes (int8 / int4, per channel or
+    blocked: opset 14 (HardSwish), or 21 for int4 and blocks; the model's opset is raised with onnx's version converter when
+    lower) feeding the original Conv / MatMul, the fused activation and affine ops written back as ONNX ops. The
+    weights are the same codes and scales as the qconv file's (float16 values in float32); schemes whose offsets
+    are not integer zero points on the scale grid (asymmetric ones) are refused, naming the scheme. onnxruntime's
+    extended graph optimizations (its default) fuse DequantizeLinear -> MatMul into a MatMul with dynamically
+    quantized int8 activations; convs stay float.
+
     Returns a new ``onnx.ModelProto``; its metadata ``qconv.summary`` (JSON) lists each layer's scheme (and
     ``act_block``), its stored bytes and weight SQNR, the layers left float with the reason, and ``accuracy``
     (:func:`~qconv.onnx.accuracy.measure_model`'s result, plus ``min_sqnr``, ``below_floor`` and ``restore``; with
@@ -411,11 +492,20 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     m = _load(model)
     _check_float32(m)
     float_bytes = m.SerializeToString() if measure else None
+    if format == "qdq":   # before the layers are read: the converter may renumber nodes
+        labels = [scheme or ""] if plan is None else [e["scheme"] for e in
+                                                     (plan if isinstance(plan, Plan) else Plan.load(plan)).layers.values()]
+        small = target_sqnr is not None or any(Scheme.parse(x).bits == 4 or Scheme.parse(x).block_size
+                                               for x in labels if x and x != "float")
+        m = _raise_opset(m, 21 if small else 14)   # 21: int4 and blocked DequantizeLinear; 14: HardSwish
     if min_sqnr is not None:
         min_sqnr = float(min_sqnr)
     if plan is not None:
         plan = plan if isinstance(plan, Plan) else Plan.load(plan)
     V.check_choice(act_quant, "act_quant", ("tensor", "row", "block", None))
+    V.check_choice(format, "format", ("qconv", "qdq"))
+    if format == "qdq" and act_quant is not None:
+        raise ValueError("format='qdq' runs in plain onnxruntime with float activations: act_quant must be None")
     act_block = V.check_int(act_block, "act_block", minimum=0)
     min_weights = V.check_int(min_weights, "min_weights", minimum=0)
     if act_block and act_quant != "block":
@@ -517,10 +607,16 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
             continue
         t, b_, l_, r = layer.extra_pad
         ph, pw = layer.padding
-        node, inits = make_qnode(layer.name, QMATMUL if layer.is_linear else QCONV, qw, bias, activation,
-                                 layer.input_name, out_name, stride=layer.stride,
-                                 pads=(ph + t, pw + l_, ph + b_, pw + r), dilation=layer.dilation,
-                                 scheme=sch.label, post_affine=post_affine)
+        pads = (ph + t, pw + l_, ph + b_, pw + r)
+        if format == "qdq":
+            try:
+                node, inits = _qdq_nodes(layer, qw, bias, activation, post_affine, out_name, pads, sch.label)
+            except _NotQDQ as exc:
+                raise ValueError(str(exc)) from None
+        else:
+            node, inits = make_qnode(layer.name, QMATMUL if layer.is_linear else QCONV, qw, bias, activation,
+                                     layer.input_name, out_name, stride=layer.stride, pads=pads,
+                                     dilation=layer.dilation, scheme=sch.label, post_affine=post_affine)
         removed.update([layer.node_index] + fused)
         replacement[layer.node_index] = node
         new_inits += inits
@@ -535,7 +631,7 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     kept = []
     for i, node in enumerate(nodes):
         if i in replacement:
-            kept.append(replacement[i])
+            kept.extend(replacement[i] if isinstance(replacement[i], list) else [replacement[i]])
         elif i not in removed:
             kept.append(node)
     used = {n for node in kept for n in node.input} | graph_outputs
@@ -557,7 +653,7 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     keep_vi = [v for v in graph.value_info if v.name in produced]
     del graph.value_info[:]
     graph.value_info.extend(keep_vi)
-    if not any(o.domain == DOMAIN for o in m.opset_import):
+    if format == "qconv" and not any(o.domain == DOMAIN for o in m.opset_import):
         m.opset_import.append(onnx.helper.make_opsetid(DOMAIN, OPSET))
     meta = [p for p in m.metadata_props if p.key != SUMMARY_KEY]
     del m.metadata_props[:]
@@ -571,8 +667,9 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
                                        act_quant)
         for entry in summary["layers"].values():   # measured with every node in the mode (model-wide)
             entry["act_allowed"] = summary["accuracy"].get("act_allowed", ["float"])
+    summary["format"] = format
     m.metadata_props.add(key=SUMMARY_KEY, value=json.dumps(summary))
-    m.metadata_props.add(key=RUNTIME_KEY, value=RUNTIME_NOTE)
+    m.metadata_props.add(key=RUNTIME_KEY, value=RUNTIME_NOTE if format == "qconv" else QDQ_NOTE)
     return m
 
 
