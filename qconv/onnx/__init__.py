@@ -10,11 +10,14 @@
 
 Needs ``onnx`` and ``onnxruntime`` (``pip install qconv[onnx]``).
 :mod:`qconv.onnx.nodes` describes the custom nodes, :mod:`qconv.onnx.quantize` the rewrite,
-:mod:`qconv.onnx.session` the session and its activation default, :mod:`qconv.onnx.kernels` the prepared kernels behind the native operators (:mod:`qconv._ext._ortops`), :mod:`qconv.onnx.wire` the ONNX bytes a session reads without
+:mod:`qconv.onnx.session` the session and its activation default, :mod:`qconv.onnx.accuracy` the
+model-level measurement and accuracy control, :mod:`qconv.onnx.kernels` the prepared kernels behind the native operators (:mod:`qconv._ext._ortops`), :mod:`qconv.onnx.wire` the ONNX bytes a session reads without
 importing ``onnx``.
 """
+from .accuracy import measure_model
 from .nodes import DOMAIN, QCONV, QMATMUL, weight_bytes
-from .quantize import model_summary, quantize_model
+from .quantize import LowAccuracyWarning, model_summary, quantize_model
 from .session import InferenceSession
 
-__all__ = ["quantize_model", "InferenceSession", "weight_bytes", "model_summary", "DOMAIN", "QCONV", "QMATMUL"]
+__all__ = ["quantize_model", "InferenceSession", "measure_model", "weight_bytes", "model_summary",
+           "LowAccuracyWarning", "DOMAIN", "QCONV", "QMATMUL"]
