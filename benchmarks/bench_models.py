@@ -9,6 +9,8 @@ Rows per model:
 * ``ort-float``: onnxruntime, float32 (the reference of every SQNR);
 * ``ov-float``: OpenVINO, ``INFERENCE_PRECISION_HINT=f32``, ``PERFORMANCE_HINT=LATENCY``, the same threads;
 * ``ov-nncf-int8``: OpenVINO on NNCF's ``compress_weights`` (its default: int8 asymmetric per-channel weights);
+* ``ort-qdq``: ``quantize_model(path, format="qdq")`` (qconv's default codes as DequantizeLinear + Conv / MatMul)
+  in plain onnxruntime;
 * ``ort-dynamic-int8``: ``onnxruntime.quantization.quantize_dynamic`` (Constant-node weights moved into initializers
   first; it still refuses some models);
 * ``mnn-int8`` / ``mnn-int4-b32``: ``mnnconvert --weightQuantBits 8`` / ``4 --weightQuantAsymmetric
@@ -46,7 +48,7 @@ import numpy as np
 
 from qconv._timing import peak_rss_mb  # VmHWM: ru_maxrss carries the parent's peak through exec
 
-ROWS = ("ort-float", "ov-float", "ov-nncf-int8", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-default",
+ROWS = ("ort-float", "ov-float", "ov-nncf-int8", "ort-qdq", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-default",
         "qconv-a8", "qconv-int4-b32-mse", "qconv-target30")
 QCONV_SCHEMES = {"qconv-default": None, "qconv-a8": None, "qconv-int4-b32-mse": "int4-b32-asym-mse"}
 SESSION_OPTIONS = {"qconv-a8": dict(act_quant="tensor")}   # int8 activations (the default: float for convs)
@@ -90,6 +92,12 @@ def make_artifact(row: str, path: str, x: np.ndarray, work: str):
     name = os.path.splitext(os.path.basename(path))[0]
     if row == "ort-float":
         return path, None
+    if row == "ort-qdq":   # qconv's default weights as standard DequantizeLinear + Conv/MatMul, plain onnxruntime
+        import qconv.onnx as qo
+
+        out = os.path.join(work, f"{name}.qdq.onnx")
+        onnx.save(qo.quantize_model(path, format="qdq", measure=False), out)
+        return out, None
     if row == "ort-dynamic-int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
