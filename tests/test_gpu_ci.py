@@ -64,32 +64,40 @@ def test_setup_apt_failure_is_an_error_under_ci(snippet, what):
     assert "WARNING" in r.stderr
 
 
-def test_setup_extracts_the_ppocr_models_without_installing_the_wheel(tmp_path):
-    """scripts/setup.sh takes the PP-OCRv4 .onnx files out of the rapidocr-onnxruntime wheel (downloaded into
-    build/wheel-cache) into $VENV/share/qconv/models, where qconv.onnx_model.rapidocr_model looks first;
-    installing that wheel with --no-deps made every later pip run print a dependency-resolver ERROR."""
+def test_setup_extracts_the_zoo_models_without_installing_the_wheels(tmp_path):
+    """scripts/setup.sh takes every zoo model's .onnx (qconv.zoo) out of its wheel in build/wheel-cache into
+    $VENV/share/qconv/models, where qconv.zoo and qconv.onnx_model.rapidocr_model look; nothing is installed
+    (installing the wheels with --no-deps made every later pip run print a dependency-resolver ERROR), and a
+    second run finds them there."""
     import zipfile
+
+    from qconv import zoo
+
     root = tmp_path / "root"
-    (root / "build" / "wheel-cache").mkdir(parents=True)
-    with zipfile.ZipFile(root / "build" / "wheel-cache" / "rapidocr_onnxruntime-1.4.4-py3-none-any.whl", "w") as z:
-        for name in ("ch_PP-OCRv4_det_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx", "other.onnx"):
-            z.writestr(f"rapidocr_onnxruntime/models/{name}", name.encode())
+    cache = root / "build" / "wheel-cache"
+    cache.mkdir(parents=True)
+    for m in zoo.ZOO.values():
+        dist, version = m.wheel.split("==")
+        with zipfile.ZipFile(cache / f"{dist.replace('-', '_')}-{version}-py3-none-any.whl", "a") as z:
+            z.writestr(f"{dist.replace('-', '_')}/models/{os.path.basename(m.file)}", m.name.encode())
+            z.writestr(f"{dist.replace('-', '_')}/models/other.onnx", b"other")
     venv = tmp_path / "venv"
-    snippet = (f'ROOT={root}; VENV={venv}; PY={sys.executable}; '
-               'pip() { echo "pip must not run: $*"; return 1; }; ppocr_models; ppocr_models')
+    snippet = (f'ROOT={root}; VENV={venv}; PY={sys.executable}; cd {ROOT}; '
+               'pip() { echo "pip must not run: $*"; return 1; }; zoo_models; zoo_models')
     r = _setup_sh(snippet)
     assert r.returncode == 0, r.stdout + r.stderr
     models = venv / "share" / "qconv" / "models"
-    assert sorted(p.name for p in models.iterdir()) == ["ch_PP-OCRv4_det_infer.onnx", "ch_PP-OCRv4_rec_infer.onnx"]
-    assert (models / "ch_PP-OCRv4_det_infer.onnx").read_bytes() == b"ch_PP-OCRv4_det_infer.onnx"
-    assert "extracted" in r.stdout and "PP-OCRv4 det/rec in" in r.stdout  # the second call finds them
-    assert "ERROR" not in r.stdout + r.stderr
+    assert sorted(p.name for p in models.iterdir()) == sorted(os.path.basename(m.file) for m in zoo.ZOO.values())
+    for m in zoo.ZOO.values():
+        assert (models / os.path.basename(m.file)).read_bytes() == m.name.encode()
+    assert r.stdout.count("extracted") == len(zoo.ZOO)   # the second call extracts nothing
+    assert "pip download" not in r.stdout and "ERROR" not in r.stdout + r.stderr
     src = open(os.path.join(ROOT, "scripts", "setup.sh")).read()
     assert "pip install -q --no-deps \"rapidocr" not in src
     # the lookup of the tests and benchmarks finds them there (sys.prefix = that venv)
     code = ("import sys; sys.prefix = sys.argv[1]; from qconv.onnx_model import rapidocr_model; "
-            "print(rapidocr_model(), rapidocr_model('ch_PP-OCRv4_rec_infer.onnx'))")
+            "from qconv import zoo; print(rapidocr_model(), zoo.get('ddddocr-det').path())")
     out = subprocess.run([sys.executable, "-c", code, str(venv)], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(models / "ch_PP-OCRv4_det_infer.onnx"), str(models / "ch_PP-OCRv4_rec_infer.onnx")]
+    assert out.stdout.split() == [str(models / "ch_PP-OCRv4_det_infer.onnx"), str(models / "common_det.onnx")]
