@@ -77,6 +77,26 @@ def _test_parallel_for(int64_t n, int64_t chunk, int threads, int64_t nested=0, 
     return tid_of[:n], runs[:n], int(total)
 
 
+def _test_parallel_for_burst(const int64_t[::1] ns, int threads, int64_t rounds, int64_t work=0):
+    """``(runs, wrong)`` of ``rounds`` x ``len(ns)`` parallel-for calls back to back in native code (no Python
+    between them), chunk 1, ``work`` multiply-adds per item: ``runs[i]`` how many times item ``i`` ran over all calls, ``wrong`` the calls
+    whose returned sum was not their chunk count. A worker late for one call must never claim or count an item
+    of the next (expected: ``runs[i]`` = calls with ``n > i``, ``wrong`` 0; the bug hung or crashed)."""
+    cdef int64_t nmax = max(ns) if len(ns) else 1, r, c, wrong = 0
+    runs = np.zeros(nmax, np.int32)
+    tid_of = np.full(nmax, -1, np.int32)
+    cdef int32_t[::1] tv = tid_of
+    cdef int32_t[::1] rv = runs
+    cdef _MarkCtx m
+    m.tid_of, m.runs, m.nested, m.work, m.nthreads = &tv[0], &rv[0], 0, work, threads
+    with nogil:
+        for r in range(rounds):
+            for c in range(ns.shape[0]):
+                if _parallel_for(ns[c], 1, _mark, &m, threads) != ns[c]:
+                    wrong += 1
+    return runs, int(wrong)
+
+
 # ----------------------------------------------------------------------------------------------------
 # test-only wrappers of the nogil helpers
 # ----------------------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ typedef struct {
     void *ctx;
     int64_t n, chunk;
     int nthreads;
-    uint64_t ticket;                    /* (generation << 32) | next unclaimed item */
+    uint64_t ticket;                    /* (generation << 32) | next unclaimed item; 0xffffffff: closed */
     int64_t done;                       /* items finished */
     int64_t sum;                        /* of fn's return values */
 } qc_pool_state;
@@ -243,14 +243,19 @@ static int64_t qc_parallel_for(int64_t n, int64_t chunk, qc_pool_fn fn, void *ct
             nthreads = (int)nchunks;
         nthreads = qc_pool_grow(nthreads);
         if (nthreads > 1) {
-            const uint32_t gen = (uint32_t)(qc_pool.ticket >> 32) + 1;
-            __atomic_store_n(&qc_pool.fn, fn, __ATOMIC_RELAXED);
-            __atomic_store_n(&qc_pool.ctx, ctx, __ATOMIC_RELAXED);
-            __atomic_store_n(&qc_pool.n, n, __ATOMIC_RELAXED);
-            __atomic_store_n(&qc_pool.chunk, chunk, __ATOMIC_RELAXED);
-            __atomic_store_n(&qc_pool.nthreads, nthreads, __ATOMIC_RELAXED);
-            __atomic_store_n(&qc_pool.done, 0, __ATOMIC_RELAXED);
-            __atomic_store_n(&qc_pool.sum, 0, __ATOMIC_RELAXED);
+            /* Close the last call's ticket before its fields change: a worker still holding that ticket (all
+             * of its items claimed) reads the new n, and without the close its claim of [old n, ...) would
+             * succeed against the unchanged ticket, run an item of no call and count it in the new call's
+             * done (a lost or early completion). A closed ticket has its own generation and no items. */
+            const uint32_t gen = (uint32_t)(qc_pool.ticket >> 32) + 2;
+            __atomic_store_n(&qc_pool.ticket, ((uint64_t)(gen - 1) << 32) | 0xffffffffu, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&qc_pool.fn, fn, __ATOMIC_RELEASE);
+            __atomic_store_n(&qc_pool.ctx, ctx, __ATOMIC_RELEASE);
+            __atomic_store_n(&qc_pool.n, n, __ATOMIC_RELEASE);
+            __atomic_store_n(&qc_pool.chunk, chunk, __ATOMIC_RELEASE);
+            __atomic_store_n(&qc_pool.nthreads, nthreads, __ATOMIC_RELEASE);
+            __atomic_store_n(&qc_pool.done, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&qc_pool.sum, 0, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.ticket, (uint64_t)gen << 32, __ATOMIC_SEQ_CST);
             if (__atomic_load_n(&qc_pool.sleepers, __ATOMIC_SEQ_CST)) {
                 pthread_mutex_lock(&qc_pool.mu);
