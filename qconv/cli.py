@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._progress import bar as progress_bar
 from ._timing import best_ms, cpu_pressure
 
 BUSY_PERCENT = 10.0
@@ -76,11 +77,7 @@ def run_demo(engines=None, repeat: int = 5, quick: bool = False, progress: bool 
     suite = SUITE[:3] if quick else SUITE
     schemes = SCHEMES[::3] if quick else SCHEMES
     jobs = [(layer, scheme) for layer in suite for scheme in schemes]
-    try:
-        from tqdm import tqdm
-        bar = tqdm(jobs, desc="demo", unit="case", disable=not progress, file=sys.stderr)
-    except ImportError:
-        bar = jobs
+    bar = progress_bar(jobs, desc="demo", unit="case", enabled=progress, leave=True)
     rows = []
     rng = np.random.default_rng(seed)
     data = {layer.name: layer.make(rng) for layer in suite}

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import reference
+from ._progress import bar
 from ._timing import median_ms
 from .metrics import rtol_for, sqnr_db, tolerance
 from .weights import QuantizedWeight, quantize_weight
@@ -298,12 +299,8 @@ def inspect(model_path, schemes, act_quant="tensor", act_block=0, engines=(), in
         feeds, source, same = calibration_feeds(model, input_path, input_shape, seed, calibration_paths)
         captured = [tensors if same and not calibration_paths else capture(model, layers, f) for f in feeds]
         calib = {name: [t[name] for t in captured] for name in captured[0]}
-    jobs = [(layer, s) for layer in layers for s in schemes]
-    try:
-        from tqdm import tqdm
-        jobs = tqdm(jobs, desc="inspect", unit="layer", disable=not progress)
-    except ImportError:
-        pass
+    jobs = bar([(layer, s) for layer in layers for s in schemes], desc="inspect", unit="layer", enabled=progress,
+               leave=True)
     rows, ort_ms = [], {}
     for layer, scheme in jobs:
         x = tensors[layer.input_name]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..metrics import sqnr_db
+from .._progress import bar
 from ..model_report import Scheme
 
 #: The per-channel int8 scheme the searches start from and the guard returns layers to; ``quantize_model``'s
@@ -236,16 +236,6 @@ class Candidates:
         return sum(self.get(n, s)[2] for n, s in plan.items())
 
 
-def _progress(total: int, desc: str, enabled: bool):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    import sys
-    return tqdm(total=total, desc=desc, unit="eval", disable=None if enabled else True, file=sys.stderr,
-                leave=False)
-
-
 @dataclass
 class SearchResult:
     """What :func:`search_plan` chose: ``schemes`` ``{layer: Scheme}``, the SQNR it measured on the calibration
@@ -288,13 +278,12 @@ def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme,
     names = list(proxy.layers)
     k = ladder.index(base)
     upper, cheap = ladder[k + 1:], (ladder[k - 1] if k > 0 else None)
-    bar = _progress(len(names) * (2 * len(upper) + 2) + 2, "accuracy control", progress)
+    pbar = bar(total=len(names) * (2 * len(upper) + 2) + 2, desc="accuracy control", unit="eval", enabled=progress)
     log = []
 
     def measure(plan):
         db = proxy.sqnr(cands.assign(plan))
-        if bar is not None:
-            bar.update(1)
+        pbar.update(1)
         return db
 
     all_base = {n: base for n in names}
@@ -347,8 +336,7 @@ def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme,
     if nbytes >= b0 and current < s0:
         plan, current, nbytes = all_base, s0, b0
         log.append("all-int8 is better at no more bytes: kept")
-    if bar is not None:
-        bar.close()
+    pbar.close()
     return SearchResult(plan, current, nbytes, s0, b0, proxy.evaluations, time.perf_counter() - t0, log)
 
 

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from .._progress import bar
 from .._timing import peak_rss_mb
 from .accuracy import DEFAULT_SCHEME, MIN_SQNR_DB
 
@@ -49,14 +50,6 @@ def _feeds(model, specs, shape=None, mean=None, std=None, seed=0) -> dict:
         feed = load_input(model, path, shape, mean, std)
         feeds[name] = feed.pop(first)
     return feeds
-
-
-def _progress(iterable, total, desc, enabled):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, total=total, desc=desc, unit="run", disable=None if enabled else True, file=sys.stderr)
 
 
 def _input_list(model, paths, args):
@@ -164,7 +157,7 @@ def run_main(args) -> int:
     feeds = _feeds(sess, args.input, _shape(args.input_shape), _floats(args.mean), _floats(args.std))
     outputs = sess.run(None, feeds)  # warm-up (scratch buffers, OpenCL programs)
     times = []
-    for _ in _progress(range(args.repeat), args.repeat, "run", not args.no_progress):
+    for _ in bar(range(args.repeat), desc="run", unit="run", enabled=not args.no_progress, leave=True):
         t = time.perf_counter()
         outputs = sess.run(None, feeds)
         times.append(time.perf_counter() - t)

@@ -28,6 +28,7 @@ import warnings
 import numpy as np
 
 from .. import _validate as V
+from .._progress import bar
 from ..geometry import ConvSpec
 from ..metrics import sqnr_db
 from ..model_report import CALIB_SEED, Plan, Scheme
@@ -311,18 +312,6 @@ def _rounded(db: float) -> float | None:
     return None if not np.isfinite(db) else round(float(db), 2)
 
 
-def _progress(items, desc: str, unit: str, enabled: bool):
-    if not enabled:
-        return items
-    try:
-        import sys
-
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False)
-
-
 _LOW_PRECISION = {10: "float16", 16: "bfloat16"}   # onnx.TensorProto data types
 
 
@@ -549,7 +538,7 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
         return nodes[users[0]] if len(users) == 1 and name not in graph_outputs else None, \
             (users[0] if len(users) == 1 else None)
 
-    for layer in _progress(layers, "quantize", "layer", progress):
+    for layer in bar(layers, desc="quantize", unit="layer", enabled=progress):
         sch = schemes[layer.name]
         if sch.bits is None:
             summary["float"][layer.name] = "float in the plan"
