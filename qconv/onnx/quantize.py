@@ -358,7 +358,7 @@ def _accuracy_control(m, layers, target: float, calib_feeds, progress: bool, thr
         warnings.warn("target_sqnr without calibration inputs searches on a random feed, which suits no image "
                       "model: pass calibration=... (inputs held out from those you evaluate on)", stacklevel=3)
         from ..onnx_model import default_input
-        calib_feeds, source = [default_input(m, seed=CALIB_SEED)], "a random feed"
+        calib_feeds, source = [default_input(m, seed=CALIB_SEED)], "random feed (no calibration inputs)"
     calibrated = source == "calibration inputs"
     cands = _proxy(m, layers, calib_feeds, threads, calib_feeds if calibrated else None)
     if calibrated:
