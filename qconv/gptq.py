@@ -138,13 +138,23 @@ def output_shift(w, qw: QuantizedWeight, x, stride=1, padding=0, dilation=1) -> 
     w = w[:, :, None, None] if w.ndim == 2 else w
     if w.shape != qw.q.shape:
         raise ValueError(f"w has shape {w.shape}, the quantized weight {qw.q.shape}")
+    mean_cols = mean_columns(x, ConvSpec(qw, None, stride, padding, dilation, None, None), linear)
+    g, o = qw.groups, qw.out_channels
+    dw_ = (qw.dequantize(np.float64) - w.astype(np.float64)).reshape(g, o // g, -1)
+    return (dw_ * mean_cols.reshape(g, 1, -1)).sum(axis=2).reshape(o)
+
+
+def mean_columns(x, spec: ConvSpec, linear: bool = False) -> np.ndarray:
+    """float64 ``(I, kh, kw)``: the mean im2col column of the conv ``spec`` over every output pixel of ``x``
+    (float NCHW, ``(N, K)`` when ``linear``, or a list of such inputs; sizes may differ, every output pixel
+    counts once). Taken tap by tap over strided views of the zero-padded input: no im2col buffer. The mean
+    output of the conv is ``W . mean column`` per output channel (``W`` reshaped ``(G, O/G, I/G*kh*kw)``)."""
     xs = list(x) if isinstance(x, (list, tuple)) else [x]
     if not xs:
         raise ValueError("x: give at least one calibration input")
-    spec = ConvSpec(qw, None, stride, padding, dilation, None, None)
     (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
     kh, kw = spec.kernel_size
-    total, pixels = np.zeros((w.shape[1] * qw.groups, kh, kw)), 0
+    total, pixels = np.zeros((spec.in_channels, kh, kw)), 0
     for xi in xs:
         xi = V.float_array(xi, "x", ndim=(2, 4) if linear else 4)
         xi = xi[:, :, None, None] if xi.ndim == 2 else xi
@@ -158,7 +168,4 @@ def output_shift(w, qw: QuantizedWeight, x, stride=1, padding=0, dilation=1) -> 
                 total[:, ky, kx] += up[:, :, ys: ys + sh * (oh - 1) + 1: sh, xs_: xs_ + sw * (ow - 1) + 1: sw].sum(
                     axis=(0, 2, 3))
         pixels += xi.shape[0] * oh * ow
-    g, o = qw.groups, qw.out_channels
-    mean_cols = (total / pixels).reshape(g, 1, -1)                        # (G, 1, I/groups*kh*kw)
-    dw_ = (qw.dequantize(np.float64) - w.astype(np.float64)).reshape(g, o // g, -1)
-    return (dw_ * mean_cols).sum(axis=2).reshape(o)
+    return total / pixels

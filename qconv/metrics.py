@@ -94,12 +94,30 @@ def magnitude(x, weight, bias=None, stride=1, padding=0, dilation=1, act_quant="
 
 
 def tolerance(x, weight, bias=None, stride=1, padding=0, dilation=1, act_quant="tensor", act_block: int = 0,
-              rtol=None) -> np.ndarray:
-    """Per output element the allowed ``|y - ref|``: ``max(rtol * output_magnitude, ATOL_FLOOR)``."""
+              rtol=None, tile: tuple[int, int] | None = None) -> np.ndarray:
+    """Per output element the allowed ``|y - ref|``: ``max(rtol * output_magnitude, ATOL_FLOOR)``.
+
+    ``tile``: ``(th, tw)`` output tiles (from output pixel (0, 0)) computed together from one input patch, as
+    Winograd F(2x2, 3x3) does (``(2, 2)``): the magnitude of an output is then the largest of its tile's, since the
+    transforms mix the patch's terms (an output whose own terms are all 0 comes out as a rounding residue of its
+    neighbours', not as an exact 0)."""
     if rtol is None:
         rtol = rtol_for(act_quant)
     m = output_magnitude(x, weight, bias, stride, padding, dilation, act_quant, act_block)
+    if tile is not None:
+        m = tile_max(m, tile)
     return np.maximum(rtol * m, ATOL_FLOOR)
+
+
+def tile_max(m: np.ndarray, tile: tuple[int, int]) -> np.ndarray:
+    """``m`` ``(N, O, OH, OW)`` with each element replaced by the largest of its ``(th, tw)`` tile (tiles from
+    (0, 0); partial tiles at the bottom and right edges)."""
+    th, tw = tile
+    n, o, oh, ow = m.shape
+    padded = np.zeros((n, o, -(-oh // th) * th, -(-ow // tw) * tw), m.dtype)
+    padded[:, :, :oh, :ow] = m
+    big = padded.reshape(n, o, padded.shape[2] // th, th, padded.shape[3] // tw, tw).max(axis=(3, 5))
+    return np.repeat(np.repeat(big, th, axis=2), tw, axis=3)[:, :, :oh, :ow]
 
 
 def within_tolerance(y, ref, tol) -> np.ndarray:

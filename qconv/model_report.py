@@ -20,12 +20,17 @@ from ._timing import median_ms
 from .metrics import rtol_for, sqnr_db, tolerance
 from .weights import QuantizedWeight, quantize_weight
 
-_SCHEME_RE = re.compile(r"^int(4|8)-(ch|b\d+)(?:-(sym|asym))?(?:-(minmax|mse|gptq))?(-bc)?$")
+_SCHEME_RE = re.compile(r"^int(4|8)-(ch|b\d+)(?:-(sym|asym|zp))?(?:-(minmax|mse|gptq))?(-bc)?$")
 
 
 @dataclass(frozen=True)
 class Scheme:
-    """A weight scheme: ``int4-b32-asym``, ``int8-ch-sym``, ``int4-b64-asym-mse``, ``int8-ch-sym-bc`` or ``float``.
+    """A weight scheme: ``int4-b32-asym``, ``int8-ch-sym``, ``int8-ch-zp``, ``int4-b64-asym-mse``, ``int8-ch-sym-bc``
+    or ``float``.
+
+    The grid: ``sym`` (symmetric, ``q * s``), ``asym`` (MNN's and GGUF Q4_1's float minimum, ``q * s + min``) or
+    ``zp`` (asymmetric with an integer zero point, ``(q - z) * s``: 0 is exact; ONNX's and NNCF's form, see
+    :func:`~qconv.weights.quantize_weight`'s ``zero_point``).
 
     The method suffix: ``minmax`` (default), ``mse`` (clip-range search) or ``gptq`` (calibrated on real
     layer inputs, see :mod:`qconv.gptq`; needs ``calib`` in :meth:`quantize`). A final ``-bc`` adds bias
@@ -37,6 +42,7 @@ class Scheme:
     symmetric: bool = True
     method: str = "minmax"
     bias_correction: bool = False
+    zero_point: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Scheme":
@@ -48,11 +54,14 @@ class Scheme:
             raise ValueError(f"scheme {text!r} not understood; examples: int4-b32-asym, int8-ch-sym, "
                              "int4-b64-asym-mse, int4-b32-asym-gptq, int8-ch-sym-bc, float")
         bits, blk, sym, method, bc = m.groups()
+        if sym == "zp" and method == "gptq":
+            raise ValueError(f"scheme {text!r}: gptq quantizes to the sym or asym grid (int8-ch-asym-gptq), not zp")
         if blk != "ch" and (int(blk[1:]) < 4 or int(blk[1:]) > 1024 or int(blk[1:]) & (int(blk[1:]) - 1)):
             raise ValueError(f"scheme {text!r}: block size {blk[1:]} is not one the engines run (a power of two from "
                              "4 to 1024 input channels, e.g. int4-b32-asym, int4-b128-sym), or use per-channel "
                              "'ch' (int8-ch-sym)")
-        return cls(int(bits), 0 if blk == "ch" else int(blk[1:]), sym != "asym", method or "minmax", bool(bc))
+        return cls(int(bits), 0 if blk == "ch" else int(blk[1:]), sym not in ("asym", "zp"), method or "minmax", bool(bc),
+                   sym == "zp")
 
     @property
     def label(self) -> str:
@@ -61,7 +70,8 @@ class Scheme:
         blk = f"b{self.block_size}" if self.block_size else "ch"
         meth = "" if self.method == "minmax" else f"-{self.method}"
         bc = "-bc" if self.bias_correction else ""
-        return f"int{self.bits}-{blk}-{'sym' if self.symmetric else 'asym'}{meth}{bc}"
+        grid = "sym" if self.symmetric else ("zp" if self.zero_point else "asym")
+        return f"int{self.bits}-{blk}-{grid}{meth}{bc}"
 
     @property
     def calibrated(self) -> bool:
@@ -83,7 +93,7 @@ class Scheme:
                 raise ValueError(f"scheme {self.label} needs calibration inputs")
             from .gptq import quantize_weight_calibrated
             return quantize_weight_calibrated(w, calib, self.bits, block, self.symmetric, groups, **conv)
-        return quantize_weight(w, self.bits, block, self.symmetric, groups, self.method)
+        return quantize_weight(w, self.bits, block, self.symmetric, groups, self.method, zero_point=self.zero_point)
 
     def corrected_bias(self, w: np.ndarray, qw: QuantizedWeight | None, bias, calib=None, **conv):
         """The layer's bias to use with ``qw``: ``bias`` itself (may be None) without ``-bc``; with it

@@ -344,7 +344,8 @@ _MSE_WINDOW_POSITIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = True,
-                    groups: int = 1, method: str = "minmax", scale_dtype="auto") -> QuantizedWeight:
+                    groups: int = 1, method: str = "minmax", scale_dtype="auto",
+                    zero_point: bool = False) -> QuantizedWeight:
     """Quantize float weights per (output channel, block), rounding half away from zero.
 
     ``w``: float ``(O, I/groups, kh, kw)`` (conv) or ``(O, K)`` (linear, seen as a 1x1 conv).
@@ -354,6 +355,15 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
     [-127, 127] / [-7, 7]; asymmetric ``s = (max-min)/(2^bits-1)``, ``q`` in [-128, 127] / [-8, 7],
     ``offset = min - qmin*s``. Zero blocks give ``s = 0`` and dequantize exactly; asymmetric constant
     blocks give ``s = 0`` and ``offset`` = the value (rounded to float16 in the float16 form).
+
+    ``zero_point=True`` (asymmetric only; the scheme ``int8-ch-zp``): the range is widened to contain 0 and
+    ``offset = -z*s`` with an integer zero point ``z`` in [qmin, qmax] (ONNX's and NNCF's asymmetric form), so
+    a weight of 0 dequantizes to exactly 0. Same stored form (``q * s + offset``), but ``offset`` is not a
+    float16 value: the parameters are stored in float32 (``scale_dtype="float16"`` is refused; ``s`` is rounded
+    to a float16 value under ``"auto"``, to 16 significant bits under ``"float32"``, which makes ``-z*s`` exact). Why it matters: in a
+    channel whose range is set by a few large weights, most weights round to the grid point nearest 0; with
+    MNN's float ``min`` that point is up to ``s/2`` away from 0, the same for all of them, and the error adds
+    up coherently over the layer's inputs (PP-OCRv4 rec: 11.8 dB at the output against 21.3 with ``z``).
 
     ``method="mse"``: per block, search the clipping range that minimises the squared reconstruction
     error ``sum (dequant(q) - w)^2``, ``dequant`` with the scales and offsets in their stored form: clip
@@ -377,6 +387,7 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
     V.check_choice(method, "method", METHODS)
     form = scale_dtype_name(scale_dtype)
     w, bits, block_size, groups = check_quantize_args(w, bits, block_size, symmetric, groups)
+    zero_point = check_zero_point(zero_point, symmetric, form)
     o, ipg = w.shape[0], w.shape[1]
     n_blocks = ipg // block_size if block_size else 1
     blocks = w.reshape(o, n_blocks, -1)
@@ -394,8 +405,8 @@ def quantize_weight(w, bits: int = 8, block_size: int = 0, symmetric: bool = Tru
     symmetric = bool(symmetric)
 
     def quantize(half):
-        lo_, hi_ = _mse_range(blocks, lo, hi, bits, symmetric, half) if method == "mse" else (lo, hi)
-        return _quantize_blocks(blocks, lo_, hi_, bits, symmetric, half)
+        lo_, hi_ = _mse_range(blocks, lo, hi, bits, symmetric, half, zero_point) if method == "mse" else (lo, hi)
+        return _quantize_blocks(blocks, lo_, hi_, bits, symmetric, half, zero_point)
     q, scales, offsets = in_param_form(form, quantize)
     return QuantizedWeight(q.astype(np.int8).reshape(w.shape), scales, offsets, bits, block_size, groups)
 
@@ -420,14 +431,28 @@ def check_quantize_args(w, bits, block_size, symmetric, groups):
     return w, bits, block_size, groups
 
 
-def _quantize_blocks(blocks, lo, hi, bits: int, symmetric: bool, half: bool = False):
+def check_zero_point(zero_point, symmetric: bool, form: str) -> bool:
+    """Validate ``zero_point`` of the quantizers (asymmetric only; offsets ``-z*s`` are not float16 values)."""
+    if not isinstance(zero_point, (bool, np.bool_)):
+        raise TypeError(f"zero_point must be a bool, got {zero_point!r}")
+    if zero_point and symmetric:
+        raise ValueError("zero_point=True is an asymmetric form: pass symmetric=False (symmetric weights have "
+                         "their zero point at 0 already)")
+    if zero_point and form == "float16":
+        raise ValueError("zero_point=True stores offsets -z*s, which are not float16 values: use "
+                         "scale_dtype='auto' or 'float32'")
+    return bool(zero_point)
+
+
+def _quantize_blocks(blocks, lo, hi, bits: int, symmetric: bool, half: bool = False, zero_point: bool = False):
     """Quantize ``blocks (O, nb, L)`` to the range ``[lo, hi]`` per block (``lo`` None: symmetric, ``hi`` = absmax).
 
     Returns ``(q float64 (O, nb, L) integer-valued, scales float32 (O, nb), offsets float32 or None)``;
-    ``half``: scales and offsets are float16 values (``q`` is chosen for the rounded ones);
-    :class:`_HalfRangeError` when one is outside the normal float16 range.
+    ``half``: scales and offsets are float16 values (``q`` is chosen for the rounded ones; with ``zero_point``
+    the scales only, offsets being ``-z*s``); :class:`_HalfRangeError` when one is outside the normal float16
+    range.
     """
-    q, scales, offsets, fits = _quantize_blocks_fit(blocks, lo, hi, bits, symmetric, half)
+    q, scales, offsets, fits = _quantize_blocks_fit(blocks, lo, hi, bits, symmetric, half, zero_point)
     if not fits.all():
         raise _HalfRangeError("scale_dtype='float16': a weight scale or offset is outside the normal float16 range "
                               "(|value| <= 65504; nonzero scales, and constant blocks' nonzero offsets, >= 2**-14 = "
@@ -435,7 +460,7 @@ def _quantize_blocks(blocks, lo, hi, bits: int, symmetric: bool, half: bool = Fa
     return q, scales, offsets
 
 
-def _quantize_blocks_fit(blocks, lo, hi, bits: int, symmetric: bool, half: bool):
+def _quantize_blocks_fit(blocks, lo, hi, bits: int, symmetric: bool, half: bool, zero_point: bool = False):
     """:func:`_quantize_blocks` and a bool ``(O, nb)`` mask of the blocks whose scale and offset fit the normal
     float16 range (all True unless ``half``; the others got values clipped to +-65504, never inf): ``|value| <=
     65504``, a nonzero scale ``>= 2**-14``, and so is the nonzero offset of a constant block (``s = 0``), which
@@ -447,6 +472,16 @@ def _quantize_blocks_fit(blocks, lo, hi, bits: int, symmetric: bool, half: bool)
         safe = np.where(scales > 0, scales, np.float32(1))
         q = round_half_away(blocks / safe[:, :, None])
         a32 = offsets = None
+    elif zero_point:
+        lo, hi = np.minimum(lo, np.float32(0)), np.maximum(hi, np.float32(0))
+        s32 = np.asarray((hi - lo) / np.float32(2 ** bits - 1), np.float32)
+        # 16 significant bits (float16: 11) leave room for z's 8 in float32's 24: -z*s and z*s + offset are exact
+        scales = _half_values(s32) if half else _short_mantissa(s32, 16)
+        safe = np.where(scales > 0, scales, np.float32(1))
+        z = np.clip(round_half_away(np.float32(qmin) - lo / safe), qmin, qmax)
+        offsets = np.where(scales > 0, -z * scales, 0).astype(np.float32)
+        a32 = None   # the offsets are multiples of the scales: no range of their own to check
+        q = round_half_away(blocks / safe[:, :, None]) + z[:, :, None]
     else:
         s32 = np.asarray((hi - lo) / np.float32(2 ** bits - 1), np.float32)
         scales = _half_values(s32) if half else s32
@@ -496,25 +531,31 @@ class _HalfRangeError(ValueError):
     """A scale or offset is outside the normal float16 range (``scale_dtype="float16"`` refuses it)."""
 
 
+def _short_mantissa(a: np.ndarray, bits: int) -> np.ndarray:
+    """float32 ``a`` rounded to ``bits`` significant bits."""
+    m, e = np.frexp(a.astype(np.float64))
+    return np.ldexp(np.round(m * 2.0 ** bits) / 2.0 ** bits, e).astype(np.float32)
+
+
 def _half_values(a: np.ndarray) -> np.ndarray:
     """float32 ``a`` rounded to float16 values (clipped to +-65504 first, so never inf)."""
     return np.clip(a, -_F16_MAX, _F16_MAX).astype(np.float16).astype(np.float32)
 
 
-def _block_sq_error(blocks, lo, hi, bits, symmetric, half=False) -> np.ndarray:
+def _block_sq_error(blocks, lo, hi, bits, symmetric, half=False, zero_point=False) -> np.ndarray:
     """Squared reconstruction error per block (float64 ``(O, nb)``) of quantizing to ``[lo, hi]``
     (``half``: with float16 scales/offsets; inf for a block whose values leave the normal float16 range)."""
-    q, s, off, fits = _quantize_blocks_fit(blocks, lo, hi, bits, symmetric, half)
+    q, s, off, fits = _quantize_blocks_fit(blocks, lo, hi, bits, symmetric, half, zero_point)
     deq = q.astype(np.float32) * s[:, :, None]
     if off is not None:
         deq = deq + off[:, :, None]
     return np.where(fits, ((deq.astype(np.float64) - blocks) ** 2).sum(axis=2), np.inf)
 
 
-def _mse_range(blocks, lo, hi, bits: int, symmetric: bool, half: bool = False):
+def _mse_range(blocks, lo, hi, bits: int, symmetric: bool, half: bool = False, zero_point: bool = False):
     """Per-block ``(lo, hi)`` minimising the reconstruction error in the stored form (``half``: float16
     scales/offsets); ``minmax`` is candidate 0."""
-    best_err = _block_sq_error(blocks, lo, hi, bits, symmetric, half)
+    best_err = _block_sq_error(blocks, lo, hi, bits, symmetric, half, zero_point)
     best_lo, best_hi = (None if lo is None else lo.copy()), hi.copy()
     best_r = np.ones_like(hi, dtype=np.float64)
     best_t = np.zeros_like(hi, dtype=np.float64)
@@ -528,7 +569,7 @@ def _mse_range(blocks, lo, hi, bits: int, symmetric: bool, half: bool = False):
             win = (width * np.float32(r)).astype(np.float32)
             c_lo = (lo + np.asarray(t, np.float32) * (width - win)).astype(np.float32)
             c_hi = (c_lo + win).astype(np.float32)
-        err = _block_sq_error(blocks, c_lo, c_hi, bits, symmetric, half)
+        err = _block_sq_error(blocks, c_lo, c_hi, bits, symmetric, half, zero_point)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_hi = np.where(better, c_hi, best_hi)

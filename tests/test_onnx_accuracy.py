@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import qconv.onnx as qo  # noqa: E402
 from qconv.model_report import Plan, Scheme  # noqa: E402
-from qconv.onnx.accuracy import Candidates, WeightProxy, measure_model, pooled_sqnr, search_plan  # noqa: E402
+from qconv.onnx.accuracy import (DEFAULT_SCHEME, Candidates, WeightProxy, measure_model, pooled_sqnr,  # noqa: E402
+                                  search_plan)
 from qconv.onnx.quantize import LowAccuracyWarning  # noqa: E402
 from qconv.onnx_model import model_layers  # noqa: E402
 
@@ -86,7 +87,7 @@ def test_pooled_sqnr_of_equal_outputs_is_infinite_and_of_zero_signal_minus_infin
     assert pooled_sqnr([[a]], [[0 * a]])[0][0] == -np.inf
 
 
-@pytest.mark.parametrize("scheme", ["int8-ch-sym", "int4-b8-asym", "int8-b8-sym"])
+@pytest.mark.parametrize("scheme", ["int8-ch-sym", "int4-b8-asym", "int8-b8-sym", "int8-ch-zp"])
 def test_the_proxy_measures_what_the_session_gives(scheme):
     """With float activations (the session's default for convs; act_quant=None also for the MatMul, whose default
     is per-row int8) the weight proxy (dequantized weights in the float model) gives the qconv session's output
@@ -143,7 +144,7 @@ def test_quantize_model_target_sqnr_searches_on_calibration_and_measures_on_eval
     schemes = {e["scheme"] for e in s["layers"].values()}
     ladder = set(s["search"]["ladder"]) | {s["search"]["int8_scheme"]}
     assert schemes <= ladder | {x.removesuffix("-bc") for x in ladder}   # a MatMul takes the rung without -bc
-    assert s["search"]["int8_scheme"] in qo.quantize.INT8_CALIBRATED
+    assert s["search"]["int8_scheme"] == DEFAULT_SCHEME
     # the plan's bytes: all-int8's at most, as all-int8 meets 25 dB on this graph
     assert s["search"]["int8_sqnr_db"] < 25.0 or s["search"]["nbytes"] <= s["search"]["int8_nbytes"]
 
@@ -239,3 +240,66 @@ def test_cli_exits_3_below_the_floor_and_names_the_layers(tmp_path):
     assert "accuracy at the model's outputs vs float, on 1 evaluation input(s)" in ok.stdout
     assert "weight SQNR dB" in ok.stdout and "grouped3" in ok.stdout
     assert json.loads(json.dumps(summary))["accuracy"]["min_sqnr"] == 80.0
+
+
+def _uniform(n, seed, shape=(1, 8, 14, 10)):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.random(shape, dtype=np.float32)} for _ in range(n)]
+
+
+def test_the_default_bias_correction_is_data_free_said_and_helps():
+    """Without calibration inputs the default's -bc runs on a synthetic uniform [0, 1) input (said in
+    qconv.summary): the first conv's corrected bias is its bias minus the mean output shift of its rounding on that
+    input (qconv.gptq.output_shift), and on held-out inputs of that kind the corrected model is closer to float."""
+    from qconv.gptq import output_shift
+    from qconv.onnx.quantize import synthetic_feed
+    from qconv.weights import quantize_weight
+
+    model = chain(linear=False)
+    q = qo.quantize_model(model, measure=False)
+    s = qo.model_summary(q)
+    assert DEFAULT_SCHEME.endswith("-bc") and s["bias_correction"] == "a synthetic input (uniform [0, 1), 1x8x14x10)"
+    assert {e["scheme"] for e in s["layers"].values()} == {DEFAULT_SCHEME}
+    la = model_layers(model)[0]
+    kw = dict(stride=la.stride, padding=la.padding, dilation=la.dilation)
+    qw = quantize_weight(la.weight, 8, 0, False, zero_point=True)
+    want = la.bias - output_shift(la.weight, qw, synthetic_feed(model)["x"], **kw)
+    got = [numpy_helper.to_array(t) for t in q.graph.initializer if t.name.startswith(la.name) and
+           numpy_helper.to_array(t).shape == (16,) and numpy_helper.to_array(t).dtype == np.float32]
+    assert any(np.allclose(g, want, rtol=0, atol=1e-6) for g in got), (got, want)
+    held_out = _uniform(4, 11)
+    plain = qo.quantize_model(model, DEFAULT_SCHEME.removesuffix("-bc"), measure=False)
+    assert measure_model(model, q, held_out)["sqnr_db"] > measure_model(model, plain, held_out)["sqnr_db"]
+
+
+def _fixed_size_model():
+    """Conv on a dynamic-size input, then a Reshape that only a 1x3x8x8 input fits."""
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Reshape", ["c", "shape"], ["y"], name="reshape")], "fixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, 256], np.int64), "shape")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_bias_correction_says_when_no_synthetic_input_runs_and_takes_the_eval_shape():
+    """A model that does not run on the synthetic input's default shape (256 x 256 for dynamic dims) is quantized
+    without the correction, said in qconv.summary; evaluation inputs lend their shape (not their values)."""
+    model = _fixed_size_model()
+    s = qo.model_summary(qo.quantize_model(model, measure=False))
+    assert s["bias_correction"].startswith("none: the model does not run on a synthetic input")
+    assert s["layers"]["conv"]["scheme"] == DEFAULT_SCHEME.removesuffix("-bc")
+    ev = [{"x": np.random.default_rng(1).random((1, 3, 8, 8), dtype=np.float32)}]
+    s = qo.model_summary(qo.quantize_model(model, eval=ev))
+    assert s["bias_correction"] == "a synthetic input (uniform [0, 1), 1x3x8x8)"
+    assert s["layers"]["conv"]["scheme"] == DEFAULT_SCHEME and s["accuracy"]["sqnr_db"] > 30
+
+
+def test_calibration_inputs_replace_the_synthetic_one_and_gptq_needs_them():
+    model = chain(linear=False)
+    s = qo.model_summary(qo.quantize_model(model, calibration=_uniform(2, 3), measure=False))
+    assert s["bias_correction"] == "2 calibration input(s)"
+    with pytest.raises(ValueError, match="gptq.*pass calibration="):
+        qo.quantize_model(model, "int8-ch-sym-gptq", measure=False)

@@ -112,12 +112,12 @@ def test_fused_activation_and_bias_really_apply():
     """Fusion must not drop the Relu/Clip or the bias Add: the results differ from the unfused layers."""
     model, one_by_one = conv_chain()
     x = RNG.standard_normal((1, 8, 12, 12)).astype(np.float32)
-    y, = qo.InferenceSession(qo.quantize_model(model), threads=1).run(None, {"x": x})
-    q_unfused = qo.quantize_model(model, fuse=False)
+    y, = qo.InferenceSession(qo.quantize_model(model, "int8-ch-sym"), threads=1).run(None, {"x": x})
+    q_unfused = qo.quantize_model(model, "int8-ch-sym", fuse=False)
     assert [n.op_type for n in q_unfused.graph.node].count("Relu") == 1
     y2, = qo.InferenceSession(q_unfused, threads=1).run(None, {"x": x})
     np.testing.assert_allclose(y, y2, rtol=0.05, atol=0.05 * np.abs(y).max())  # same math, other rounding
-    summary = qo.model_summary(qo.quantize_model(linear_graph()[0]))
+    summary = qo.model_summary(qo.quantize_model(linear_graph()[0], "int8-ch-sym"))
     entry = {k: v for k, v in summary["layers"]["mm"].items()
              if k not in ("bytes", "block_size", "weight_sqnr_db", "act_allowed")}
     assert entry == dict(scheme="int8-ch-sym", op="MatMul", activation="relu", folded=["Add"], post=[])
@@ -145,7 +145,7 @@ def test_affine_ops_after_a_layer_fold_into_its_weight_and_bias():
              helper.make_node("Mul", ["c2", "spatial"], ["m2"], name="spatial_mul"),
              helper.make_node("Mul", ["m2", "m2"], ["y"], name="square")]
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])], ["y"], consts)
-    q = qo.quantize_model(model)
+    q = qo.quantize_model(model, "int8-ch-sym")
     layers = qo.model_summary(q)["layers"]
     assert layers["c1"]["folded"] == ["Mul", "Add", "BatchNormalization", "Div"] and layers["c1"]["activation"] == "relu"
     assert layers["c2"]["folded"] == []
@@ -195,7 +195,7 @@ def test_hardswish_patterns_fuse():
              node("Mul", ["u2", "c4"], ["u3"]), node("Div", ["u3", "six"], ["y"])]
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 7])], ["y"], consts,
                    opset=14)
-    q = qo.quantize_model(model)
+    q = qo.quantize_model(model, "int8-ch-sym")
     layers = qo.model_summary(q)["layers"]
     assert [layers[n]["activation"] for n in ("c1", "c2", "c3", "c4")] == ["hardswish"] * 3 + [""]
     assert [n.op_type for n in q.graph.node if n.domain != "ai.qconv"] == ["Add", "Clip", "Mul", "Div"]
@@ -246,7 +246,7 @@ def test_affine_ops_after_an_activation_become_the_post_affine():
     consts.update(st=np.array([0], np.int64), en=np.array([8], np.int64))
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 1, 1])], ["y"], consts,
                    opset=14)
-    q = qo.quantize_model(model)
+    q = qo.quantize_model(model, "int8-ch-sym")
     layers = qo.model_summary(q)["layers"]
     assert layers["c1"]["post"] == ["Mul", "Add"] and layers["mm"]["post"] == ["Mul", "Add"]
     assert [n.op_type for n in q.graph.node if n.domain != "ai.qconv"] == ["Flatten", "Slice"]
@@ -384,7 +384,7 @@ def test_kernels_are_per_session_and_released():
 
 def test_threads_and_activation_mode_reach_the_layers():
     model, one_by_one = conv_chain()
-    sess = qo.InferenceSession(qo.quantize_model(model), threads=1, act_quant="block")
+    sess = qo.InferenceSession(qo.quantize_model(model, "int8-ch-sym"), threads=1, act_quant="block")
     assert {k.layer.engine.threads for k in sess.kernels} == {1}
     so = sess._sess.get_session_options()
     assert so.intra_op_num_threads == 1 and so.get_session_config_entry("session.intra_op.allow_spinning") == "0"

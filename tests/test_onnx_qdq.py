@@ -20,7 +20,8 @@ def _plain(model, fs):
     return [sess.run(None, f) for f in fs]
 
 
-@pytest.mark.parametrize("scheme", ["int8-ch-sym", "int4-b8-sym", "int8-b8-sym", "int4-ch-sym"])
+@pytest.mark.parametrize("scheme", ["int8-ch-sym", "int4-b8-sym", "int8-b8-sym", "int4-ch-sym", "int8-ch-zp",
+                                    "int4-b8-zp", "int8-ch-zp-bc"])
 @pytest.mark.parametrize("bn", [False, True])
 def test_qdq_runs_in_plain_onnxruntime_as_accurate_as_the_qconv_file(scheme, bn):
     """No ai.qconv node; plain onnxruntime's output SQNR is the qconv file's (float activations) within 0.1 dB."""
@@ -36,8 +37,9 @@ def test_qdq_runs_in_plain_onnxruntime_as_accurate_as_the_qconv_file(scheme, bn)
 
 
 def test_qdq_refuses_what_integer_zero_points_cannot_hold():
-    """Asymmetric offsets are not integer zero points: refused, naming the scheme and the way out."""
-    with pytest.raises(ValueError, match="int8-ch-asym.*symmetric scheme"):
+    """Asymmetric offsets (MNN's float minimum) are not integer zero points: refused, naming the scheme and the ways
+    out."""
+    with pytest.raises(ValueError, match="int8-ch-asym.*symmetric or zero-point scheme.*int8-ch-zp"):
         qo.quantize_model(chain(), "int8-ch-asym", format="qdq", measure=False)
 
 

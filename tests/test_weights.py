@@ -346,3 +346,46 @@ def test_default_falls_back_for_a_constant_block_below_float16_normals():
     w[1, :16] = np.float32(0.375)   # a float16 value: kept exactly in the float16 form
     qw = quantize_weight(w, 4, 16, False)
     assert qw.half_exact and np.array_equal(qw.dequantize()[1, :16, 0, 0], w[1, :16])
+
+
+@given(weights_and_scheme(), st.sampled_from(["auto", "float32"]), st.sampled_from(["minmax", "mse"]))
+def test_zero_point_form_puts_zero_on_the_grid(case, scale_dtype, method):
+    """zero_point=True: offset = -z*s with an integer z in [qmin, qmax], so 0 dequantizes to exactly 0 (every
+    exact-zero weight stays 0), and the minmax error stays within half a step (one step at a clipped end)."""
+    w, scheme, groups = case
+    scheme = {**scheme, "symmetric": False}
+    qw = quantize_weight(w, groups=groups, scale_dtype=scale_dtype, method=method, zero_point=True, **scheme)
+    assert qw.qmin <= qw.q.min() and qw.q.max() <= qw.qmax
+    s = qw.scales.astype(np.float64)
+    z = np.where(s > 0, -qw.offsets / np.where(s > 0, s, 1), 0)
+    assert (z == np.round(z)).all() and (qw.qmin <= z).all() and (z <= qw.qmax).all()
+    assert (qw.offsets[s == 0] == 0).all()
+    deq = qw.dequantize()
+    assert (deq[w == 0] == 0).all()
+    if method == "minmax":
+        step = np.repeat(qw.scales, qw.block_len, axis=1).reshape(w.shape).astype(np.float64)
+        err = np.abs(deq.astype(np.float64) - w)
+        assert (err <= step * (1 + 2.0 ** -9) + 8 * np.finfo(np.float32).eps * np.abs(w) + 1e-30).all()
+
+
+def test_zero_point_form_has_no_common_offset_error():
+    """The reason for zero_point=True: in a row whose range is set by two large weights, the many small weights
+    round to the grid point nearest 0. With the float minimum (asym) that point is off 0 by the same amount for
+    all of them, so their errors add up coherently; on the zero-point grid it is 0 and their errors cancel."""
+    rng = np.random.default_rng(3)
+    w = np.concatenate([[-0.3, 1.0], rng.standard_normal(4094) * 1e-4]).astype(np.float32).reshape(1, -1)
+    bulk = np.s_[0, 2:]
+    mean_err = {zp: float((quantize_weight(w, 8, 0, False, zero_point=zp).dequantize().reshape(w.shape) - w)[bulk].mean())
+                for zp in (False, True)}
+    step = 1.3 / 255
+    assert abs(mean_err[False]) > 0.1 * step and abs(mean_err[True]) < 1e-3 * step, mean_err
+
+
+def test_zero_point_arguments_are_checked():
+    w = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError, match="asymmetric form"):
+        quantize_weight(w, zero_point=True)
+    with pytest.raises(ValueError, match="not float16 values"):
+        quantize_weight(w, symmetric=False, zero_point=True, scale_dtype="float16")
+    with pytest.raises(TypeError, match="zero_point must be a bool"):
+        quantize_weight(w, symmetric=False, zero_point=1)

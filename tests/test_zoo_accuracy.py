@@ -15,6 +15,7 @@ pytest.importorskip("PIL", reason="needs Pillow (onnx extra)")
 import qconv.onnx as qo  # noqa: E402
 from qconv import zoo  # noqa: E402
 from qconv.model_report import Plan  # noqa: E402
+from qconv.onnx.accuracy import DEFAULT_SCHEME  # noqa: E402
 from qconv.onnx.quantize import LowAccuracyWarning  # noqa: E402
 from model_support import missing  # noqa: E402
 
@@ -45,10 +46,10 @@ def test_int4_rec_fires_the_guard_and_each_named_layer_helps():
     with pytest.warns(LowAccuracyWarning):
         q = qo.quantize_model(path, "int4-b32-asym", eval=ev, threads=2)
     acc = qo.model_summary(q)["accuracy"]
-    assert len(acc["restore"]) == 3 and all(r["to"] == "int8-ch-sym" for r in acc["restore"])
+    assert len(acc["restore"]) == 3 and all(r["to"] == DEFAULT_SCHEME for r in acc["restore"])
     names = list(qo.model_summary(q)["layers"])
     for r in acc["restore"]:
-        plan = Plan("rec", 0.0, None, {n: dict(scheme="int8-ch-sym" if n == r["layer"] else "int4-b32-asym",
+        plan = Plan("rec", 0.0, None, {n: dict(scheme=DEFAULT_SCHEME if n == r["layer"] else "int4-b32-asym",
                                                bytes=0, sqnr_db=0.0) for n in names})
         back = qo.model_summary(qo.quantize_model(path, plan=plan, eval=ev, min_sqnr=None, threads=2))
         assert back["accuracy"]["sqnr_db"] > acc["sqnr_db"], (r, back["accuracy"]["sqnr_db"])

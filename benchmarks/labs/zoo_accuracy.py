@@ -35,8 +35,11 @@ def row(name: str, scheme: str | None, target: float | None, n_calib: int, threa
     acc, search = s["accuracy"], s.get("search")
     counts = collections.Counter(e["scheme"] for e in s["layers"].values())
     counts.update({"float": len(s["float"])} if s["float"] else {})
-    int8 = sum(e["bytes"] for e in qo.model_summary(qo.quantize_model(path, measure=False))["layers"].values())
-    nbytes = sum(e["bytes"] for e in s["layers"].values())
+    if search:   # the search counts every layer: float ones at 4 bytes a weight
+        nbytes, int8 = search["nbytes"], search["int8_nbytes"]
+    else:
+        int8 = sum(e["bytes"] for e in qo.model_summary(qo.quantize_model(path, measure=False))["layers"].values())
+        nbytes = sum(e["bytes"] for e in s["layers"].values())
     what = f"target {target:g} dB, {n_calib} calib." if target is not None else scheme
     found = f"{search['sqnr_db']} dB" if search else ""
     guard = " (guard)" if any("below the floor" in str(w.message) for w in caught) else ""

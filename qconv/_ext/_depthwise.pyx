@@ -12,8 +12,9 @@ to a 32-channel tile and a 4-value reduction step, and runs one tiny GEMM per gr
    quantizer ``qc_quant``: one pass over the input, no quantized copy of it; the static int8 path reads its int8
    input, ``act_quant="block"`` its float input, quantized per output window), exact integer sums, the GEMM kernels' float epilogue (bitwise
    the general path's results), stored to NCHW / NC4HW4, float32 or int8 (static ``output_qparams``). Float
-   activations into NCHW float outputs with symmetric weights run on AVX2 in blocks of 8 channels instead (items:
-   sample, block, band; the channels in the vector lanes), with the same bits.
+   activations into NCHW float outputs run on AVX2 in blocks of 8 channels instead (items: sample, block, band; the
+   channels in the vector lanes), with the same bits; with float activations an asymmetric weight is prepared
+   dequantized (``q*s + a``, scale 1), so it runs as a symmetric one.
 
 Results do not depend on the thread count or the band size.
 """
@@ -152,9 +153,10 @@ cdef class DepthwisePlan:
     ``kernel``: the engine's kernel name (``"scalar"`` runs the portable code, the others AVX2 + FMA);
     ``input_qparams`` / ``output_qparams``: the engine's static int8 ``(scale, zero_point)`` pairs or None.
 
-    Prepared arrays: ``wq`` float32 ``(O, KH*KW)`` (the integer weights), ``scale`` / ``offset`` / ``bias`` float32
-    ``(O,)`` (one block per output channel: a group has one input channel, so per-channel and blockwise weights
-    coincide; ``offset`` None when symmetric).
+    Prepared arrays: ``wq`` float32 ``(O, KH*KW)`` (the integer weights; with float activations and offsets the
+    dequantized ones), ``scale`` / ``offset`` / ``bias`` float32 ``(O,)`` (one block per output channel: a group has
+    one input channel, so per-channel and blockwise weights coincide; ``offset`` None when symmetric, and with float
+    activations).
     """
     cdef readonly object spec, kernel, mode
     cdef readonly int M, variant, vec
@@ -183,9 +185,15 @@ cdef class DepthwisePlan:
             raise ValueError(f"act_quant {spec.act_quant!r} is not supported by the depthwise path")
         o = w.out_channels
         self.M = o // w.in_channels
-        self.wq = np.ascontiguousarray(w.q.reshape(-1), dtype=np.float32)   # (O, KH*KW) flattened
-        self.scale = np.ascontiguousarray(w.scales.reshape(o), dtype=np.float32)
-        self.offset = None if w.offsets is None else np.ascontiguousarray(w.offsets.reshape(o), dtype=np.float32)
+        if self.mode == "float" and w.offsets is not None:
+            # float activations: sum_t (q_t*s + a) x_t is conv(x, the dequantized weight), as the oracle defines
+            # it; taken as a weight of scale 1, the offset costs no input sums and the channel blocks run it
+            self.wq = np.ascontiguousarray(w.dequantize().reshape(-1), dtype=np.float32)
+            self.scale, self.offset = np.ones(o, np.float32), None
+        else:
+            self.wq = np.ascontiguousarray(w.q.reshape(-1), dtype=np.float32)   # (O, KH*KW) flattened
+            self.scale = np.ascontiguousarray(w.scales.reshape(o), dtype=np.float32)
+            self.offset = None if w.offsets is None else np.ascontiguousarray(w.offsets.reshape(o), dtype=np.float32)
         self.bias = np.ascontiguousarray(spec.bias_or_zeros(), dtype=np.float32).reshape(o)
         self.last_threads = None
         self.qs = self.z = self.dx = None

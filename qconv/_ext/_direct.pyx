@@ -66,6 +66,8 @@ STRIP_PIXELS = QC_DIRECT_NP
 CHANNELS_PER_BLOCK = QC_DIRECT_MR
 # output pixels a sample from which 3x3 stride-1 layers run Winograd F(2x2, 3x3) (qconv_winograd.h)
 WINOGRAD_MIN_PIXELS = QC_WINO_MIN_PIXELS
+# Winograd's output tile (F(2x2, 3x3)): the outputs one input patch gives (qconv.metrics.tolerance's ``tile``)
+WINOGRAD_TILE = (2, 2)
 
 
 def is_direct(spec):

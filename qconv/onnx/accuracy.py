@@ -15,6 +15,7 @@ nothing), so qconv measures the quantized model as a whole:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from ..model_report import Scheme
 
 #: The per-channel int8 scheme the searches start from and the guard returns layers to; ``quantize_model``'s
 #: default, chosen by measurement on the zoo (``qconv/onnx/README.md``, "The default scheme").
-DEFAULT_SCHEME = "int8-ch-sym"
+DEFAULT_SCHEME = "int8-ch-zp-bc"
 #: Output SQNR (dB) below which ``quantize_model`` warns (CLI: exit status 3).
 MIN_SQNR_DB = 15.0
 
@@ -120,9 +121,9 @@ class WeightProxy:
 
     ``model``: ``onnx.ModelProto``; ``layers``: its :class:`~qconv.onnx_model.ModelLayer` list; ``feeds``: the
     feeds every evaluation runs. :meth:`sqnr` compares with the float model's outputs computed by the same session
-    with the float weights."""
+    with the float weights. ``taps``: names of inner tensors :meth:`tapped` returns too (layer inputs)."""
 
-    def __init__(self, model, layers, feeds, threads: int = 2):
+    def __init__(self, model, layers, feeds, threads: int = 2, taps=()):
         import onnx
         import onnxruntime as ort
 
@@ -151,6 +152,9 @@ class WeightProxy:
                 m.graph.input.append(onnx.helper.make_tensor_value_info(slot.bias_input, onnx.TensorProto.FLOAT,
                                                                         slot.b0.shape))
             self.slots[la.name] = slot
+        n_out = len(m.graph.output)
+        have = {o.name for o in m.graph.output}
+        m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in dict.fromkeys(taps) if t not in have)
         used = {n for node in m.graph.node for n in node.input}
         keep = [t for t in m.graph.initializer if t.name in used]
         del m.graph.initializer[:]
@@ -160,7 +164,8 @@ class WeightProxy:
         so.log_severity_level = 3
         self.session = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
         self.feeds = [dict(f) for f in feeds]
-        self.names = [o.name for o in self.session.get_outputs()]
+        self.all_names = [o.name for o in self.session.get_outputs()]
+        self.names = self.all_names[:n_out]
         self.evaluations = 0
         self.refs = self.outputs({})
 
@@ -176,14 +181,22 @@ class WeightProxy:
     def outputs(self, assign: dict) -> list[list]:
         """Outputs per feed with ``assign`` = ``{layer name: (node-form weight, bias (O,) or None)}``; the other layers
         keep their float weights."""
+        self.evaluations += 1
+        return [self.session.run(self.names, {**f, **self._weights(assign)}) for f in self.feeds]
+
+    def tapped(self, assign: dict, names) -> list[dict]:
+        """``[{tap name: array} per feed]`` for ``names`` (among ``taps``) with ``assign`` as in :meth:`outputs`."""
+        self.evaluations += 1
+        return [dict(zip(names, self.session.run(list(names), {**f, **self._weights(assign)}))) for f in self.feeds]
+
+    def _weights(self, assign: dict) -> dict:
         base = {}
         for name, slot in self.slots.items():
             w, b = assign.get(name, (None, None))
             base[slot.weight_input] = slot.w0 if w is None else w
             if slot.bias_input is not None:
                 base[slot.bias_input] = slot.b0 if b is None else b
-        self.evaluations += 1
-        return [self.session.run(self.names, {**f, **base}) for f in self.feeds]
+        return base
 
     def sqnr(self, assign: dict) -> float:
         """The lowest output SQNR (dB) of ``assign`` against the float weights, pooled over all feeds and, with two
@@ -209,7 +222,7 @@ class Candidates:
     def scheme_for(self, name: str, scheme: Scheme) -> Scheme:
         la = self.proxy.layers[name]
         if scheme.bias_correction and la.is_linear:
-            return Scheme(scheme.bits, scheme.block_size, scheme.symmetric, scheme.method, False)
+            return dataclasses.replace(scheme, bias_correction=False)
         return scheme
 
     def get(self, name: str, scheme: Scheme):
@@ -252,24 +265,27 @@ class SearchResult:
 
 
 def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme, *, progress: bool = False,
-                max_failures: int = 6) -> SearchResult:
+                max_failures: int | None = None, margins=(0.0, 1.0, 2.0, 3.0)) -> SearchResult:
     """Per-layer schemes from ``ladder`` (schemes in increasing bytes per weight, ``base`` among them, e.g.
-    ``[int4-b32-asym, int8-ch-sym, int8-b16-asym, float]``) whose model output reaches ``target_db`` on the proxy's
-    feeds with the fewest weight bytes found.
+    ``[int4-b32-asym-bc, int8-ch-zp-bc, int8-b16-zp-bc, float]``) whose model output reaches ``target_db`` on the
+    proxy's feeds with the fewest weight bytes found.
 
     The search (sensitivity-ordered, the whole model re-measured at every step, like NNCF's
     ``quantize_with_accuracy_control``, which ranks layers by what reverting each alone gives, then reverts them
     in that order until the metric holds):
 
     1. every layer at ``base`` (all-int8): SQNR ``s0``, bytes ``b0``;
-    2. below target: for every layer and every rung above its own, the gain of moving that layer alone is
-       measured; the (layer, rung) moves are tried in the order of gain per extra byte (a layer once a pass),
-       re-measured, kept only when the SQNR rises, until the target is reached; a pass per rung above ``base``
-       (a layer moved to ``int8-b16`` can move on to float);
+    2. below ``target_db + margin``: for every layer and every rung above its own, the gain of moving that layer
+       alone is measured; the (layer, rung) moves are tried in the order of gain per extra byte (a layer once a
+       pass), re-measured, kept only when the SQNR rises, until ``target_db + margin`` is reached; a pass per rung
+       above ``base`` (a layer moved to ``int8-b16`` can move on to float);
     3. at or above target: each ``base`` layer's loss at the rung below ``base`` alone is measured; layers are
-       demoted in the order of loss per saved byte, each re-measured and kept only when the target still holds
-       (a run of ``max_failures`` refusals ends it);
-    4. the plan is never dominated by all-int8: if its bytes are >= ``b0`` and its SQNR < ``s0``, all-int8 wins.
+       demoted in the order of loss per saved byte, each re-measured and kept only when ``target_db`` still holds
+       (every layer is tried, unless a run of ``max_failures`` refusals ends it first);
+    4. steps 2-3 run once per ``margin`` of ``margins`` (when all-int8 is below the target: overshooting it by a
+       margin can leave room for demotions that pay for more than the margin's promotions); the plan reaching the
+       target with the fewest bytes is kept, else the most accurate one;
+    5. the plan is never dominated by all-int8: if its bytes are >= ``b0`` and its SQNR < ``s0``, all-int8 wins.
 
     Demotions from step 3 can pay for the promotions of step 2, so a plan can be more accurate than all-int8 at
     fewer bytes. Each step is one proxy evaluation (one model run per feed)."""
@@ -287,42 +303,50 @@ def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme,
         return db
 
     all_base = {n: base for n in names}
-    plan = dict(all_base)
-    s0 = measure(plan)
-    b0 = cands.nbytes(plan)
-    current = s0
+    s0 = measure(all_base)
+    b0 = cands.nbytes(all_base)
     log.append(f"all {base.label}: {s0:.2f} dB, {b0:,} bytes")
-    for _ in range(len(upper)):   # a pass per rung above base: a layer moved up may move up again
-        if current >= target_db:
-            break
-        moves, start = [], current
-        for n in names:
-            for rung in ladder[ladder.index(plan[n]) + 1:]:
-                extra = cands.get(n, rung)[2] - cands.get(n, plan[n])[2]
-                moves.append(((measure({**plan, n: rung}) - start) / max(extra, 1), n, rung))
-        moved: set = set()
-        for ratio, n, rung in sorted(moves, key=lambda m: m[0], reverse=True):
-            if current >= target_db or ratio <= 0:
+    losses = None   # each base layer's loss at the cheap rung alone (measured once, for every margin)
+
+    def promote(plan, current, goal):
+        for _ in range(len(upper)):   # a pass per rung above base: a layer moved up may move up again
+            if current >= goal:
                 break
-            if n in moved:
-                continue
-            trial = {**plan, n: rung}
-            db = measure(trial)
-            if db > current:
-                plan, current = trial, db
-                moved.add(n)
-                log.append(f"{n} -> {rung.label}: {db:.2f} dB")
-        if not moved:
-            break
-    if current >= target_db and cheap is not None:
-        losses = []
-        for n in names:
-            saved = cands.get(n, base)[2] - cands.get(n, cheap)[2]
-            if plan[n] != base or saved <= 0:
-                continue
-            losses.append(((s0 - measure({**all_base, n: cheap})) / saved, n))
+            moves, start = [], current
+            for n in names:
+                for rung in ladder[ladder.index(plan[n]) + 1:]:
+                    extra = cands.get(n, rung)[2] - cands.get(n, plan[n])[2]
+                    moves.append(((measure({**plan, n: rung}) - start) / max(extra, 1), n, rung))
+            moved: set = set()
+            for ratio, n, rung in sorted(moves, key=lambda m: m[0], reverse=True):
+                if current >= goal or ratio <= 0:
+                    break
+                if n in moved:
+                    continue
+                trial = {**plan, n: rung}
+                db = measure(trial)
+                if db > current:
+                    plan, current = trial, db
+                    moved.add(n)
+                    log.append(f"{n} -> {rung.label}: {db:.2f} dB")
+            if not moved:
+                break
+        return plan, current
+
+    def demote(plan, current):
+        nonlocal losses
+        if current < target_db or cheap is None:
+            return plan, current
+        if losses is None:
+            losses = []
+            for n in names:
+                saved = cands.get(n, base)[2] - cands.get(n, cheap)[2]
+                if saved > 0:
+                    losses.append(((s0 - measure({**all_base, n: cheap})) / saved, n))
         failures = 0
         for _, n in sorted(losses):
+            if plan[n] != base:
+                continue
             trial = {**plan, n: cheap}
             db = measure(trial)
             if db >= target_db:
@@ -330,9 +354,19 @@ def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme,
                 log.append(f"{n} -> {cheap.label}: {db:.2f} dB")
             else:
                 failures += 1
-                if failures >= max_failures:
+                if max_failures is not None and failures >= max_failures:
                     break
-    nbytes = cands.nbytes(plan)
+        return plan, current
+
+    best = None
+    for margin in (margins if s0 < target_db else margins[:1]):
+        log.append(f"margin {margin:g} dB")
+        plan, current = demote(*promote(dict(all_base), s0, target_db + margin))
+        nbytes = cands.nbytes(plan)
+        key = (current < target_db, nbytes if current >= target_db else -current)
+        if best is None or key < best[0]:
+            best = (key, plan, current, nbytes)
+    _, plan, current, nbytes = best
     if nbytes >= b0 and current < s0:
         plan, current, nbytes = all_base, s0, b0
         log.append("all-int8 is better at no more bytes: kept")

@@ -204,12 +204,14 @@ def add_subcommands(sub) -> None:
     how = q.add_mutually_exclusive_group()
     how.add_argument("--scheme",
                      help=f"scheme for every layer, e.g. {DEFAULT_SCHEME} (default, chosen by measurement: "
-                          "qconv/onnx/README.md), int8-ch-sym-gptq-bc, int4-b32-asym-mse; -gptq and -bc (bias "
-                          "correction) schemes are calibrated on --calibration")
+                          "qconv/onnx/README.md; zp: integer zero point), int8-ch-sym, int4-b32-asym-mse, "
+                          "int8-ch-sym-gptq-bc; -gptq and -bc (bias correction) schemes are calibrated on "
+                          "--calibration, -bc without it on a synthetic input")
     how.add_argument("--plan", help="per-layer plan JSON from `inspect --target-sqnr T --save-plan PLAN.json`")
     how.add_argument("--target-sqnr", type=float, metavar="DB",
-                     help="accuracy control: per-layer schemes (int4, int8, float; bias-corrected with "
-                          "--calibration) with the fewest bytes whose model output reaches DB on --calibration")
+                     help="accuracy control: per-layer schemes (int4, int8, int8 in blocks, float; "
+                          "bias-corrected on --calibration) with the fewest bytes whose model output reaches DB "
+                          "on --calibration")
     q.add_argument("--calibration", nargs="+", metavar="INPUT",
                    help="inputs (.npy or images) for --target-sqnr and -gptq / -bc schemes (default: a random feed, "
                         "useless for images)")

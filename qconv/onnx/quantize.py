@@ -22,6 +22,7 @@ session quantizes each node's input (``act_block`` resolved per layer, see :func
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -64,7 +65,7 @@ def _qdq_nodes(layer, qw, bias, activation, post_affine, out_name: str, pads, la
     if not report.lossless:
         raise _NotQDQ(f"format='qdq' cannot hold {label} weights exactly (layer {layer.name}: "
                       f"{'; '.join(report.notes) or 'offsets off the integer zero-point grid'}): use a symmetric "
-                      "scheme (int8-ch-sym, int4-b32-sym, ...) or format='qconv'")
+                      "or zero-point scheme (int8-ch-sym, int8-ch-zp, int4-b32-sym, ...) or format='qconv'")
     nodes, y = [dq], f"{p}/y"
     o = qw.out_channels
     if layer.is_linear:
@@ -281,19 +282,53 @@ def _calibration_feeds(model, calibration):
     return [c if isinstance(c, dict) else {name: np.asarray(c, np.float32)} for c in calibration]
 
 
-def _layer_calibration(model, layers, feeds, need):
-    """``{layer name: [NCHW calibration input per feed]}`` for the layers in ``need``."""
-    from ..onnx_model import capture, default_input
+def synthetic_feed(model, like=()) -> dict | None:
+    """The input of data-free bias correction: seeded uniform [0, 1) values (a picture's range), shaped as the
+    first feed of ``like`` (evaluation or calibration feeds: their shape only, never their values) or as the
+    model's first input (dynamic batch 1, other dynamic dims 256). None for a model with several inputs."""
+    from ..onnx_model import first_input
+
+    inputs = [i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    if len(inputs) != 1:
+        return None
+    name, dims = first_input(model)
+    if like and name in like[0]:
+        dims = list(np.shape(like[0][name]))
+    else:
+        dims = [d or (1 if i == 0 else 256) for i, d in enumerate(dims)]
+    return {name: np.random.default_rng(CALIB_SEED).random(dims, dtype=np.float32)}
+
+
+def _layer_calibration(model, layers, feeds, need, like=()) -> tuple[dict, str | None]:
+    """``({layer name: [NCHW calibration input per feed]}, source)`` for the layers in ``need``.
+
+    Without ``feeds`` the inputs come from :func:`synthetic_feed` (``like``: feeds whose shape it takes): the
+    bias correction of the ``-bc`` schemes is then data-free (the mean output shift of a layer's rounding depends
+    mostly on its weights; on the zoo a synthetic input gives most of what real pictures give,
+    ``qconv/onnx/README.md``). ``source`` says which, or why none ran (``({}, reason)``: the model does not run
+    on the synthetic input, e.g. a recognizer whose height is fixed inside a dynamic input shape)."""
+    from ..onnx_model import capture
 
     if not need:
-        return {}
+        return {}, None
+    source = f"{len(feeds)} calibration input(s)"
     if not feeds:
-        warnings.warn(f"{len(need)} layer(s) with a calibrated scheme (gptq, -bc) are calibrated on a random feed: "
-                      "pass real calibration inputs (quantize_model(calibration=...), --calibration)", stacklevel=3)
-        feeds = [default_input(model, seed=CALIB_SEED)]
-    captured = [capture(model, [la for la in layers if la.name in need], f) for f in feeds]
+        feed = synthetic_feed(model, like)
+        if feed is None:
+            return {}, "none: data-free bias correction needs a model with one input; pass calibration="
+        shape = "x".join(map(str, next(iter(feed.values())).shape))
+        feeds, source = [feed], f"a synthetic input (uniform [0, 1), {shape})"
+    try:
+        captured = [capture(model, [la for la in layers if la.name in need], f) for f in feeds]
+    except Exception as exc:   # onnxruntime's errors have no common base class
+        if not source.startswith("a synthetic"):
+            raise
+        text = str(exc).strip().split("Status Message:")[-1].strip()
+        first = text.splitlines()[0][:120] if text else type(exc).__name__
+        return {}, (f"none: the model does not run on {source} ({first}); pass eval= or calibration= inputs "
+                    "of its shape")
     return {layer.name: [layer.conv_input(t[layer.input_name]) for t in captured] for layer in layers
-            if layer.name in need}
+            if layer.name in need}, source
 
 
 def layer_act_block(weight, act_block: int) -> int:
@@ -327,30 +362,26 @@ def _check_float32(m) -> None:
                          "export it again in float32)")
 
 
-def _proxy(m_float, layers, feeds, threads, calib_feeds=None):
+def _proxy(m_float, layers, feeds, threads, calib_feeds=()):
     """A :class:`~qconv.onnx.accuracy.WeightProxy` of the float model on ``feeds`` and its
-    :class:`~qconv.onnx.accuracy.Candidates` (calibrated on ``calib_feeds`` when given)."""
+    :class:`~qconv.onnx.accuracy.Candidates`, bias-corrected on ``calib_feeds`` (else data-free, see
+    :func:`_layer_calibration`)."""
     from .accuracy import Candidates, WeightProxy
 
     proxy = WeightProxy(m_float, layers, feeds, threads or 2)
-    calib = {}
-    if calib_feeds:
-        calib = _layer_calibration(m_float, layers, calib_feeds, {la.name for la in layers})
+    calib, _ = _layer_calibration(m_float, layers, calib_feeds, {la.name for la in layers}, like=feeds)
     return Candidates(proxy, calib)
 
 
-#: The rungs of accuracy control, in increasing bytes per weight: without / with calibration inputs (the int8 rung
-#: with calibration is the better of :data:`INT8_CALIBRATED` on the calibration feeds, all layers alike). Bias
-#: correction only, no GPTQ: fitted to a few calibration pictures GPTQ measured 36 / 42 dB there on PP-OCRv4 det /
-#: rec and its plans 22 / 14 dB on the held-out pictures; bias correction (a mean) held (25.6 -> 27.5, 25.4 -> 25.4).
-LADDER = ("int4-b32-asym", DEFAULT_SCHEME, "int8-b16-asym", "float")
-LADDER_CALIBRATED = ("int4-b32-asym-bc", None, "int8-b16-asym-bc", "float")
-INT8_CALIBRATED = (DEFAULT_SCHEME + "-bc", "int8-ch-asym-bc")
+#: The rungs of accuracy control, in increasing bytes per weight, all bias-corrected (on the calibration inputs,
+#: or data-free). Bias correction only, no GPTQ: fitted to a few calibration pictures GPTQ measured 36 / 42 dB
+#: there on PP-OCRv4 det / rec and its plans 22 / 14 dB on the held-out pictures; bias correction (a mean) held.
+LADDER = ("int4-b32-asym-bc", DEFAULT_SCHEME, "int8-b32-zp-bc", "int8-b16-zp-bc", "float")
 
 
 def _accuracy_control(m, layers, target: float, calib_feeds, progress: bool, threads) -> tuple[dict, dict]:
     """``({layer name: Scheme}, search record)`` of :func:`~qconv.onnx.accuracy.search_plan` on the calibration
-    feeds, with :data:`LADDER`, or :data:`LADDER_CALIBRATED` when there are real calibration inputs."""
+    feeds with :data:`LADDER`."""
     from .accuracy import search_plan
 
     source = "calibration inputs"
@@ -359,15 +390,9 @@ def _accuracy_control(m, layers, target: float, calib_feeds, progress: bool, thr
                       "model: pass calibration=... (inputs held out from those you evaluate on)", stacklevel=3)
         from ..onnx_model import default_input
         calib_feeds, source = [default_input(m, seed=CALIB_SEED)], "random feed (no calibration inputs)"
-    calibrated = source == "calibration inputs"
-    cands = _proxy(m, layers, calib_feeds, threads, calib_feeds if calibrated else None)
-    if calibrated:
-        base = max((Scheme.parse(s) for s in INT8_CALIBRATED),
-                   key=lambda b: cands.proxy.sqnr(cands.assign({la.name: b for la in layers})))
-        ladder = [base if s is None else Scheme.parse(s) for s in LADDER_CALIBRATED]
-    else:
-        ladder = [Scheme.parse(s) for s in LADDER]
-        base = ladder[1]
+    cands = _proxy(m, layers, calib_feeds, threads, calib_feeds)
+    ladder = [Scheme.parse(s) for s in LADDER]
+    base = ladder[1]
     r = search_plan(cands, target, ladder, base, progress=progress)
     schemes = {n: cands.scheme_for(n, s) for n, s in r.schemes.items()}
     record = dict(target_sqnr_db=target, on=f"{len(calib_feeds)} {source}", sqnr_db=_rounded(r.sqnr_db),
@@ -409,8 +434,7 @@ def _measure(float_bytes, q, layers, schemes, eval_feeds, calib_feeds, min_sqnr,
     out["act_allowed"] = allowed
     if out["below_floor"]:
         quantized = {n: s for n, s in schemes.items() if s.bits is not None}
-        cands = _proxy(onnx.load_from_string(float_bytes), layers, feeds, threads,
-                       calib_feeds if any(s.calibrated for s in quantized.values()) else None)
+        cands = _proxy(onnx.load_from_string(float_bytes), layers, feeds, threads, calib_feeds)
         ranking = restore_ranking(cands, {la.name: quantized.get(la.name, Scheme(None)) for la in layers},
                                   Scheme.parse(DEFAULT_SCHEME))
         out["restore"] = [dict(layer=n, to="float" if quantized[n] == Scheme.parse(DEFAULT_SCHEME) else DEFAULT_SCHEME,
@@ -464,7 +488,8 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     blocked: opset 14 (HardSwish), or 21 for int4 and blocks; the model's opset is raised with onnx's version converter when
     lower) feeding the original Conv / MatMul, the fused activation and affine ops written back as ONNX ops. The
     weights are the same codes and scales as the qconv file's (float16 values in float32); schemes whose offsets
-    are not integer zero points on the scale grid (asymmetric ones) are refused, naming the scheme. onnxruntime's
+    are not integer zero points on the scale grid (``asym``, MNN's float minimum) are refused, naming the scheme;
+    ``sym`` and ``zp`` ones (the default among them) convert exactly. onnxruntime's
     extended graph optimizations (its default) fuse DequantizeLinear -> MatMul into a MatMul with dynamically
     quantized int8 activations; convs stay float.
 
@@ -521,7 +546,13 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     search = None
     if target_sqnr is not None:
         schemes, search = _accuracy_control(m, layers, float(target_sqnr), calib_feeds, progress, threads)
-    calib = _layer_calibration(m, layers, calib_feeds, {n for n, s in schemes.items() if s.calibrated})
+    if not calib_feeds and any(s.method == "gptq" for s in schemes.values()):
+        raise ValueError("gptq schemes fit the weights to real layer inputs: pass calibration= inputs (held out "
+                         "from those you evaluate on)")
+    calib, bc_source = _layer_calibration(m, layers, calib_feeds, {n for n, s in schemes.items() if s.calibrated},
+                                          like=eval_feeds)
+    if bc_source is not None and not calib:   # -bc without inputs it can run on: plain rounding, said
+        schemes = {n: dataclasses.replace(s, bias_correction=False) for n, s in schemes.items()}
 
     graph = m.graph
     consts = _constants(m)
@@ -651,6 +682,8 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
         summary["act_quant"] = act_quant
     if search is not None:
         summary["search"] = search
+    if bc_source is not None:
+        summary["bias_correction"] = bc_source
     if measure:
         summary["accuracy"] = _measure(float_bytes, m, layers, schemes, eval_feeds, calib_feeds, min_sqnr, threads,
                                        act_quant)

@@ -140,14 +140,16 @@ def quantized_weights(draw, geometry: ConvGeometry | None = None, bits=(8, 4),
                       blocks: bool = True, block_filter=None) -> QuantizedWeight:
     """A :class:`QuantizedWeight` for ``geometry`` (drawn when None) under a drawn scheme, in
     ``quantize_weight``'s default stored form (float16 scales and offsets when they fit, the engines' compact
-    tables) or, one in four, with float32 ones (``scale_dtype="float32"``).
+    tables) or, one in four, with float32 ones (``scale_dtype="float32"``); an asymmetric one is, one in three,
+    in the integer zero-point form (``zero_point=True``, the default scheme ``int8-ch-zp``'s grid).
     ``block_filter``: see :func:`quant_schemes`."""
     if geometry is None:
         geometry = draw(conv_geometries())
     scheme = draw(quant_schemes(geometry.in_per_group, bits=bits, blocks=blocks, block_filter=block_filter))
     w = draw(float_weights((geometry.o, geometry.in_per_group) + tuple(geometry.kernel)))
     scale_dtype = "float32" if draw(st.integers(0, 3)) == 0 else "auto"
-    return quantize_weight(w, groups=geometry.groups, scale_dtype=scale_dtype, **scheme)
+    zero_point = not scheme["symmetric"] and draw(st.integers(0, 2)) == 0
+    return quantize_weight(w, groups=geometry.groups, scale_dtype=scale_dtype, zero_point=zero_point, **scheme)
 
 
 @st.composite
