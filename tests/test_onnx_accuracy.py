@@ -145,6 +145,8 @@ def test_quantize_model_target_sqnr_searches_on_calibration_and_measures_on_eval
     ladder = set(s["search"]["ladder"]) | {s["search"]["int8_scheme"]}
     assert schemes <= ladder | {x.removesuffix("-bc") for x in ladder}   # a MatMul takes the rung without -bc
     assert s["search"]["int8_scheme"] == DEFAULT_SCHEME
+    gptq_layers = any("gptq" in e["scheme"] for e in s["layers"].values())
+    assert s["search"]["gptq"].startswith("kept" if gptq_layers else "not kept")
     # the plan's bytes: all-int8's at most, as all-int8 meets 25 dB on this graph
     assert s["search"]["int8_sqnr_db"] < 25.0 or s["search"]["nbytes"] <= s["search"]["int8_nbytes"]
 
@@ -303,3 +305,21 @@ def test_calibration_inputs_replace_the_synthetic_one_and_gptq_needs_them():
     assert s["bias_correction"] == "2 calibration input(s)"
     with pytest.raises(ValueError, match="gptq.*pass calibration="):
         qo.quantize_model(model, "int8-ch-sym-gptq", measure=False)
+
+
+def test_accuracy_control_fits_gptq_on_the_even_calibration_inputs_only():
+    """The GPTQ rung's weights are fitted on calibration inputs 0, 2, ... (the odd ones hold them out), in the
+    search's candidates and in the model quantize_model writes."""
+    from qconv.onnx.quantize import GPTQ_FIT, _layer_calibration, _proxy
+
+    model = chain(linear=False)
+    cal = _uniform(4, 21)
+    cands = _proxy(model, model_layers(model), cal, 1, cal, GPTQ_FIT)
+    la = model_layers(model)[1]
+    s = Scheme.parse("int4-b8-asym-gptq")
+    xs, _ = _layer_calibration(model, [la], cal, {la.name})
+    kw = dict(stride=la.stride, padding=la.padding, dilation=la.dilation)
+    even = s.quantize(la.weight, la.groups, xs[la.name][::2], **kw).dequantize()
+    every = s.quantize(la.weight, la.groups, xs[la.name], **kw).dequantize()
+    got = cands.get(la.name, s)[0]
+    assert np.array_equal(got, even) and not np.array_equal(got, every)

@@ -212,12 +212,15 @@ class Candidates:
     """Quantized forms of every layer under each scheme, made once: ``get(layer, scheme)`` ->
     ``(node-form dequantized weight, bias, stored bytes)``; float -> ``(None, None, 4 * weights)``.
 
-    Calibrated schemes (``-bc``, ``gptq``) use the layers' inputs captured on the calibration feeds (``calib``:
+    ``gptq_fit``: the calibration feeds GPTQ fits the weights on (the others then measure a fitted plan on inputs
+    its rounding never saw: see :meth:`WeightProxy.sqnr`'s halves). Calibrated schemes (``-bc``, ``gptq``) use the
+    layers' inputs captured on the calibration feeds (``calib``:
     ``{layer name: [NCHW input per feed]}``); linear layers take the scheme without its ``-bc`` (the proxy feeds
     no bias to a MatMul)."""
 
-    def __init__(self, proxy: WeightProxy, calib: dict | None = None):
-        self.proxy, self.calib, self.cache = proxy, calib or {}, {}
+    def __init__(self, proxy: WeightProxy, calib: dict | None = None, gptq_fit: slice = slice(None)):
+        self.proxy, self.calib, self.cache, self.gptq_fit = proxy, calib or {}, {}, gptq_fit
+        self.measured: dict = {}
 
     def scheme_for(self, name: str, scheme: Scheme) -> Scheme:
         la = self.proxy.layers[name]
@@ -235,7 +238,8 @@ class Candidates:
             else:
                 kw = dict(stride=la.stride, padding=la.padding, dilation=la.dilation)
                 calib = self.calib.get(name)
-                qw = scheme.quantize(la.weight, la.groups, calib, **kw)
+                fit = calib[self.gptq_fit] if calib is not None and scheme.method == "gptq" else calib
+                qw = scheme.quantize(la.weight, la.groups, fit, **kw)
                 bias = scheme.corrected_bias(la.weight, qw, la.bias, calib, **kw)
                 self.cache[key] = (self.proxy.node_weight(name, qw.dequantize()),
                                    None if bias is None else np.asarray(bias, np.float32), qw.nbytes)
@@ -244,6 +248,13 @@ class Candidates:
     def assign(self, plan: dict) -> dict:
         """``{layer: scheme}`` -> the proxy's ``{layer: (weight, bias)}``."""
         return {n: self.get(n, s)[:2] for n, s in plan.items()}
+
+    def sqnr(self, plan: dict) -> float:
+        """:meth:`WeightProxy.sqnr` of ``plan``, measured once per distinct plan (searches repeat many)."""
+        key = tuple(sorted((n, self.scheme_for(n, s).label) for n, s in plan.items()))
+        if key not in self.measured:
+            self.measured[key] = self.proxy.sqnr(self.assign(plan))
+        return self.measured[key]
 
     def nbytes(self, plan: dict) -> int:
         return sum(self.get(n, s)[2] for n, s in plan.items())
@@ -298,9 +309,8 @@ def search_plan(cands: Candidates, target_db: float, ladder: list, base: Scheme,
     log = []
 
     def measure(plan):
-        db = proxy.sqnr(cands.assign(plan))
         pbar.update(1)
-        return db
+        return cands.sqnr(plan)
 
     all_base = {n: base for n in names}
     s0 = measure(all_base)
