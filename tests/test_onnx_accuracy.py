@@ -262,10 +262,13 @@ def test_the_default_bias_correction_is_data_free_said_and_helps():
     s = qo.model_summary(q)
     assert DEFAULT_SCHEME.endswith("-bc") and s["bias_correction"] == "a synthetic input (uniform [0, 1), 1x8x14x10)"
     assert {e["scheme"] for e in s["layers"].values()} == {DEFAULT_SCHEME}
+    syn = synthetic_feed(model)["x"]   # seeded uniform [0, 1): the same every time
+    assert syn.shape == (1, 8, 14, 10) and syn.min() >= 0 and syn.max() < 1 and abs(syn.mean() - 0.5) < 0.05
+    assert np.array_equal(syn, synthetic_feed(model)["x"])
     la = model_layers(model)[0]
     kw = dict(stride=la.stride, padding=la.padding, dilation=la.dilation)
     qw = quantize_weight(la.weight, 8, 0, False, zero_point=True)
-    want = la.bias - output_shift(la.weight, qw, synthetic_feed(model)["x"], **kw)
+    want = la.bias - output_shift(la.weight, qw, syn, **kw)
     got = [numpy_helper.to_array(t) for t in q.graph.initializer if t.name.startswith(la.name) and
            numpy_helper.to_array(t).shape == (16,) and numpy_helper.to_array(t).dtype == np.float32]
     assert any(np.allclose(g, want, rtol=0, atol=1e-6) for g in got), (got, want)
