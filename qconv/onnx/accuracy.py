@@ -121,9 +121,9 @@ class WeightProxy:
 
     ``model``: ``onnx.ModelProto``; ``layers``: its :class:`~qconv.onnx_model.ModelLayer` list; ``feeds``: the
     feeds every evaluation runs. :meth:`sqnr` compares with the float model's outputs computed by the same session
-    with the float weights. ``taps``: names of inner tensors :meth:`tapped` returns too (layer inputs)."""
+    with the float weights."""
 
-    def __init__(self, model, layers, feeds, threads: int = 2, taps=()):
+    def __init__(self, model, layers, feeds, threads: int = 2):
         import onnx
         import onnxruntime as ort
 
@@ -152,9 +152,6 @@ class WeightProxy:
                 m.graph.input.append(onnx.helper.make_tensor_value_info(slot.bias_input, onnx.TensorProto.FLOAT,
                                                                         slot.b0.shape))
             self.slots[la.name] = slot
-        n_out = len(m.graph.output)
-        have = {o.name for o in m.graph.output}
-        m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in dict.fromkeys(taps) if t not in have)
         used = {n for node in m.graph.node for n in node.input}
         keep = [t for t in m.graph.initializer if t.name in used]
         del m.graph.initializer[:]
@@ -164,8 +161,7 @@ class WeightProxy:
         so.log_severity_level = 3
         self.session = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
         self.feeds = [dict(f) for f in feeds]
-        self.all_names = [o.name for o in self.session.get_outputs()]
-        self.names = self.all_names[:n_out]
+        self.names = [o.name for o in self.session.get_outputs()]
         self.evaluations = 0
         self.refs = self.outputs({})
 
@@ -181,22 +177,14 @@ class WeightProxy:
     def outputs(self, assign: dict) -> list[list]:
         """Outputs per feed with ``assign`` = ``{layer name: (node-form weight, bias (O,) or None)}``; the other layers
         keep their float weights."""
-        self.evaluations += 1
-        return [self.session.run(self.names, {**f, **self._weights(assign)}) for f in self.feeds]
-
-    def tapped(self, assign: dict, names) -> list[dict]:
-        """``[{tap name: array} per feed]`` for ``names`` (among ``taps``) with ``assign`` as in :meth:`outputs`."""
-        self.evaluations += 1
-        return [dict(zip(names, self.session.run(list(names), {**f, **self._weights(assign)}))) for f in self.feeds]
-
-    def _weights(self, assign: dict) -> dict:
         base = {}
         for name, slot in self.slots.items():
             w, b = assign.get(name, (None, None))
             base[slot.weight_input] = slot.w0 if w is None else w
             if slot.bias_input is not None:
                 base[slot.bias_input] = slot.b0 if b is None else b
-        return base
+        self.evaluations += 1
+        return [self.session.run(self.names, {**f, **base}) for f in self.feeds]
 
     def sqnr(self, assign: dict) -> float:
         """The lowest output SQNR (dB) of ``assign`` against the float weights, pooled over all feeds and, with two
