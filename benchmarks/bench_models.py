@@ -231,7 +231,7 @@ def custom_op_overhead(threads: int, repeat: int, nodes: int = 16) -> dict:
         [helper.make_tensor_value_info(f"t{nodes}", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    sess = qo.InferenceSession(qo.quantize_model(model), threads=threads)
+    sess = qo.InferenceSession(qo.quantize_model(model, "int8-ch-sym", measure=False), threads=threads)
     layers = [qconv.Conv2d(qconv.quantize_weight(w, 8), threads=threads, act_quant=SESSION_CONV_ACT_QUANT)
               for w in ws]
     x = rng.standard_normal((1, 8, 4, 4)).astype(np.float32)
