@@ -18,7 +18,7 @@ import qconv.onnx as qo  # noqa: E402
 from qconv.model_report import Plan, Scheme  # noqa: E402
 from qconv.onnx.accuracy import (DEFAULT_SCHEME, Candidates, WeightProxy, measure_model, pooled_sqnr,  # noqa: E402
                                   search_plan)
-from qconv.onnx.quantize import LowAccuracyWarning  # noqa: E402
+from qconv.onnx.quantize import GUARD_DB, LowAccuracyWarning  # noqa: E402
 from qconv.onnx_model import model_layers  # noqa: E402
 
 def chain(bn: bool = False, linear: bool = True, seed: int = 5):
@@ -87,16 +87,19 @@ def test_pooled_sqnr_of_equal_outputs_is_infinite_and_of_zero_signal_minus_infin
     assert pooled_sqnr([[a]], [[0 * a]])[0][0] == -np.inf
 
 
-@pytest.mark.parametrize("scheme", ["int8-ch-sym", "int4-b8-asym", "int8-b8-sym", "int8-ch-zp"])
+@pytest.mark.parametrize("scheme", ["int8-ch-sym", "int4-b8-asym", "int8-b8-sym", "int8-ch-zp", "int4-b8-zp-bc"])
 def test_the_proxy_measures_what_the_session_gives(scheme):
     """With float activations (the session's default for convs; act_quant=None also for the MatMul, whose default
-    is per-row int8) the weight proxy (dequantized weights in the float model) gives the qconv session's output
-    SQNR within 0.05 dB (no folded ops: the same codes)."""
+    is per-row int8) the weight proxy (dequantized weights in the float model; biases, corrected ones too, as
+    inputs, a MatMul's through an Add) gives the qconv session's output SQNR within 0.05 dB (no folded ops: the
+    same codes)."""
+    from qconv.onnx.quantize import _proxy
+
     model, fs = chain(), feeds(2, 2)
     q = qo.quantize_model(model, scheme, fuse=False, measure=False)
     real = measure_model(model, q, fs, threads=1, act_quant=None)["sqnr_db"]
     layers = model_layers(model)
-    cands = Candidates(WeightProxy(model, layers, fs, threads=1))
+    cands = _proxy(model, layers, fs, 1)   # -bc: data-free, on the synthetic input quantize_model used
     proxy = cands.proxy.sqnr(cands.assign({la.name: Scheme.parse(scheme) for la in layers}))
     halves = [measure_model(model, q, f, threads=1, act_quant=None)["sqnr_db"] for f in (fs[:1], fs[1:])]
     assert proxy == pytest.approx(min([real] + halves), abs=0.05)
@@ -143,12 +146,17 @@ def test_quantize_model_target_sqnr_searches_on_calibration_and_measures_on_eval
     assert s["accuracy"]["sqnr_db"] == pytest.approx(measure_model(model, q, feeds(2, 5))["sqnr_db"], abs=0.006)
     schemes = {e["scheme"] for e in s["layers"].values()}
     ladder = set(s["search"]["ladder"]) | {s["search"]["int8_scheme"]}
-    assert schemes <= ladder | {x.removesuffix("-bc") for x in ladder}   # a MatMul takes the rung without -bc
+    assert schemes <= ladder
     assert s["search"]["int8_scheme"] == DEFAULT_SCHEME
     gptq_layers = any("gptq" in e["scheme"] for e in s["layers"].values())
     assert s["search"]["gptq"].startswith("kept" if gptq_layers else "not kept")
     # the plan's bytes: all-int8's at most, as all-int8 meets 25 dB on this graph
     assert s["search"]["int8_sqnr_db"] < 25.0 or s["search"]["nbytes"] <= s["search"]["int8_nbytes"]
+    # the guard band: the search aims 1 dB above the target, or at all-int8 when that alone meets the target
+    band = 25.0 <= s["search"]["int8_sqnr_db"] < 25.0 + GUARD_DB
+    assert s["search"]["searched_for_db"] == pytest.approx(s["search"]["int8_sqnr_db"] if band else 25.0 + GUARD_DB,
+                                                          abs=0.01)
+    assert s["search"]["sqnr_db"] >= s["search"]["searched_for_db"] - 0.01
 
 
 def test_the_guard_names_three_layers_whose_return_raises_the_sqnr():

@@ -15,7 +15,6 @@ nothing), so qconv measures the quantized model as a whole:
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -107,7 +106,7 @@ class _Slot:
     """Where one layer's weight (and bias) enter the proxy: input names and the node form of the weight."""
 
     weight_input: str
-    bias_input: str | None
+    bias_input: str | None   # a Conv's bias; for MatMul / Gemm the input of an Add after the node
     op: str
     trans_b: bool = False
     alpha: float = 1.0
@@ -116,7 +115,7 @@ class _Slot:
 
 
 class WeightProxy:
-    """The float model with every layer's weight (and a Conv's bias) as a model input: one onnxruntime session
+    """The float model with every layer's weight and bias as model inputs: one onnxruntime session
     evaluates any assignment of dequantized weights (see the module docstring).
 
     ``model``: ``onnx.ModelProto``; ``layers``: its :class:`~qconv.onnx_model.ModelLayer` list; ``feeds``: the
@@ -134,6 +133,7 @@ class WeightProxy:
         consts = _constants(m)
         self.layers = {la.name: la for la in layers}
         self.slots: dict[str, _Slot] = {}
+        adds = {}   # node index -> the Add after a linear layer
         for la in layers:
             node = m.graph.node[la.node_index]
             w_in = f"qconv.proxy/{la.name}/w"
@@ -142,16 +142,25 @@ class WeightProxy:
             slot = _Slot(w_in, None, la.op, bool(attrs.get("transB", 0)), float(attrs.get("alpha", 1.0)), w0)
             node.input[1] = w_in
             m.graph.input.append(onnx.helper.make_tensor_value_info(w_in, onnx.TensorProto.FLOAT, w0.shape))
+            slot.bias_input = f"qconv.proxy/{la.name}/b"
+            n_out = la.weight.shape[0]
+            slot.b0 = np.zeros(n_out, np.float32) if la.bias is None else np.asarray(la.bias, np.float32)
             if la.op == "Conv":
-                slot.bias_input = f"qconv.proxy/{la.name}/b"
-                slot.b0 = np.zeros(w0.shape[0], np.float32) if la.bias is None else np.asarray(la.bias, np.float32)
                 if len(node.input) > 2:
                     node.input[2] = slot.bias_input
                 else:
                     node.input.append(slot.bias_input)
-                m.graph.input.append(onnx.helper.make_tensor_value_info(slot.bias_input, onnx.TensorProto.FLOAT,
-                                                                        slot.b0.shape))
+            else:   # MatMul / Gemm: an Add of the bias's change after the node (its own bias, if any, stays)
+                y = node.output[0]
+                node.output[0] = f"qconv.proxy/{la.name}/y"
+                adds[la.node_index] = onnx.helper.make_node("Add", [node.output[0], slot.bias_input], [y],
+                                                            name=f"qconv.proxy/{la.name}/add")
+            m.graph.input.append(onnx.helper.make_tensor_value_info(slot.bias_input, onnx.TensorProto.FLOAT, (n_out,)))
             self.slots[la.name] = slot
+        if adds:
+            nodes = [x for i, node in enumerate(m.graph.node) for x in ([node, adds[i]] if i in adds else [node])]
+            del m.graph.node[:]
+            m.graph.node.extend(nodes)
         used = {n for node in m.graph.node for n in node.input}
         keep = [t for t in m.graph.initializer if t.name in used]
         del m.graph.initializer[:]
@@ -181,8 +190,10 @@ class WeightProxy:
         for name, slot in self.slots.items():
             w, b = assign.get(name, (None, None))
             base[slot.weight_input] = slot.w0 if w is None else w
-            if slot.bias_input is not None:
+            if slot.op == "Conv":
                 base[slot.bias_input] = slot.b0 if b is None else b
+            else:
+                base[slot.bias_input] = np.zeros_like(slot.b0) if b is None else (b - slot.b0).astype(np.float32)
         self.evaluations += 1
         return [self.session.run(self.names, {**f, **base}) for f in self.feeds]
 
@@ -203,21 +214,13 @@ class Candidates:
     ``gptq_fit``: the calibration feeds GPTQ fits the weights on (the others then measure a fitted plan on inputs
     its rounding never saw: see :meth:`WeightProxy.sqnr`'s halves). Calibrated schemes (``-bc``, ``gptq``) use the
     layers' inputs captured on the calibration feeds (``calib``:
-    ``{layer name: [NCHW input per feed]}``); linear layers take the scheme without its ``-bc`` (the proxy feeds
-    no bias to a MatMul)."""
+    ``{layer name: [NCHW input per feed]}``)."""
 
     def __init__(self, proxy: WeightProxy, calib: dict | None = None, gptq_fit: slice = slice(None)):
         self.proxy, self.calib, self.cache, self.gptq_fit = proxy, calib or {}, {}, gptq_fit
         self.measured: dict = {}
 
-    def scheme_for(self, name: str, scheme: Scheme) -> Scheme:
-        la = self.proxy.layers[name]
-        if scheme.bias_correction and la.is_linear:
-            return dataclasses.replace(scheme, bias_correction=False)
-        return scheme
-
     def get(self, name: str, scheme: Scheme):
-        scheme = self.scheme_for(name, scheme)
         key = (name, scheme.label)
         if key not in self.cache:
             la = self.proxy.layers[name]
@@ -239,7 +242,7 @@ class Candidates:
 
     def sqnr(self, plan: dict) -> float:
         """:meth:`WeightProxy.sqnr` of ``plan``, measured once per distinct plan (searches repeat many)."""
-        key = tuple(sorted((n, self.scheme_for(n, s).label) for n, s in plan.items()))
+        key = tuple(sorted((n, s.label) for n, s in plan.items()))
         if key not in self.measured:
             self.measured[key] = self.proxy.sqnr(self.assign(plan))
         return self.measured[key]

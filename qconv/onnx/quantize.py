@@ -385,6 +385,10 @@ LADDER = ("int4-b32-asym-bc", DEFAULT_SCHEME, "int8-b32-zp-bc", "int8-b16-zp-bc"
 LADDER_GPTQ = ("int4-b32-asym-gptq-bc",) + LADDER[1:]
 GPTQ_FIT = slice(0, None, 2)
 GPTQ_MIN_SAVING = 0.10
+#: The search aims this far above the target on the calibration inputs (``searched_for_db`` in the record): plans
+#: found right at it measured up to 1 dB less on held-out inputs (PP-OCRv4 rec, target 25: 25.0 dB on rendered
+#: lines, 24.2 on the picture's). When all-int8 meets the target but not the band, all-int8 is the plan.
+GUARD_DB = 1.0
 
 
 def _accuracy_control(m, layers, target: float, calib_feeds, progress: bool, threads) -> tuple[dict, dict]:
@@ -403,20 +407,24 @@ def _accuracy_control(m, layers, target: float, calib_feeds, progress: bool, thr
     cands = _proxy(m, layers, calib_feeds, threads, calib_feeds if calibrated else (), GPTQ_FIT)
     ladder = [Scheme.parse(s) for s in LADDER]
     base = ladder[1]
-    r = search_plan(cands, target, ladder, base, progress=progress)
+    s0 = cands.sqnr({la.name: base for la in layers})
+    # the guard band, unless all-int8 meets the target but not the band: then all-int8 it stays (no more bytes)
+    goal = s0 if target <= s0 < target + GUARD_DB else target + GUARD_DB
+    r = search_plan(cands, goal, ladder, base, progress=progress)
     gptq_note = None
     if gptq:
         ladder_g = [Scheme.parse(s) for s in LADDER_GPTQ]
-        rg = search_plan(cands, target, ladder_g, base, progress=progress)
+        rg = search_plan(cands, goal, ladder_g, base, progress=progress)
         saving = (r.nbytes - rg.nbytes) / r.base_nbytes
-        kept = rg.sqnr_db >= target and saving >= GPTQ_MIN_SAVING
+        kept = rg.sqnr_db >= goal and saving >= GPTQ_MIN_SAVING
         gptq_note = (f"{'kept' if kept else 'not kept'}: its plan saves {saving:.1%} of all-int8's bytes more than "
                      f"plain rounding's ({'>=' if saving >= GPTQ_MIN_SAVING else '<'} {GPTQ_MIN_SAVING:.0%}); GPTQ "
                      "fitted on the even-numbered calibration inputs")
         if kept:
             r, ladder = rg, ladder_g
-    schemes = {n: cands.scheme_for(n, s) for n, s in r.schemes.items()}
-    record = dict(target_sqnr_db=target, on=f"{len(calib_feeds)} {source}", sqnr_db=_rounded(r.sqnr_db),
+    schemes = dict(r.schemes)
+    record = dict(target_sqnr_db=target, searched_for_db=_rounded(goal), on=f"{len(calib_feeds)} {source}",
+                  sqnr_db=_rounded(r.sqnr_db),
                   nbytes=r.nbytes, int8_sqnr_db=_rounded(r.base_sqnr_db), int8_nbytes=r.base_nbytes,
                   int8_scheme=base.label, ladder=[s.label for s in ladder], evaluations=r.evaluations,
                   seconds=round(r.seconds, 1))
