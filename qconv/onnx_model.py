@@ -199,13 +199,13 @@ def first_input(model) -> tuple[str, list]:
     return inp.name, [d if isinstance(d, int) and d > 0 else 0 for d in inp.shape]
 
 
-def default_input(model, shape=None, seed: int = 0) -> dict:
-    """A seeded random feed for the first input of ``model`` (see :func:`first_input`); dynamic dims become 1
-    (batch) and 256."""
+def default_input(model, shape=None, seed: int = 0, uniform: bool = False) -> dict:
+    """A seeded random feed for the first input of ``model`` (see :func:`first_input`): standard normal, or
+    uniform [0, 1) with ``uniform``; dynamic dims become 1 (batch) and 256."""
     name, dims = first_input(model)
     dims = list(shape) if shape is not None else [d or (1 if i == 0 else 256) for i, d in enumerate(dims)]
     rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(dims).astype(np.float32)}
+    return {name: rng.random(dims, dtype=np.float32) if uniform else rng.standard_normal(dims).astype(np.float32)}
 
 
 def load_input(model, path, shape=None, mean=None, std=None) -> dict:

@@ -286,17 +286,14 @@ def synthetic_feed(model, like=()) -> dict | None:
     """The input of data-free bias correction: seeded uniform [0, 1) values (a picture's range), shaped as the
     first feed of ``like`` (evaluation or calibration feeds: their shape only, never their values) or as the
     model's first input (dynamic batch 1, other dynamic dims 256). None for a model with several inputs."""
-    from ..onnx_model import first_input
+    from ..onnx_model import default_input, first_input
 
     inputs = [i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     if len(inputs) != 1:
         return None
-    name, dims = first_input(model)
-    if like and name in like[0]:
-        dims = list(np.shape(like[0][name]))
-    else:
-        dims = [d or (1 if i == 0 else 256) for i, d in enumerate(dims)]
-    return {name: np.random.default_rng(CALIB_SEED).random(dims, dtype=np.float32)}
+    name, _ = first_input(model)
+    shape = np.shape(like[0][name]) if like and name in like[0] else None
+    return default_input(model, shape, seed=CALIB_SEED, uniform=True)
 
 
 def _layer_calibration(model, layers, feeds, need, like=()) -> tuple[dict, str | None]:
