@@ -8,7 +8,7 @@ import pytest
 
 import qconv
 from qconv._ext import _cpu_testing as T
-from qconv.cpu import CpuEngine, default_threads
+from qconv.cpu import CpuEngine, default_threads, select_kernel
 from qconv.geometry import ConvSpec
 
 pytestmark = pytest.mark.usefixtures("threaded_paths")
@@ -107,7 +107,10 @@ def _layers():
 
     b = rng.standard_normal(48).astype(np.float32)
     return {
-        "gemm int8": (ConvSpec(w(40, 24, 3), b[:40], 1, 1, 1, "relu", "tensor"), x(2, 24, 21, 19), "gemm", "columns"),
+        "gemm int8": (ConvSpec(w(40, 24, 3), b[:40], 2, 1, 1, "relu", "tensor"), x(2, 24, 41, 37), "gemm", "columns"),
+        # stride 1, per-tensor: the direct AMX conv where the default kernel is "amx", else the tiled GEMM
+        "amx conv": (ConvSpec(w(40, 70, 3), b[:40], 1, 1, 1, "relu", "tensor"), x(2, 70, 21, 19), "gemm",
+                     "amx-direct" if select_kernel() == "amx" else "columns"),
         "gemm int4 row": (ConvSpec(w(33, 32, 1, bits=4, bs=32), b[:33], act_quant="row"), x(1, 32, 30, 30), "gemm",
                           "columns"),
         "gemm block": (ConvSpec(w(40, 64, 3, bits=4, bs=32), None, 2, 1, 1, None, "block"), x(1, 64, 20, 20),
@@ -143,7 +146,7 @@ def test_layers_same_bits_on_1_2_3_threads(name):
         assert np.array_equal(y.view(np.uint32), y1.view(np.uint32)), (name, threads)
 
 
-@pytest.mark.parametrize("name", ["gemm int8", "gemv", "direct", "winograd", "depthwise int8"])
+@pytest.mark.parametrize("name", ["gemm int8", "amx conv", "gemv", "direct", "winograd", "depthwise int8"])
 @pytest.mark.parametrize("threads, stalled", [(2, 1), (3, 2)])
 def test_layer_stalled_worker(pool_hook, name, threads, stalled):
     """One worker stalled before its first chunk of every parallel-for of the call: the other threads run all the

@@ -806,23 +806,31 @@ static void qc_block_sums_scalar(const uint8_t *Q, int64_t npix, int64_t ltot, i
 #ifdef QC_HAVE_X86
 #define QC_TGT_512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
+/* 16 stored activation codes clip(round(x*qs) + z, qlo, qhi) + abias as int32 lanes, with zv = z + abias,
+ * lo/hi = qlo/qhi + abias. Round half away from zero = truncate(v + copysign(0.5 - 2^-25, v)), exact for every
+ * float32 v: below a half the sum stays under the next integer (1 - 2^-24 is a float), at or above it the float
+ * sum reaches it (a tie at 1 - 2^-25 rounds to the even 1.0); |v| >= 2^23 is integral already. The callers'
+ * scales come from the data's own range, so |v| stays far below 2^31 (cvttps is exact). */
+QC_TGT_512 static inline __attribute__((always_inline))
+__m512i qc_quant16_avx512(__m512 x, __m512 q, __m512i zv, __m512i lo, __m512i hi)
+{
+    const __m512 v = _mm512_mul_ps(x, q);
+    const __m512 r = _mm512_add_ps(v, _mm512_or_ps(_mm512_set1_ps(0.49999997f),
+                                                   _mm512_and_ps(v, _mm512_set1_ps(-0.0f))));
+    const __m512i iv = _mm512_add_epi32(_mm512_cvttps_epi32(r), zv);
+    return _mm512_min_epi32(_mm512_max_epi32(iv, lo), hi);
+}
+
 QC_TGT_512 static void qc_quant_avx512(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi,
                                        int32_t abias, uint8_t *dst)
 {
-    /* round half away from zero = truncate(v + copysign(0.5 - 2^-25, v)), exact for every float32 v: below a
-     * half the sum stays under the next integer (1 - 2^-24 is a float), at or above it the float sum reaches it
-     * (a tie at 1 - 2^-25 rounds to the even 1.0); |v| >= 2^23 is integral already. The callers' scales come
-     * from the data's own range, so |v| stays far below 2^31 (cvttps is exact). */
-    const __m512 q = _mm512_set1_ps(qs), h = _mm512_set1_ps(0.49999997f), sign = _mm512_set1_ps(-0.0f);
+    const __m512 q = _mm512_set1_ps(qs);
     const __m512i zv = _mm512_set1_epi32(z + abias), lo = _mm512_set1_epi32(qlo + abias);
     const __m512i hi = _mm512_set1_epi32(qhi + abias);
     int64_t i = 0;
     for (; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), q);
-        const __m512 r = _mm512_add_ps(v, _mm512_or_ps(h, _mm512_and_ps(v, sign)));
-        __m512i iv = _mm512_add_epi32(_mm512_cvttps_epi32(r), zv);
-        iv = _mm512_min_epi32(_mm512_max_epi32(iv, lo), hi);
+        const __m512i iv = qc_quant16_avx512(_mm512_maskz_loadu_ps(m, x + i), q, zv, lo, hi);
         /* narrow in a register, then a plain store: the converting (masked) store to memory is slow on AMD */
         const __m128i b = _mm512_cvtepi32_epi8(iv);
         if (m == 0xFFFF) _mm_storeu_si128((__m128i *)(dst + i), b);

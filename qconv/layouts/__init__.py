@@ -5,18 +5,19 @@ Each layout is a frozen-dataclass spec with two methods that are exact inverses:
 logical shape of ``x``. :func:`pack` and :func:`unpack` are the same as functions. Kernels read their
 constants (tile sizes, strides, build options) from properties of these specs, never from copies.
 
-=====================  ==========================================  ==============================
-spec                   layout                                      module
-=====================  ==========================================  ==============================
-``NC4HW4(pack)``       activations ``[ceil(C/P)][N][H][W][P]``     :mod:`qconv.layouts.nc4hw4`
-``Int4Packing``        two nibbles a byte (MNN / ONNX / GGUF)      :mod:`qconv.layouts.int4`
-``TiledWeightLayout``  CPU int8 GEMM weight tiles                  :mod:`qconv.layouts.gemm_tiles`
-``AmxWeightLayout``    CPU AMX-INT8 weight tiles (K/4 x 16 x 4)   :mod:`qconv.layouts.amx`
-OpenCL specs           ``SPECS`` of :mod:`qconv.layouts.opencl`:   :mod:`qconv.layouts.opencl`
-                       general conv, 1x1 buffer, 1x1 Image2D,
-                       scales, int8 tensor-core conv, f16
-                       tensor-core GEMV
-=====================  ==========================================  ==============================
+=======================  ============================================  ==============================
+spec                     layout                                        module
+=======================  ============================================  ==============================
+``NC4HW4(pack)``         activations ``[ceil(C/P)][N][H][W][P]``       :mod:`qconv.layouts.nc4hw4`
+``Int4Packing``          two nibbles a byte (MNN / ONNX / GGUF)        :mod:`qconv.layouts.int4`
+``TiledWeightLayout``    CPU int8 GEMM weight tiles                    :mod:`qconv.layouts.gemm_tiles`
+``AmxWeightLayout``      CPU AMX-INT8 weight tiles (K/4 x 16 x 4)      :mod:`qconv.layouts.amx`
+``AmxConvWeightLayout``  the direct AMX conv's A tiles (16 x kg x 4)   :mod:`qconv.layouts.amx`
+OpenCL specs             ``SPECS`` of :mod:`qconv.layouts.opencl`:     :mod:`qconv.layouts.opencl`
+                         general conv, 1x1 buffer, 1x1 Image2D,
+                         scales, int8 tensor-core conv, f16
+                         tensor-core GEMV
+=======================  ============================================  ==============================
 
 :func:`all_specs` lists every spec class; :func:`markdown_table` renders the layouts table of ``README.md``
 and ``docs/DESIGN.md`` from them (``tests/test_docs.py`` checks that the committed tables match it).
@@ -44,8 +45,8 @@ def all_specs():
     except ImportError:
         pass
     try:
-        from .amx import AmxWeightLayout
-        specs.append(AmxWeightLayout)
+        from .amx import AmxConvWeightLayout, AmxWeightLayout
+        specs.extend([AmxWeightLayout, AmxConvWeightLayout])
     except ImportError:
         pass
     try:

@@ -155,4 +155,127 @@ class AmxWeightLayout(BlockedWeightCodes):
         return self._from_reduction_rows(t.reshape(g, nb, ocp, kp) - off, shape)
 
 
-__all__ = ["AmxWeightLayout"]
+@dataclass(frozen=True)
+class AmxConvWeightLayout(BlockedWeightCodes):
+    """AMX-INT8 weight tiles of the CPU engine's direct conv (``qconv_amx_conv.h``): ``[ceil(O/16)][taps][steps]
+    [16][kg][4]`` -- per 16-channel tile, tap and K step, one A tile of 16 output channels x ``kg`` channel quads
+    x 4 channels, int8 ``q`` (4-bit weights too, one signed value a byte), zero-padded channels.
+
+    In the direct conv the weights are the A operand (signed, ``tdpbsud``) and the activations the B operand, read
+    in place from a padded quad-major input (``[quads][Hp][Wp][4]`` bytes, one tile row = one quad of 16
+    consecutive pixels): a K step is ``kg = min(16, ceil(C/4))`` quads of one tap, and the ``steps =
+    ceil(ceil(C/4)/kg)`` steps of a tap cover the channels, the last one zero-padded. The output tile is
+    16 channels x 16 pixels, channel-major as NCHW wants it. One group, one block per output channel.
+
+    ``out_channels``: ``O``; ``in_channels``: ``C``; ``taps``: ``kh*kw``; ``bits``: 8 or 4.
+    """
+
+    out_channels: int
+    in_channels: int
+    taps: int = 1
+    n_blocks: int = 1
+    bits: int = 8
+    groups: int = 1
+
+    unit = 16        # output channels per A tile (its rows)
+    src_unit = 4     # channels per quad (4 bytes of one tile row per quad)
+    max_quads = 16   # quads per K step: 64 bytes, the longest tile row
+
+    def __post_init__(self):
+        self._validate()
+        if self.groups != 1 or self.n_blocks != 1:
+            raise ValueError("AmxConvWeightLayout holds one group and one block per output channel, got "
+                             f"groups={self.groups}, n_blocks={self.n_blocks}")
+
+    @classmethod
+    def for_weight(cls, weight) -> "AmxConvWeightLayout":
+        """The layout of a :class:`~qconv.weights.QuantizedWeight` (one group, one block)."""
+        return cls(weight.out_channels, int(weight.q.shape[1]), weight.taps, weight.n_blocks, weight.bits,
+                   weight.groups)
+
+    # --- constants the kernel reads ---------------------------------------------------------------
+    @property
+    def quads(self) -> int:
+        """``ceil(C/4)``: channel quads of the input."""
+        return -(-self.in_channels // self.src_unit)
+
+    @property
+    def kg(self) -> int:
+        """Quads per K step: the A tile's row bytes / 4 and the B tile's rows."""
+        return min(self.max_quads, self.quads)
+
+    @property
+    def steps(self) -> int:
+        """K steps per tap."""
+        return -(-self.quads // self.kg)
+
+    @property
+    def quads_padded(self) -> int:
+        """``steps * kg``: the quads the kernel reads (the input buffer holds this many planes)."""
+        return self.steps * self.kg
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes of one A tile: 16 rows of ``4*kg``."""
+        return self.unit * self.src_unit * self.kg
+
+    @property
+    def oc_tile_stride(self) -> int:
+        """Bytes between consecutive 16-channel tiles."""
+        return self.taps * self.steps * self.tile_bytes
+
+    @property
+    def group_stride(self) -> int:
+        return self.oc_tiles * self.oc_tile_stride
+
+    @property
+    def packed_dtype(self):
+        return np.dtype(np.int8)
+
+    @property
+    def packed_shape(self) -> tuple:
+        return (self.oc_tiles, self.taps, self.steps, self.unit, self.kg, self.src_unit)
+
+    def byte_offset(self, o, c, kpos):
+        """Byte offset in the packed array of weight ``(o, c, kpos)`` (arrays broadcast)."""
+        o, c, kpos = np.asarray(o), np.asarray(c), np.asarray(kpos)
+        quad = c // 4
+        return ((o // self.unit) * self.oc_tile_stride + (kpos * self.steps + quad // self.kg) * self.tile_bytes
+                + (o % self.unit) * (4 * self.kg) + (quad % self.kg) * 4 + c % 4)
+
+    @classmethod
+    def hypothesis_case(cls):
+        """Strategy of ``(spec, q)``: int8 ``q (O, C, kh, kw)`` over bits and channel counts across the quad,
+        K-step and 16-channel tile boundaries."""
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            o = draw(st.sampled_from([1, 3, 15, 16, 17, 33]))
+            c = draw(st.sampled_from([1, 3, 4, 7, 63, 64, 65, 130]))
+            kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+            bits = draw(st.sampled_from([8, 4]))
+            lo, hi = (-8, 7) if bits == 4 else (-128, 127)
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+            return cls(o, c, kh * kw, 1, bits), rng.integers(lo, hi + 1, (o, c, kh, kw)).astype(np.int8)
+
+        return case()
+
+    # --- packing ---------------------------------------------------------------------------------------
+    def pack_array(self, q: np.ndarray) -> np.ndarray:
+        """int8 ``q (O, C, kh, kw)`` (or ``(O, C)``) -> int8 :attr:`packed_shape` (padding 0)."""
+        q = self._check_logical(q)
+        o, c, k = self.out_channels, self.in_channels, self.taps
+        full = np.zeros((self.oc_padded, 4 * self.quads_padded, k), np.int8)
+        full[:o, :c] = q.reshape(o, c, k)
+        t = full.reshape(self.oc_tiles, self.unit, self.steps, self.kg, 4, k).transpose(0, 5, 2, 1, 3, 4)
+        return np.ascontiguousarray(t)
+
+    def unpack_array(self, packed: np.ndarray, shape=None) -> np.ndarray:
+        """Inverse of :meth:`pack_array`: int8 ``(O, C, kh, kw)`` (``shape``, default ``(O, C, taps, 1)``)."""
+        packed, shape = self._check_packed(packed, shape)
+        full = packed.transpose(0, 3, 2, 4, 5, 1).reshape(self.oc_padded, 4 * self.quads_padded, self.taps)
+        return np.ascontiguousarray(full[:self.out_channels, :self.in_channels].reshape(shape))
+
+
+__all__ = ["AmxWeightLayout", "AmxConvWeightLayout"]

@@ -1,0 +1,193 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The direct AMX-INT8 conv of the qconv CPU engine (``kernel="amx"``, ``act_quant="tensor"``, stride 1, one
+group, one weight block per output channel).
+
+:class:`AmxConvPlan` runs such a layer without im2col, indirection table or transposing store: the input is
+quantized once into a padded quad-major buffer from which AMX loads its B tiles in place, the weights are the A
+tiles of an :class:`~qconv.layouts.amx.AmxConvWeightLayout`, and the 16-channel x 16-pixel accumulators are
+stored straight into NCHW rows. The math, the buffer layout and the epilogue (the VNNI kernel's float operations,
+so results are bitwise those of the tiled GEMM path) are in ``qconv_amx_conv.h``.
+"""
+import numpy as np
+
+from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
+from ._cpu cimport _parallel_for
+
+
+cdef extern from "qconv_amx_conv.h" nogil:
+    ctypedef struct qc_amxc_job:
+        int64_t N, C, H, W, OH, OW
+        int32_t KH, KW, dh, dw, pt, pl
+        int32_t quads, kg, steps
+        int32_t O, otiles
+        int64_t Hp, Wp, plane, nvirt, runs, sample_bytes, psum_len
+        int32_t rb
+        int64_t kchunk
+        const int8_t *wa
+        const int32_t *wsx
+        const float *scale
+        const float *offset
+        const float *bias
+        float lo, hi
+        int32_t hswish
+        const float *pa_s
+        const float *pa_t
+        const float *x
+        float *y
+        uint8_t *xq
+        int32_t *psum
+        const float *qs
+        const float *dx
+        const int32_t *z
+        int32_t qlo, qhi
+        const int64_t *toff
+    void qc_amxc_setup(qc_amxc_job *j)
+    void qc_amxc_offsets(const qc_amxc_job *j, int64_t *toff)
+    void qc_amxc_quant(const qc_amxc_job *j, int64_t item)
+    void qc_amxc_psum(const qc_amxc_job *j, int64_t item)
+    int64_t qc_amxc_items(const qc_amxc_job *j)
+    void qc_amxc_run(const qc_amxc_job *j, int64_t i0, int64_t i1)
+
+
+cdef int64_t _quant_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    cdef int64_t i
+    for i in range(i0, i1):
+        qc_amxc_quant(<const qc_amxc_job *> ctx, i)
+    return 0
+
+
+cdef int64_t _psum_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    cdef int64_t i
+    for i in range(i0, i1):
+        qc_amxc_psum(<const qc_amxc_job *> ctx, i)
+    return 0
+
+
+cdef int64_t _run_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    qc_amxc_run(<const qc_amxc_job *> ctx, i0, i1)
+    return 0
+
+
+def is_amx_conv(spec) -> bool:
+    """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a layer this path runs: stride 1, one group, one
+    weight block per output channel, dynamic per-tensor activations (``act_quant="tensor"``)."""
+    w = spec.weight
+    return (tuple(spec.stride) == (1, 1) and w.groups == 1 and w.n_blocks == 1 and spec.act_quant == "tensor"
+            and w.bits in (4, 8))
+
+
+cdef class AmxConvPlan:
+    """Prepared weights of one layer for the direct AMX conv.
+
+    ``spec``: the layer's :class:`~qconv.geometry.ConvSpec` (:func:`is_amx_conv`); ``layout``: its
+    :class:`~qconv.layouts.amx.AmxConvWeightLayout`; ``post_affine``: None or float32 ``(O,)`` scale and shift
+    applied after the activation (the session's fused BatchNorm-like tail). Per call, :meth:`forward` takes the
+    per-sample activation parameters (``qs``, ``z``, ``dx``, as :func:`qconv._ext._cpu.fill_tensor_params` fills
+    them) and a uint8 scratch of :meth:`scratch_bytes`.
+    """
+    cdef qc_amxc_job job
+    cdef object keep
+    cdef const int8_t[::1] wa
+    cdef const int32_t[::1] wsx
+    cdef const float[::1] scale, offset, bias, pas, pat
+    cdef int64_t[::1] toff
+    cdef readonly object layout
+
+    def __init__(self, spec, layout, post_affine=None):
+        cdef qc_amxc_job *j = &self.job
+        if not is_amx_conv(spec):
+            raise ValueError("the direct AMX conv runs stride-1, one-group, per-channel layers with "
+                             "act_quant='tensor'")
+        w = spec.weight
+        o, ocp = w.out_channels, layout.oc_padded
+        kh, kw = w.kernel_size
+        (ph, pw), (dh, dw) = spec.padding, spec.dilation
+        wa = layout.pack_array(w.q).reshape(-1)
+        wsx = np.zeros(ocp, np.int32)
+        wsx[:o] = w.q.reshape(o, -1).astype(np.int64).sum(axis=1)
+
+        def table(values):
+            t = np.zeros(ocp, np.float32)
+            t[:o] = np.asarray(values, np.float32).reshape(o)
+            return t
+
+        scale = table(w.scales)
+        offset = None if w.offsets is None else table(w.offsets)
+        bias = table(spec.bias_or_zeros())
+        self.keep = (wa, wsx, scale, offset, bias)
+        self.layout = layout
+        self.wa, self.wsx, self.scale, self.bias = wa, wsx, scale, bias
+        j.wa, j.wsx, j.scale, j.bias = &self.wa[0], &self.wsx[0], &self.scale[0], &self.bias[0]
+        j.offset = NULL
+        if offset is not None:
+            self.offset = offset
+            j.offset = &self.offset[0]
+        j.pa_s = j.pa_t = NULL
+        if post_affine is not None:
+            self.pas, self.pat = table(post_affine[0]), table(post_affine[1])
+            j.pa_s, j.pa_t = &self.pas[0], &self.pat[0]
+        act = spec.activation
+        j.lo, j.hi = (0.0, 6.0) if act == "relu6" else (0.0, np.inf) if act == "relu" else (-np.inf, np.inf)
+        j.hswish = act == "hardswish"
+        j.C, j.O, j.KH, j.KW, j.dh, j.dw, j.pt, j.pl = w.in_channels, o, kh, kw, dh, dw, ph, pw
+        j.quads, j.kg, j.steps, j.otiles = layout.quads, layout.kg, layout.steps, layout.oc_tiles
+        self.toff = np.zeros(kh * kw, np.int64)
+
+    def tune(self, int rb, int64_t kchunk):
+        """Lab hook: run pairs per compute item and K steps per chunk (0: the defaults)."""
+        self.job.rb, self.job.kchunk = rb, kchunk
+
+    cdef void _shape(self, int64_t N, int64_t H, int64_t W, int64_t OH, int64_t OW):
+        cdef qc_amxc_job *j = &self.job
+        j.N, j.H, j.W, j.OH, j.OW = N, H, W, OH, OW
+        qc_amxc_setup(j)
+        qc_amxc_offsets(j, &self.toff[0])
+        j.toff = &self.toff[0]
+
+    def scratch_bytes(self, int64_t N, int64_t H, int64_t W, int64_t OH, int64_t OW):
+        """Bytes of scratch a call on an ``(N, C, H, W)`` input with ``(OH, OW)`` outputs needs: the padded
+        quantized input, then (weights with offsets) the int32 pixel sums."""
+        self._shape(N, H, W, OH, OW)
+        cdef int64_t nb = N * self.job.sample_bytes
+        if self.job.offset != NULL:
+            nb += 4 * N * self.job.psum_len + 64
+        return nb
+
+    @property
+    def nbytes(self):
+        """Bytes of the prepared weights and tables one call reads."""
+        return int(sum(a.nbytes for a in self.keep if a is not None))
+
+    def forward(self, x, y, qs, z, dx, uint8_t[::1] scratch, int threads):
+        """``y`` (float32 NCHW, C-contiguous) = the layer on float32 NCHW ``x`` (C-contiguous, finite), with the
+        per-sample activation parameters ``qs`` float32, ``z`` int32, ``dx`` float32 ``(N,)`` (clip range
+        [-128, 127]); ``scratch``: at least :meth:`scratch_bytes` bytes. Returns ``y``."""
+        cdef qc_amxc_job *j = &self.job
+        cdef const float[:, :, :, ::1] xv = x
+        cdef float[:, :, :, ::1] yv = y
+        cdef const float[::1] qsv = qs
+        cdef const int32_t[::1] zv = z
+        cdef const float[::1] dxv = dx
+        cdef int64_t N = x.shape[0], nq, nb, chunk, items
+        if x.shape[1] != j.C or y.shape[1] != j.O or y.shape[0] != N or qs.shape[0] < N:
+            raise ValueError("x, y or the activation parameters do not match this layer")
+        if scratch.shape[0] < self.scratch_bytes(N, x.shape[2], x.shape[3], y.shape[2], y.shape[3]):
+            raise ValueError("scratch too small")
+        j.x, j.y = &xv[0, 0, 0, 0], &yv[0, 0, 0, 0]
+        j.qs, j.z, j.dx = &qsv[0], &zv[0], &dxv[0]
+        j.qlo, j.qhi = -128, 127
+        j.xq = &scratch[0]
+        nb = N * j.sample_bytes
+        j.psum = NULL
+        if j.offset != NULL:
+            nb = (nb + 63) // 64 * 64
+            j.psum = <int32_t *> &scratch[nb]
+        nq = <int64_t> j.steps * j.kg
+        items = qc_amxc_items(j)
+        chunk = max(1, items // (8 * threads))
+        with nogil:
+            _parallel_for(N * nq, 1, _quant_items, j, threads)
+            if j.psum != NULL:
+                _parallel_for(N * j.Hp, 4, _psum_items, j, threads)
+            _parallel_for(items, chunk, _run_items, j, threads)
+        return y

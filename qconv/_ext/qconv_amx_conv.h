@@ -1,0 +1,339 @@
+/* qconv_amx_conv.h -- the CPU engine's direct AMX-INT8 conv (kernel "amx", act_quant="tensor").
+ *
+ * Contract, per sample n, output channel o and output pixel (oy, ox):
+ *   I = sum over c, ky, kx of q[o][c][ky][kx] * u[c][oy - pt + ky*dh][ox - pl + kx*dw]      (exact int32)
+ *   S = the sum of the same u                       (u = xq - z, 0 outside the input; xq = clip(round(x*qs) + z,
+ *                                                    qlo, qhi), the tensor quantization of the tiled GEMM path)
+ *   y[n][o][oy][ox] = clamp(dx * fma(s[o], I, off[o] * S) + bias[o], lo, hi), then hardswish and v * ps + pt
+ * with the float operations, in the order, of the VNNI kernel's epilogue (qc_vnni_facc, qc_vnni_fin) and of the
+ * store's hardswish / post-affine: the results are bitwise those of the tiled GEMM path.
+ * Scope: stride 1, any kernel size, dilation and padding, one group, one weight block per output channel
+ * (per-channel scales, symmetric or with offsets), int8 or int4 weights, float32 NCHW input and output.
+ *
+ * Layout. Per sample the input is quantized once into a padded quad-major buffer xq[quad][Hp][Wp][4] of bytes
+ * U = xq + 128 (Hp = OH + (KH-1)*dh, Wp = OW + (KW-1)*dw; the padding and the padded channel lanes hold
+ * z + 128, i.e. u = 0), `plane` bytes per quad. Output pixel (oy, ox) is the virtual pixel v = oy*Wp + ox, and
+ * tap (ky, kx) reads plane position v + ky*dh*Wp + kx*dw: for every tap, 16 consecutive virtual pixels are 16
+ * consecutive 4-byte groups, so a B tile (kg quads x 16 pixels x 4 channels) is one strided tile load straight
+ * from xq, without im2col. Virtual pixels with ox >= OW are computed and dropped (a (KW-1)*dw / Wp overhead).
+ * The weights are the A operand: AmxConvWeightLayout tiles [O/16][taps][steps][16][kg][4] of signed q
+ * (qconv/layouts/amx.py), multiplied by tdpbsud (A signed, B unsigned): acc = sum q*U, I = acc - (z+128)*wsx
+ * with wsx = sum of q per output channel. The accumulators are 16 channels x 16 pixels, channel-major: each
+ * output channel's 16 pixels are stored straight into its NCHW rows (masked, split where a run crosses a row).
+ *
+ * Work: quantization items (sample, quad), pixel-sum items (sample, padded row; only with offsets), then compute
+ * items (sample, pair of 16-channel tiles, block of run pairs): four accumulator tiles per run pair, the K
+ * sequence (tap, step) cut into chunks whose weights stay in L1 across the block.
+ */
+#ifndef QCONV_AMX_CONV_H
+#define QCONV_AMX_CONV_H
+
+#include "qconv_kernels.h"
+
+#ifdef QC_HAVE_X86
+
+typedef struct {
+    int64_t N, C, H, W, OH, OW;
+    int32_t KH, KW, dh, dw, pt, pl;
+    int32_t quads, kg, steps;     /* AmxConvWeightLayout: channel quads, quads per K step, K steps per tap */
+    int32_t O, otiles;            /* output channels, 16-channel tiles */
+    /* set by qc_amxc_setup */
+    int64_t Hp, Wp, plane;        /* padded plane and the bytes between quads (pixels Hp*Wp + QC_AMXC_SLACK) */
+    int64_t nvirt, runs;          /* virtual pixels (OH-1)*Wp + OW and their 16-pixel runs */
+    int64_t sample_bytes;         /* xq bytes per sample: steps*kg planes */
+    int64_t psum_len;             /* int32 pixel sums per sample: Hp*Wp + QC_AMXC_SLACK */
+    int32_t rb;                   /* run pairs per compute item (<= QC_AMXC_RB) */
+    int64_t kchunk;               /* K steps per chunk */
+    /* weights and per-channel tables (padded to 16*otiles channels) */
+    const int8_t *wa;
+    const int32_t *wsx;
+    const float *scale, *offset, *bias;   /* offset NULL: symmetric weights (no pixel sums) */
+    float lo, hi;
+    int32_t hswish;
+    const float *pa_s, *pa_t;     /* post-affine per channel, or NULL */
+    /* per call */
+    const float *x;
+    float *y;
+    uint8_t *xq;
+    int32_t *psum;                /* NULL when offset is NULL */
+    const float *qs, *dx;         /* per sample */
+    const int32_t *z;
+    int32_t qlo, qhi;
+    const int64_t *toff;          /* per tap: ky*dh*Wp + kx*dw (pixels) */
+} qc_amxc_job;
+
+/* pixels of slack after each plane: a run of 16 virtual pixels starting at the last valid one reads up to 15
+ * pixels beyond the plane (their results are dropped) */
+#define QC_AMXC_SLACK 16
+/* run pairs per compute item (at most), and the A bytes (two channel tiles) one K chunk may span by default: the
+ * chunk's weights stay in L1 while the item's run pairs pass over it (partial sums wait in a stack buffer) */
+#define QC_AMXC_RB 8
+#define QC_AMXC_KCHUNK_BYTES 24576
+
+static void qc_amxc_setup(qc_amxc_job *j)
+{
+    j->Hp = j->OH + (int64_t)(j->KH - 1) * j->dh;
+    j->Wp = j->OW + (int64_t)(j->KW - 1) * j->dw;
+    j->nvirt = (j->OH - 1) * j->Wp + j->OW;
+    j->runs = (j->nvirt + 15) / 16;
+    int64_t plane = (j->Hp * j->Wp + QC_AMXC_SLACK) * 4;
+    plane = (plane + 63) & ~(int64_t)63;
+    /* a B tile reads 16 rows `plane` bytes apart: keep them off one L1 set */
+    if (plane % 1024 == 0) plane += 64;
+    j->plane = plane;
+    j->sample_bytes = (int64_t)j->steps * j->kg * plane;
+    j->psum_len = j->Hp * j->Wp + QC_AMXC_SLACK;
+    if (j->kchunk < 1) {
+        j->kchunk = QC_AMXC_KCHUNK_BYTES / (2 * 64 * (int64_t)j->kg);
+        if (j->kchunk < 1) j->kchunk = 1;
+    }
+    /* one K chunk: blocks of run pairs only set the work items' size (2 keeps them many); several: a block
+     * shares each chunk's weights */
+    if (j->rb < 1 || j->rb > QC_AMXC_RB)
+        j->rb = (int64_t)j->KH * j->KW * j->steps <= j->kchunk ? 2 : QC_AMXC_RB;
+}
+
+static void qc_amxc_offsets(const qc_amxc_job *j, int64_t *toff)
+{
+    for (int ky = 0; ky < j->KH; ++ky)
+        for (int kx = 0; kx < j->KW; ++kx)
+            toff[ky * j->KW + kx] = (int64_t)ky * j->dh * j->Wp + (int64_t)kx * j->dw;
+}
+
+static inline void qc_amxc_fill32(uint32_t *p, int64_t n, uint32_t v)
+{
+    for (int64_t i = 0; i < n; ++i) p[i] = v;
+}
+
+/* quantization item (sample n, quad c4): the quad's padded plane of sample n, borders and slack included */
+QC_TGT_512 static void qc_amxc_quant(const qc_amxc_job *j, int64_t item)
+{
+    const int64_t nq = (int64_t)j->steps * j->kg, n = item / nq, c4 = item % nq;
+    const int32_t zpu = j->z[n] + 128;
+    const uint32_t fill = 0x01010101u * (uint32_t)(zpu & 255);
+    uint32_t *plane = (uint32_t *)(j->xq + n * j->sample_bytes + c4 * j->plane);
+    const int64_t Wp = j->Wp, W = j->W, H = j->H, pl = j->pl, pt = j->pt;
+    if (c4 >= j->quads) {   /* a padded quad (zero weights): any value, kept defined */
+        qc_amxc_fill32(plane, j->plane / 4, fill);
+        return;
+    }
+    qc_amxc_fill32(plane, pt * Wp, fill);
+    qc_amxc_fill32(plane + (pt + H) * Wp, (j->Hp - pt - H) * Wp + QC_AMXC_SLACK, fill);
+    const __m512 q = _mm512_set1_ps(j->qs[n]);
+    const __m512i zv = _mm512_set1_epi32(zpu), lo = _mm512_set1_epi32(j->qlo + 128);
+    const __m512i hi = _mm512_set1_epi32(j->qhi + 128);
+    const float *xc[4];
+    int real = 0;
+    for (int i = 0; i < 4; ++i) {
+        const int64_t c = 4 * c4 + i;
+        xc[i] = c < j->C ? j->x + (n * j->C + c) * H * W : NULL;
+        real += c < j->C;
+    }
+    for (int64_t yy = 0; yy < H; ++yy) {
+        uint32_t *row = plane + (pt + yy) * Wp;
+        qc_amxc_fill32(row, pl, fill);
+        qc_amxc_fill32(row + pl + W, Wp - pl - W, fill);
+        for (int64_t x0 = 0; x0 < W; x0 += 16) {
+            const __mmask16 m = W - x0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (W - x0)) - 1);
+            __m512i acc = _mm512_setzero_si512();
+            for (int i = 0; i < 4; ++i) {
+                const __m512i v = i < real
+                    ? qc_quant16_avx512(_mm512_maskz_loadu_ps(m, xc[i] + yy * W + x0), q, zv, lo, hi) : zv;
+                acc = _mm512_or_si512(acc, _mm512_slli_epi32(v, 8 * i));
+            }
+            _mm512_mask_storeu_epi32(row + pl + x0, m, acc);
+        }
+    }
+}
+
+/* pixel-sum item (sample n, padded row r): psum[p] = sum of u over the real channels at plane position p (the last
+ * row also clears the slack) */
+QC_TGT_AMX static void qc_amxc_psum(const qc_amxc_job *j, int64_t item)
+{
+    const int64_t n = item / j->Hp, r = item % j->Hp, Wp = j->Wp;
+    const uint8_t *xs = j->xq + n * j->sample_bytes + r * Wp * 4;
+    int32_t *ps = j->psum + n * j->psum_len + r * Wp;
+    const __m512i ones = _mm512_set1_epi8(1), bias = _mm512_set1_epi32(4 * j->quads * (j->z[n] + 128));
+    for (int64_t x0 = 0; x0 < Wp; x0 += 16) {
+        const __mmask16 m = Wp - x0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (Wp - x0)) - 1);
+        __m512i acc = _mm512_setzero_si512();
+        for (int c4 = 0; c4 < j->quads; ++c4)
+            acc = _mm512_dpbusd_epi32(acc, _mm512_maskz_loadu_epi32(m, xs + c4 * j->plane + x0 * 4), ones);
+        _mm512_mask_storeu_epi32(ps + x0, m, _mm512_sub_epi32(acc, bias));
+    }
+    if (r == j->Hp - 1) memset(ps + Wp, 0, QC_AMXC_SLACK * sizeof(int32_t));
+}
+
+/* where the 16 virtual pixels v0 .. v0+15 go: up to 17 row segments (mask of lanes, output offset of lane 0) */
+typedef struct { int n; __mmask16 mask[17]; int64_t off[17]; } qc_amxc_segs;
+
+static inline void qc_amxc_segments(const qc_amxc_job *j, int64_t v0, qc_amxc_segs *sg)
+{
+    sg->n = 0;
+    for (int64_t oy = v0 / j->Wp; oy * j->Wp < v0 + 16 && oy < j->OH; ++oy) {
+        int64_t a = oy * j->Wp - v0, b = a + j->OW;
+        a = a < 0 ? 0 : a;
+        b = b > 16 ? 16 : b;
+        if (a >= b) continue;
+        sg->mask[sg->n] = (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
+        sg->off[sg->n] = oy * j->OW + (v0 - oy * j->Wp);   /* lane i -> oy*OW + (v0 + i - oy*Wp) */
+        sg->n++;
+    }
+}
+
+/* epilogue of one 16 x 16 accumulator tile (channels 16*ot.., virtual pixels v0..) into y of sample n; has_off,
+ * hs, pa are constants in each of qc_amxc_epi's calls, so every combination compiles to a branch-free row loop */
+QC_TGT_AMX static inline __attribute__((always_inline))
+void qc_amxc_epi_rows(const qc_amxc_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf,
+                      const qc_amxc_segs *sg, const int has_off, const int hs, const int pa)
+{
+    /* the job's fields as locals: the stores to y below may alias them as far as the compiler knows */
+    const float *scale = j->scale + 16 * ot, *offset = has_off ? j->offset + 16 * ot : NULL;
+    const float *bias = j->bias + 16 * ot, *pas = pa ? j->pa_s + 16 * ot : NULL, *pat = pa ? j->pa_t + 16 * ot : NULL;
+    const int32_t *wsx = j->wsx + 16 * ot;
+    const int nseg = sg->n;
+    __m512 sf = _mm512_setzero_ps();
+    if (has_off) {
+        const int32_t *ps = j->psum + n * j->psum_len + v0;
+        __m512i s = _mm512_setzero_si512();
+        for (int t = 0; t < j->KH * j->KW; ++t) s = _mm512_add_epi32(s, _mm512_loadu_si512((const void *)(ps + j->toff[t])));
+        sf = _mm512_cvtepi32_ps(s);
+    }
+    const int32_t zpu = j->z[n] + 128;
+    const __m512 dx = _mm512_set1_ps(j->dx[n]), lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
+    const __m512 three = _mm512_set1_ps(3.0f), zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+    const int mmax = j->O - 16 * ot < 16 ? (int)(j->O - 16 * ot) : 16;
+    const int64_t ohw = j->OH * j->OW;
+    float *y0 = j->y + (n * j->O + 16 * ot) * ohw;
+    for (int m = 0; m < mmax; ++m) {
+        const __m512i acc = _mm512_loadu_si512((const void *)(cbuf + 16 * m));
+        const __m512i i = _mm512_sub_epi32(acc, _mm512_set1_epi32(zpu * wsx[m]));
+        /* the VNNI epilogue's fma(s, I, o*S), with o*S = +0 when symmetric */
+        const __m512 off = has_off ? _mm512_mul_ps(_mm512_set1_ps(offset[m]), sf) : zero;
+        __m512 f = _mm512_fmadd_ps(_mm512_set1_ps(scale[m]), _mm512_cvtepi32_ps(i), off);
+        f = _mm512_fmadd_ps(dx, f, _mm512_set1_ps(bias[m]));
+        f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
+        if (hs)
+            f = _mm512_div_ps(_mm512_mul_ps(f, _mm512_min_ps(six, _mm512_max_ps(zero, _mm512_add_ps(f, three)))), six);
+        if (pa) {
+            f = _mm512_mul_ps(f, _mm512_set1_ps(pas[m]));
+            __asm__("" : "+v"(f));   /* keep the float32 product: no fused multiply-add */
+            f = _mm512_add_ps(f, _mm512_set1_ps(pat[m]));
+        }
+        float *yo = y0 + m * ohw;
+        if (nseg == 1) _mm512_mask_storeu_ps(yo + sg->off[0], sg->mask[0], f);
+        else for (int s = 0; s < nseg; ++s) _mm512_mask_storeu_ps(yo + sg->off[s], sg->mask[s], f);
+    }
+}
+
+QC_TGT_AMX static void qc_amxc_epi(const qc_amxc_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf)
+{
+    qc_amxc_segs sg;
+    qc_amxc_segments(j, v0, &sg);
+    if (sg.n == 0) return;
+    switch ((j->offset != NULL) | (j->hswish != 0) << 1 | (j->pa_s != NULL) << 2) {
+    case 0: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 0, 0); break;
+    case 1: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 0, 0); break;
+    case 2: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 1, 0); break;
+    case 3: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 1, 0); break;
+    case 4: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 0, 1); break;
+    case 5: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 0, 1); break;
+    case 6: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 1, 1); break;
+    default: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 1, 1); break;
+    }
+}
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) qc_amxc_cfg;
+
+static inline int64_t qc_amxc_items(const qc_amxc_job *j)
+{
+    const int64_t rpairs = (j->runs + 1) / 2;
+    return j->N * ((j->otiles + 1) / 2) * ((rpairs + j->rb - 1) / j->rb);
+}
+
+/* compute items i0 .. i1-1: item = (sample, channel-tile pair, block of QC_AMXC_RB run pairs), the block fastest
+ * (consecutive items share the pair's weights). Per item: K chunks of the (tap, step) sequence outside, run pairs
+ * inside. Tiles: C 0..3 (16 x 64 bytes), A (weights) 4, 5 (16 x 4kg), B (pixels) 6, 7 (kg x 64). The configuration
+ * is loaded and released here, on the calling thread. */
+QC_TGT_AMX static void qc_amxc_run(const qc_amxc_job *j, int64_t i0, int64_t i1)
+{
+    int32_t cbuf[4 * 256] __attribute__((aligned(64)));
+    int32_t part[QC_AMXC_RB][4 * 256] __attribute__((aligned(64)));
+    qc_amxc_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 4; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    for (int i = 4; i < 6; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = (uint16_t)(4 * j->kg); }
+    for (int i = 6; i < 8; ++i) { cfg.rows[i] = (uint8_t)j->kg; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+    const int64_t opairs = (j->otiles + 1) / 2, rpairs = (j->runs + 1) / 2;
+    const int64_t rblocks = (rpairs + j->rb - 1) / j->rb, taps = (int64_t)j->KH * j->KW;
+    const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;
+    const int64_t bstep = (int64_t)j->kg * j->plane, plane = j->plane, steps = j->steps;
+    const int64_t ksteps = taps * steps;
+    const int64_t kchunk = j->kchunk;
+    for (int64_t item = i0; item < i1; ++item) {
+        const int64_t n = item / (opairs * rblocks), rem = item % (opairs * rblocks);
+        const int64_t ot = 2 * (rem / rblocks), rp0 = (rem % rblocks) * j->rb;
+        const int64_t rp1 = rp0 + j->rb < rpairs ? rp0 + j->rb : rpairs;
+        const int two_o = ot + 1 < j->otiles;
+        const uint8_t *xs = j->xq + n * j->sample_bytes;
+        const int8_t *wo = j->wa + ot * ostride;
+        for (int64_t k0 = 0; k0 < ksteps; k0 += kchunk) {
+            const int64_t k1 = k0 + kchunk < ksteps ? k0 + kchunk : ksteps;
+            for (int64_t rp = rp0; rp < rp1; ++rp) {
+                const int64_t r = 2 * rp, v0 = 16 * r;
+                const int two_r = r + 1 < j->runs;
+                int32_t *pb = part[rp - rp0];
+                if (k0 == 0) { _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); }
+                else {
+                    _tile_loadd(0, pb, 64); _tile_loadd(1, pb + 256, 64);
+                    _tile_loadd(2, pb + 512, 64); _tile_loadd(3, pb + 768, 64);
+                }
+                const uint8_t *xv = xs + 4 * v0;
+                if (k0 == 0 && rp + 1 < rpairs) {
+                    /* the next run pair's pixels under the last kernel row: the only lines of its B tiles that
+                     * the pairs before did not bring in (one stream per quad plane: too many for the prefetcher) */
+                    const uint8_t *nx = xv + 128 + 4 * j->toff[taps - j->KW];
+                    for (int64_t q = 0; q < (int64_t)j->kg * steps; ++q) {
+                        _mm_prefetch((const char *)(nx + q * plane), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(nx + q * plane + 64 + 4 * (j->KW - 1) * j->dw), _MM_HINT_T0);
+                    }
+                }
+                for (int64_t ks = k0; ks < k1; ++ks) {
+                    const int64_t t = ks / steps, s = ks - t * steps;
+                    const int8_t *a = wo + ks * tb;
+                    const uint8_t *b = xv + 4 * j->toff[t] + s * bstep;
+                    _tile_loadd(4, a, astride);
+                    _tile_loadd(6, b, plane);
+                    _tile_dpbsud(0, 4, 6);
+                    if (two_r) { _tile_loadd(7, b + 64, plane); _tile_dpbsud(1, 4, 7); }
+                    if (two_o) {
+                        _tile_loadd(5, a + ostride, astride);
+                        _tile_dpbsud(2, 5, 6);
+                        if (two_r) _tile_dpbsud(3, 5, 7);
+                    }
+                }
+                int32_t *dst = k1 == ksteps ? cbuf : pb;
+                _tile_stored(0, dst, 64); _tile_stored(1, dst + 256, 64);
+                _tile_stored(2, dst + 512, 64); _tile_stored(3, dst + 768, 64);
+                if (k1 == ksteps) {
+                    qc_amxc_epi(j, n, ot, v0, cbuf);
+                    if (two_r) qc_amxc_epi(j, n, ot, v0 + 16, cbuf + 256);
+                    if (two_o) {
+                        qc_amxc_epi(j, n, ot + 1, v0, cbuf + 512);
+                        if (two_r) qc_amxc_epi(j, n, ot + 1, v0 + 16, cbuf + 768);
+                    }
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
+#endif /* QC_HAVE_X86 */
+#endif /* QCONV_AMX_CONV_H */
