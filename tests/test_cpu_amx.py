@@ -259,7 +259,7 @@ def test_engine_amx_benchmark_shapes(shape, scheme, aq, amx_conv):
     amx, vnni = _pair(spec, None, 2, amx_min=4, amx_conv=amx_conv)
     y = amx.forward(x)
     np.testing.assert_array_equal(y, vnni.forward(x))
-    direct = amx_conv is None and stride == 1 and aq == "tensor" and w.n_blocks == 1
+    direct = amx_conv is None and aq == "tensor" and w.n_blocks == 1
     assert (amx.last_call["split"] == "amx-direct") == direct
     assert direct or amx._plan.amx_bound
     assert_matches_reference(y, x, w, spec.bias, stride, k // 2, 1, None, aq,
@@ -354,19 +354,19 @@ def test_amx_conv_layout_refuses_groups_and_blocks():
 
 
 def test_amx_conv_option_is_checked():
-    spec = ConvSpec(quantize_weight(np.ones((4, 4, 3, 3), np.float32)), None, 2, 1)
+    spec = ConvSpec(quantize_weight(np.ones((4, 4, 3, 3), np.float32), block_size=2), None, 2, 1)
     with pytest.raises(TypeError, match="amx_conv must be"):
         CpuEngine(spec, amx_conv="yes")
-    with pytest.raises(ValueError, match="amx_conv=True needs"):     # stride 2 (and, off AMX, the kernel)
+    with pytest.raises(ValueError, match="amx_conv=True needs"):     # two blocks (and, off AMX, the kernel)
         CpuEngine(spec, amx_conv=True)
 
 
 @st.composite
 def amx_conv_cases(draw):
-    """Layers the direct AMX conv takes: stride 1, one group, per-channel int8 / int4 weights (symmetric, asymmetric,
-    zero-point form), channels across the quad, 16-quad K step and 16-channel tile boundaries, any kernel, padding,
-    dilation, batch, activation and (one in three) a post-affine tail."""
-    geo = draw(qst.conv_geometries(max_channels=70, max_out_channels=40, max_spatial=12, max_kernel=5, max_stride=1))
+    """Layers the direct AMX conv takes: one group, per-channel int8 / int4 weights (symmetric, asymmetric, zero-point
+    form), channels across the quad, 16-quad K step and 16-channel tile boundaries, any kernel, stride (its phase
+    planes), padding, dilation, batch, activation and (one in three) a post-affine tail."""
+    geo = draw(qst.conv_geometries(max_channels=70, max_out_channels=40, max_spatial=12, max_kernel=5, max_stride=3))
     weight = draw(qst.quantized_weights(geo, blocks=False))
     x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))

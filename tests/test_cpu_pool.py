@@ -107,8 +107,8 @@ def _layers():
 
     b = rng.standard_normal(48).astype(np.float32)
     return {
-        "gemm int8": (ConvSpec(w(40, 24, 3), b[:40], 2, 1, 1, "relu", "tensor"), x(2, 24, 41, 37), "gemm", "columns"),
-        # stride 1, per-tensor: the direct AMX conv where the default kernel is "amx", else the tiled GEMM
+        "gemm int8": (ConvSpec(w(40, 24, 3), b[:40], 1, 1, 1, "relu", "row"), x(2, 24, 21, 19), "gemm", "columns"),
+        # per-tensor: the direct AMX conv where the default kernel is "amx", else the tiled GEMM
         "amx conv": (ConvSpec(w(40, 70, 3), b[:40], 1, 1, 1, "relu", "tensor"), x(2, 70, 21, 19), "gemm",
                      "amx-direct" if select_kernel() == "amx" else "columns"),
         "gemm int4 row": (ConvSpec(w(33, 32, 1, bits=4, bs=32), b[:33], act_quant="row"), x(1, 32, 30, 30), "gemm",

@@ -1,9 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The direct AMX-INT8 conv of the qconv CPU engine (``kernel="amx"``, ``act_quant="tensor"``, stride 1, one
-group, one weight block per output channel).
+"""The direct AMX-INT8 conv of the qconv CPU engine (``kernel="amx"``, ``act_quant="tensor"``, one group, one
+weight block per output channel; any stride, padding and dilation).
 
 :class:`AmxConvPlan` runs such a layer without im2col, indirection table or transposing store: the input is
-quantized once into a padded quad-major buffer from which AMX loads its B tiles in place, the weights are the A
+quantized once into padded quad-major phase planes from which AMX loads its B tiles in place, the weights are the A
 tiles of an :class:`~qconv.layouts.amx.AmxConvWeightLayout`, and the 16-channel x 16-pixel accumulators are
 stored straight into NCHW rows. The math, the buffer layout and the epilogue (the VNNI kernel's float operations,
 so results are bitwise those of the tiled GEMM path) are in ``qconv_amx_conv.h``.
@@ -17,10 +17,10 @@ from ._cpu cimport _parallel_for
 cdef extern from "qconv_amx_conv.h" nogil:
     ctypedef struct qc_amxc_job:
         int64_t N, C, H, W, OH, OW
-        int32_t KH, KW, dh, dw, pt, pl
+        int32_t KH, KW, sh, sw, dh, dw, pt, pl
         int32_t quads, kg, steps
         int32_t O, otiles
-        int64_t Hp, Wp, plane, nvirt, runs, sample_bytes, psum_len
+        int64_t Hq, Wq, rows, plane, nvirt, runs, sample_bytes, psum_len
         int32_t rb
         int64_t kchunk
         const int8_t *wa
@@ -69,11 +69,10 @@ cdef int64_t _run_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nog
 
 
 def is_amx_conv(spec) -> bool:
-    """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a layer this path runs: stride 1, one group, one
-    weight block per output channel, dynamic per-tensor activations (``act_quant="tensor"``)."""
+    """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a layer this path runs: one group, one weight block
+    per output channel, dynamic per-tensor activations (``act_quant="tensor"``); any stride, padding, dilation."""
     w = spec.weight
-    return (tuple(spec.stride) == (1, 1) and w.groups == 1 and w.n_blocks == 1 and spec.act_quant == "tensor"
-            and w.bits in (4, 8))
+    return w.groups == 1 and w.n_blocks == 1 and spec.act_quant == "tensor" and w.bits in (4, 8)
 
 
 cdef class AmxConvPlan:
@@ -96,13 +95,13 @@ cdef class AmxConvPlan:
     def __init__(self, spec, layout, post_affine=None):
         cdef qc_amxc_job *j = &self.job
         if not is_amx_conv(spec):
-            raise ValueError("the direct AMX conv runs stride-1, one-group, per-channel layers with "
-                             "act_quant='tensor'")
+            raise ValueError("the direct AMX conv runs one-group, per-channel layers with act_quant='tensor'")
         w = spec.weight
         o, ocp = w.out_channels, layout.oc_padded
         kh, kw = w.kernel_size
-        (ph, pw), (dh, dw) = spec.padding, spec.dilation
-        wa = layout.pack_array(w.q).reshape(-1)
+        (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
+        from ..cpu.scratch import aligned   # (qconv.cpu imports this module)
+        wa = aligned(layout.pack_array(w.q).reshape(-1))   # 64-byte aligned tile rows
         wsx = np.zeros(ocp, np.int32)
         wsx[:o] = w.q.reshape(o, -1).astype(np.int64).sum(axis=1)
 
@@ -129,7 +128,7 @@ cdef class AmxConvPlan:
         act = spec.activation
         j.lo, j.hi = (0.0, 6.0) if act == "relu6" else (0.0, np.inf) if act == "relu" else (-np.inf, np.inf)
         j.hswish = act == "hardswish"
-        j.C, j.O, j.KH, j.KW, j.dh, j.dw, j.pt, j.pl = w.in_channels, o, kh, kw, dh, dw, ph, pw
+        j.C, j.O, j.KH, j.KW, j.sh, j.sw, j.dh, j.dw, j.pt, j.pl = w.in_channels, o, kh, kw, sh, sw, dh, dw, ph, pw
         j.quads, j.kg, j.steps, j.otiles = layout.quads, layout.kg, layout.steps, layout.oc_tiles
         self.toff = np.zeros(kh * kw, np.int64)
 
@@ -146,9 +145,9 @@ cdef class AmxConvPlan:
 
     def scratch_bytes(self, int64_t N, int64_t H, int64_t W, int64_t OH, int64_t OW):
         """Bytes of scratch a call on an ``(N, C, H, W)`` input with ``(OH, OW)`` outputs needs: the padded
-        quantized input, then (weights with offsets) the int32 pixel sums."""
+        quantized input (from the first 64-byte boundary), then (weights with offsets) the int32 pixel sums."""
         self._shape(N, H, W, OH, OW)
-        cdef int64_t nb = N * self.job.sample_bytes
+        cdef int64_t nb = 64 + N * self.job.sample_bytes
         if self.job.offset != NULL:
             nb += 4 * N * self.job.psum_len + 64
         return nb
@@ -176,8 +175,9 @@ cdef class AmxConvPlan:
         j.x, j.y = &xv[0, 0, 0, 0], &yv[0, 0, 0, 0]
         j.qs, j.z, j.dx = &qsv[0], &zv[0], &dxv[0]
         j.qlo, j.qhi = -128, 127
-        j.xq = &scratch[0]
-        nb = N * j.sample_bytes
+        cdef int64_t a0 = (-<int64_t> <size_t> &scratch[0]) & 63   # 64-byte aligned tile rows (0 from the arena)
+        j.xq = &scratch[a0]
+        nb = a0 + N * j.sample_bytes
         j.psum = NULL
         if j.offset != NULL:
             nb = (nb + 63) // 64 * 64
@@ -188,6 +188,6 @@ cdef class AmxConvPlan:
         with nogil:
             _parallel_for(N * nq, 1, _quant_items, j, threads)
             if j.psum != NULL:
-                _parallel_for(N * j.Hp, 4, _psum_items, j, threads)
+                _parallel_for(N * j.rows, 4, _psum_items, j, threads)
             _parallel_for(items, chunk, _run_items, j, threads)
         return y

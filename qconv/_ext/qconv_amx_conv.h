@@ -1,27 +1,29 @@
 /* qconv_amx_conv.h -- the CPU engine's direct AMX-INT8 conv (kernel "amx", act_quant="tensor").
  *
  * Contract, per sample n, output channel o and output pixel (oy, ox):
- *   I = sum over c, ky, kx of q[o][c][ky][kx] * u[c][oy - pt + ky*dh][ox - pl + kx*dw]      (exact int32)
+ *   I = sum over c, ky, kx of q[o][c][ky][kx] * u[c][oy*sh - pt + ky*dh][ox*sw - pl + kx*dw]   (exact int32)
  *   S = the sum of the same u                       (u = xq - z, 0 outside the input; xq = clip(round(x*qs) + z,
  *                                                    qlo, qhi), the tensor quantization of the tiled GEMM path)
  *   y[n][o][oy][ox] = clamp(dx * fma(s[o], I, off[o] * S) + bias[o], lo, hi), then hardswish and v * ps + pt
  * with the float operations, in the order, of the VNNI kernel's epilogue (qc_vnni_facc, qc_vnni_fin) and of the
  * store's hardswish / post-affine: the results are bitwise those of the tiled GEMM path.
- * Scope: stride 1, any kernel size, dilation and padding, one group, one weight block per output channel
+ * Scope: any stride, kernel size, dilation and padding, one group, one weight block per output channel
  * (per-channel scales, symmetric or with offsets), int8 or int4 weights, float32 NCHW input and output.
  *
- * Layout. Per sample the input is quantized once into a padded quad-major buffer xq[quad][Hp][Wp][4] of bytes
- * U = xq + 128 (Hp = OH + (KH-1)*dh, Wp = OW + (KW-1)*dw; the padding and the padded channel lanes hold
- * z + 128, i.e. u = 0), `plane` bytes per quad. Output pixel (oy, ox) is the virtual pixel v = oy*Wp + ox, and
- * tap (ky, kx) reads plane position v + ky*dh*Wp + kx*dw: for every tap, 16 consecutive virtual pixels are 16
- * consecutive 4-byte groups, so a B tile (kg quads x 16 pixels x 4 channels) is one strided tile load straight
- * from xq, without im2col. Virtual pixels with ox >= OW are computed and dropped (a (KW-1)*dw / Wp overhead).
+ * Layout. Per sample the input is quantized once into a padded quad-major buffer of bytes U = xq + 128: per quad
+ * (4 channels), the sh*sw phase planes of the zero-padded input, phase (a, b) holding padded rows a, a+sh, ... and
+ * columns b, b+sw, ...: xq[quad][a][b][Hq][Wq][4] (Hq = OH + (KH-1)*dh / sh, Wq = OW + (KW-1)*dw / sw, integer
+ * division; the padding and the padded channel lanes hold z + 128, i.e. u = 0), `plane` bytes per quad. Output
+ * pixel (oy, ox) is the virtual pixel v = oy*Wq + ox, and tap (ky, kx) reads phase ((ky*dh) % sh, (kx*dw) % sw)
+ * at v + (ky*dh / sh)*Wq + kx*dw / sw: for every tap, 16 consecutive virtual pixels are 16 consecutive 4-byte
+ * groups, so a B tile (kg quads x 16 pixels x 4 channels) is one strided tile load straight from xq, without
+ * im2col. Virtual pixels with ox >= OW are computed and dropped (a (Wq - OW) / Wq overhead).
  * The weights are the A operand: AmxConvWeightLayout tiles [O/16][taps][steps][16][kg][4] of signed q
  * (qconv/layouts/amx.py), multiplied by tdpbsud (A signed, B unsigned): acc = sum q*U, I = acc - (z+128)*wsx
  * with wsx = sum of q per output channel. The accumulators are 16 channels x 16 pixels, channel-major: each
  * output channel's 16 pixels are stored straight into its NCHW rows (masked, split where a run crosses a row).
  *
- * Work: quantization items (sample, quad), pixel-sum items (sample, padded row; only with offsets), then compute
+ * Work: quantization items (sample, quad), pixel-sum items (sample, phase-plane row; only with offsets), then compute
  * items (sample, pair of 16-channel tiles, block of run pairs): four accumulator tiles per run pair, the K
  * sequence (tap, step) cut into chunks whose weights stay in L1 across the block.
  */
@@ -34,14 +36,15 @@
 
 typedef struct {
     int64_t N, C, H, W, OH, OW;
-    int32_t KH, KW, dh, dw, pt, pl;
+    int32_t KH, KW, sh, sw, dh, dw, pt, pl;
     int32_t quads, kg, steps;     /* AmxConvWeightLayout: channel quads, quads per K step, K steps per tap */
     int32_t O, otiles;            /* output channels, 16-channel tiles */
     /* set by qc_amxc_setup */
-    int64_t Hp, Wp, plane;        /* padded plane and the bytes between quads (pixels Hp*Wp + QC_AMXC_SLACK) */
-    int64_t nvirt, runs;          /* virtual pixels (OH-1)*Wp + OW and their 16-pixel runs */
+    int64_t Hq, Wq, rows;         /* phase planes and their rows in a quad (sh*sw*Hq) */
+    int64_t plane;                /* bytes between quads (pixels rows*Wq + QC_AMXC_SLACK, rounded up) */
+    int64_t nvirt, runs;          /* virtual pixels (OH-1)*Wq + OW and their 16-pixel runs */
     int64_t sample_bytes;         /* xq bytes per sample: steps*kg planes */
-    int64_t psum_len;             /* int32 pixel sums per sample: Hp*Wp + QC_AMXC_SLACK */
+    int64_t psum_len;             /* int32 pixel sums per sample: rows*Wq + QC_AMXC_SLACK */
     int32_t rb;                   /* run pairs per compute item (<= QC_AMXC_RB) */
     int64_t kchunk;               /* K steps per chunk */
     /* weights and per-channel tables (padded to 16*otiles channels) */
@@ -59,7 +62,7 @@ typedef struct {
     const float *qs, *dx;         /* per sample */
     const int32_t *z;
     int32_t qlo, qhi;
-    const int64_t *toff;          /* per tap: ky*dh*Wp + kx*dw (pixels) */
+    const int64_t *toff;          /* per tap: its phase plane's first pixel + (ky*dh / sh)*Wq + kx*dw / sw */
 } qc_amxc_job;
 
 /* pixels of slack after each plane: a run of 16 virtual pixels starting at the last valid one reads up to 15
@@ -72,17 +75,18 @@ typedef struct {
 
 static void qc_amxc_setup(qc_amxc_job *j)
 {
-    j->Hp = j->OH + (int64_t)(j->KH - 1) * j->dh;
-    j->Wp = j->OW + (int64_t)(j->KW - 1) * j->dw;
-    j->nvirt = (j->OH - 1) * j->Wp + j->OW;
+    j->Hq = j->OH + (int64_t)(j->KH - 1) * j->dh / j->sh;
+    j->Wq = j->OW + (int64_t)(j->KW - 1) * j->dw / j->sw;
+    j->rows = (int64_t)j->sh * j->sw * j->Hq;
+    j->nvirt = (j->OH - 1) * j->Wq + j->OW;
     j->runs = (j->nvirt + 15) / 16;
-    int64_t plane = (j->Hp * j->Wp + QC_AMXC_SLACK) * 4;
+    int64_t plane = (j->rows * j->Wq + QC_AMXC_SLACK) * 4;
     plane = (plane + 63) & ~(int64_t)63;
     /* a B tile reads 16 rows `plane` bytes apart: keep them off one L1 set */
     if (plane % 1024 == 0) plane += 64;
     j->plane = plane;
     j->sample_bytes = (int64_t)j->steps * j->kg * plane;
-    j->psum_len = j->Hp * j->Wp + QC_AMXC_SLACK;
+    j->psum_len = j->rows * j->Wq + QC_AMXC_SLACK;
     if (j->kchunk < 1) {
         j->kchunk = QC_AMXC_KCHUNK_BYTES / (2 * 64 * (int64_t)j->kg);
         if (j->kchunk < 1) j->kchunk = 1;
@@ -97,7 +101,11 @@ static void qc_amxc_offsets(const qc_amxc_job *j, int64_t *toff)
 {
     for (int ky = 0; ky < j->KH; ++ky)
         for (int kx = 0; kx < j->KW; ++kx)
-            toff[ky * j->KW + kx] = (int64_t)ky * j->dh * j->Wp + (int64_t)kx * j->dw;
+        {
+            const int64_t ry = (int64_t)ky * j->dh, rx = (int64_t)kx * j->dw;
+            const int64_t phase = (ry % j->sh) * j->sw + rx % j->sw;
+            toff[ky * j->KW + kx] = phase * j->Hq * j->Wq + ry / j->sh * j->Wq + rx / j->sw;
+        }
 }
 
 static inline void qc_amxc_fill32(uint32_t *p, int64_t n, uint32_t v)
@@ -105,23 +113,25 @@ static inline void qc_amxc_fill32(uint32_t *p, int64_t n, uint32_t v)
     for (int64_t i = 0; i < n; ++i) p[i] = v;
 }
 
-/* quantization item (sample n, quad c4): the quad's padded plane of sample n, borders and slack included */
+/* quantization item (sample n, quad c4): the quad's phase planes of sample n, padding and slack included */
 QC_TGT_512 static void qc_amxc_quant(const qc_amxc_job *j, int64_t item)
 {
     const int64_t nq = (int64_t)j->steps * j->kg, n = item / nq, c4 = item % nq;
     const int32_t zpu = j->z[n] + 128;
     const uint32_t fill = 0x01010101u * (uint32_t)(zpu & 255);
     uint32_t *plane = (uint32_t *)(j->xq + n * j->sample_bytes + c4 * j->plane);
-    const int64_t Wp = j->Wp, W = j->W, H = j->H, pl = j->pl, pt = j->pt;
+    const int64_t Hq = j->Hq, Wq = j->Wq, W = j->W, H = j->H, sh = j->sh, sw = j->sw;
     if (c4 >= j->quads) {   /* a padded quad (zero weights): any value, kept defined */
         qc_amxc_fill32(plane, j->plane / 4, fill);
         return;
     }
-    qc_amxc_fill32(plane, pt * Wp, fill);
-    qc_amxc_fill32(plane + (pt + H) * Wp, (j->Hp - pt - H) * Wp + QC_AMXC_SLACK, fill);
+    qc_amxc_fill32(plane + j->rows * Wq, QC_AMXC_SLACK, fill);
     const __m512 q = _mm512_set1_ps(j->qs[n]);
     const __m512i zv = _mm512_set1_epi32(zpu), lo = _mm512_set1_epi32(j->qlo + 128);
     const __m512i hi = _mm512_set1_epi32(j->qhi + 128);
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i step = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)sw));
     const float *xc[4];
     int real = 0;
     for (int i = 0; i < 4; ++i) {
@@ -129,39 +139,65 @@ QC_TGT_512 static void qc_amxc_quant(const qc_amxc_job *j, int64_t item)
         xc[i] = c < j->C ? j->x + (n * j->C + c) * H * W : NULL;
         real += c < j->C;
     }
-    for (int64_t yy = 0; yy < H; ++yy) {
-        uint32_t *row = plane + (pt + yy) * Wp;
-        qc_amxc_fill32(row, pl, fill);
-        qc_amxc_fill32(row + pl + W, Wp - pl - W, fill);
-        for (int64_t x0 = 0; x0 < W; x0 += 16) {
-            const __mmask16 m = W - x0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (W - x0)) - 1);
-            __m512i acc = _mm512_setzero_si512();
-            for (int i = 0; i < 4; ++i) {
-                const __m512i v = i < real
-                    ? qc_quant16_avx512(_mm512_maskz_loadu_ps(m, xc[i] + yy * W + x0), q, zv, lo, hi) : zv;
-                acc = _mm512_or_si512(acc, _mm512_slli_epi32(v, 8 * i));
+    for (int64_t pa = 0; pa < sh; ++pa)
+        for (int64_t pb = 0; pb < sw; ++pb) {
+            uint32_t *ph = plane + (pa * sw + pb) * Hq * Wq;
+            /* column jj of this phase reads input column jj*sw + x0: inside the input for jj in [jlo, jhi) */
+            const int64_t x0 = pb - j->pl;
+            int64_t jlo = x0 >= 0 ? 0 : (-x0 + sw - 1) / sw;
+            int64_t jhi = W - x0 <= 0 ? 0 : (W - 1 - x0) / sw + 1;
+            jhi = jhi > Wq ? Wq : jhi;
+            jlo = jlo > jhi ? jhi : jlo;
+            for (int64_t i = 0; i < Hq; ++i) {
+                uint32_t *row = ph + i * Wq;
+                const int64_t yy = i * sh + pa - j->pt;
+                if (yy < 0 || yy >= H || jlo >= jhi) { qc_amxc_fill32(row, Wq, fill); continue; }
+                qc_amxc_fill32(row, jlo, fill);
+                qc_amxc_fill32(row + jhi, Wq - jhi, fill);
+                for (int64_t jj = jlo; jj < jhi; jj += 16) {
+                    const int64_t cnt = jhi - jj >= 16 ? 16 : jhi - jj;
+                    const __mmask16 m = cnt == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1);
+                    __m512i acc = _mm512_setzero_si512();
+                    for (int c = 0; c < 4; ++c) {
+                        __m512i v = zv;
+                        if (c < real) {
+                            const float *src = xc[c] + yy * W + jj * sw + x0;
+                            __m512 f;
+                            if (sw == 1) f = _mm512_maskz_loadu_ps(m, src);
+                            else if (sw == 2) {   /* the even floats of src[0 : 2*cnt - 1] */
+                                const int64_t nf = 2 * cnt - 1;
+                                const __mmask16 m0 = nf >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nf) - 1);
+                                const __mmask16 m1 = nf > 16 ? (__mmask16)((1u << (nf - 16)) - 1) : 0;
+                                f = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, src), even,
+                                                           _mm512_maskz_loadu_ps(m1, src + 16));
+                            } else
+                                f = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, step, src, 4);
+                            v = qc_quant16_avx512(f, q, zv, lo, hi);
+                        }
+                        acc = _mm512_or_si512(acc, _mm512_slli_epi32(v, 8 * c));
+                    }
+                    _mm512_mask_storeu_epi32(row + jj, m, acc);
+                }
             }
-            _mm512_mask_storeu_epi32(row + pl + x0, m, acc);
         }
-    }
 }
 
-/* pixel-sum item (sample n, padded row r): psum[p] = sum of u over the real channels at plane position p (the last
- * row also clears the slack) */
+/* pixel-sum item (sample n, row r of the phase planes): psum[p] = sum of u over the real channels at plane position p
+ * (the last row also clears the slack) */
 QC_TGT_AMX static void qc_amxc_psum(const qc_amxc_job *j, int64_t item)
 {
-    const int64_t n = item / j->Hp, r = item % j->Hp, Wp = j->Wp;
-    const uint8_t *xs = j->xq + n * j->sample_bytes + r * Wp * 4;
-    int32_t *ps = j->psum + n * j->psum_len + r * Wp;
+    const int64_t n = item / j->rows, r = item % j->rows, Wq = j->Wq;
+    const uint8_t *xs = j->xq + n * j->sample_bytes + r * Wq * 4;
+    int32_t *ps = j->psum + n * j->psum_len + r * Wq;
     const __m512i ones = _mm512_set1_epi8(1), bias = _mm512_set1_epi32(4 * j->quads * (j->z[n] + 128));
-    for (int64_t x0 = 0; x0 < Wp; x0 += 16) {
-        const __mmask16 m = Wp - x0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (Wp - x0)) - 1);
+    for (int64_t x0 = 0; x0 < Wq; x0 += 16) {
+        const __mmask16 m = Wq - x0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (Wq - x0)) - 1);
         __m512i acc = _mm512_setzero_si512();
         for (int c4 = 0; c4 < j->quads; ++c4)
             acc = _mm512_dpbusd_epi32(acc, _mm512_maskz_loadu_epi32(m, xs + c4 * j->plane + x0 * 4), ones);
         _mm512_mask_storeu_epi32(ps + x0, m, _mm512_sub_epi32(acc, bias));
     }
-    if (r == j->Hp - 1) memset(ps + Wp, 0, QC_AMXC_SLACK * sizeof(int32_t));
+    if (r == j->rows - 1) memset(ps + Wq, 0, QC_AMXC_SLACK * sizeof(int32_t));
 }
 
 /* where the 16 virtual pixels v0 .. v0+15 go: up to 17 row segments (mask of lanes, output offset of lane 0) */
@@ -170,13 +206,13 @@ typedef struct { int n; __mmask16 mask[17]; int64_t off[17]; } qc_amxc_segs;
 static inline void qc_amxc_segments(const qc_amxc_job *j, int64_t v0, qc_amxc_segs *sg)
 {
     sg->n = 0;
-    for (int64_t oy = v0 / j->Wp; oy * j->Wp < v0 + 16 && oy < j->OH; ++oy) {
-        int64_t a = oy * j->Wp - v0, b = a + j->OW;
+    for (int64_t oy = v0 / j->Wq; oy * j->Wq < v0 + 16 && oy < j->OH; ++oy) {
+        int64_t a = oy * j->Wq - v0, b = a + j->OW;
         a = a < 0 ? 0 : a;
         b = b > 16 ? 16 : b;
         if (a >= b) continue;
         sg->mask[sg->n] = (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
-        sg->off[sg->n] = oy * j->OW + (v0 - oy * j->Wp);   /* lane i -> oy*OW + (v0 + i - oy*Wp) */
+        sg->off[sg->n] = oy * j->OW + (v0 - oy * j->Wq);   /* lane i -> oy*OW + (v0 + i - oy*Wq) */
         sg->n++;
     }
 }

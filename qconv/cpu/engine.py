@@ -30,9 +30,9 @@ passes are pure cost there.
 Depthwise layers (``groups == in_channels``) run :class:`qconv._ext._depthwise.DepthwisePlan` and prepare
 nothing else (no GEMM tiles or tables).
 
-Direct AMX conv (``kernel="amx"``, ``act_quant="tensor"``, float NCHW output, stride 1, one group, one weight block
-per output channel): :class:`qconv._ext._amx.AmxConvPlan` (``qconv_amx_conv.h``) quantizes the input once into a
-padded channel-quad-major buffer from which AMX loads its pixel tiles in place (no im2col, no indirection table)
+Direct AMX conv (``kernel="amx"``, ``act_quant="tensor"``, float NCHW output, one group, one weight block per output
+channel; any stride, padding, dilation): :class:`qconv._ext._amx.AmxConvPlan` (``qconv_amx_conv.h``) quantizes the
+input once into padded channel-quad-major phase planes from which AMX loads its pixel tiles in place (no im2col, no indirection table)
 against :class:`~qconv.layouts.amx.AmxConvWeightLayout` weight tiles, and stores 16-channel x 16-pixel
 accumulators straight into NCHW rows through the GEMM's own epilogue arithmetic: bitwise the tiled GEMM's
 results. Option ``amx_conv`` (None: automatic unless ``$QCONV_CPU_AMX_CONV=0``; False: the tiled GEMM).
@@ -394,7 +394,7 @@ class CpuEngine:
                              f"accumulation of int{w.bits} weights (max {MAX_BLOCK_VALUES[w.bits]}); "
                              "quantize with a smaller block_size")
         g, nb, og, ocp = lay.groups, lay.n_blocks, lay.group_out_channels, lay.oc_padded
-        self._w = lay.pack_array(w.q).reshape(-1).view(np.uint8)
+        self._w = scratch.aligned(lay.pack_array(w.q).reshape(-1).view(np.uint8))
         self._wq = w   # the weight the tiles hold (fine blocks in block mode): the AMX tiles are packed from it
 
         def table(values, dtype):
@@ -460,7 +460,7 @@ class CpuEngine:
     def _amx_conv_wanted(self) -> bool:
         """Whether NCHW calls of at least ``amx_min_cols`` output pixels take the direct AMX conv (prepared on the
         first). Option ``amx_conv``: None = automatic (kernel ``"amx"``, dynamic per-tensor activations, float
-        output, stride 1, one group, per-channel weights, not depthwise) unless ``$QCONV_CPU_AMX_CONV=0``, False = the
+        output, one group, per-channel weights, not depthwise) unless ``$QCONV_CPU_AMX_CONV=0``, False = the
         tiled GEMM, True = the direct AMX conv (a ValueError for other layers or kernels)."""
         opt = self._amx_conv_option
         if opt is not None and not isinstance(opt, (bool, np.bool_)):
@@ -468,8 +468,8 @@ class CpuEngine:
         able = (self._dw is None and self._direct is None and self.kernel == "amx" and _amx is not None
                 and self.input_qparams is None and self.output_qparams is None and _amx.is_amx_conv(self.spec))
         if opt and not able:
-            raise ValueError("amx_conv=True needs kernel='amx', act_quant='tensor', float output, stride 1, one "
-                             "group and one weight block per output channel (not depthwise)")
+            raise ValueError("amx_conv=True needs kernel='amx', act_quant='tensor', float output, one group and one "
+                             "weight block per output channel (not depthwise)")
         want = os.environ.get(ENV_AMX_CONV, "1") != "0" if opt is None else bool(opt)
         return bool(want and able)
 
@@ -513,7 +513,7 @@ class CpuEngine:
         from ..layouts.amx import AmxWeightLayout
         lay = AmxWeightLayout.for_weight(self._wq)
         assert lay.block_values == self.layout.block_values and lay.oc_tiles == self.layout.oc_tiles
-        self._wa = lay.pack_array(self._wq.q).reshape(-1).view(np.uint8)
+        self._wa = scratch.aligned(lay.pack_array(self._wq.q).reshape(-1).view(np.uint8))
         self.amx_layout = lay
         self._plan.set_amx(self._wa, lay.group_stride, lay.block_stride, lay.oc_tile_stride, lay.block_bytes,
                            self.amx_min_cols)

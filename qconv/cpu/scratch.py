@@ -11,6 +11,8 @@ arena's buffers are the only scratch a thread keeps -- about the largest layer's
 until a buffer is replaced (a small layer's set-up: 64->64 ``Linear`` 53 -> 38 us a call).
 
 :func:`arena` is the calling thread's arena; :func:`release` frees it (the next call allocates again).
+Every buffer starts on a 64-byte boundary, as do the weight copies :func:`aligned` makes: a kernel's 64-byte rows
+then never straddle two cache lines (AMX weight tiles 16 bytes off a boundary measured 1.9x slower).
 """
 from __future__ import annotations
 
@@ -19,6 +21,22 @@ import threading
 import numpy as np
 
 _LOCAL = threading.local()
+ALIGN = 64
+
+
+def empty_aligned(nbytes: int, align: int = ALIGN) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` whose data starts on an ``align``-byte boundary."""
+    buf = np.empty(int(nbytes) + align, np.uint8)
+    off = (-buf.ctypes.data) % align
+    return buf[off:off + int(nbytes)]
+
+
+def aligned(a: np.ndarray, align: int = ALIGN) -> np.ndarray:
+    """A C-contiguous copy of ``a`` (same shape and dtype) whose data starts on an ``align``-byte boundary."""
+    a = np.asarray(a)
+    out = empty_aligned(a.nbytes, align).view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
 
 
 class Arena:
@@ -38,7 +56,7 @@ class Arena:
         if buf is None or buf.nbytes < nbytes:
             self._views.clear()
             self._bufs[name] = buf = None   # free the old buffer before the new one is allocated
-            buf = self._bufs[name] = np.empty(nbytes, np.uint8)
+            buf = self._bufs[name] = empty_aligned(nbytes)
         return buf[:nbytes].view(dtype)
 
     def take_all(self, sizes: tuple) -> dict:
