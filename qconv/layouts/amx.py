@@ -157,13 +157,13 @@ class AmxWeightLayout(BlockedWeightCodes):
 
 @dataclass(frozen=True)
 class AmxConvWeightLayout(BlockedWeightCodes):
-    """AMX-INT8 weight tiles of the CPU engine's direct conv (``qconv_amx_conv.h``): ``[ceil(O/16)][taps][steps]
-    [16][kg][4]`` -- per 16-channel tile, tap and K step, one A tile of 16 output channels x ``kg`` channel quads
-    x 4 channels, int8 ``q`` (4-bit weights too, one signed value a byte), zero-padded channels.
+    """AMX-INT8 weight tiles of the CPU engine's direct conv (``qconv_amx_conv.h``):
+    ``[ceil(O/16)][taps][steps][16][kg][4]`` -- per 16-channel tile, tap and K step, one A tile of 16 output channels
+    x ``kg`` channel quads x 4 channels, int8 ``q`` (4-bit weights too, one signed value a byte), zero-padded
+    channels.
 
     In the direct conv the weights are the A operand (signed, ``tdpbsud``) and the activations the B operand, read
-    in place from a padded quad-major input (``[quads][Hp][Wp][4]`` bytes, one tile row = one quad of 16
-    consecutive pixels): a K step is ``kg = min(16, ceil(C/4))`` quads of one tap, and the ``steps =
+    in place from padded quad-major phase planes of the input (one tile row = one quad of 16 consecutive pixels): a K step is ``kg = min(16, ceil(C/4))`` quads of one tap, and the ``steps =
     ceil(ceil(C/4)/kg)`` steps of a tap cover the channels, the last one zero-padded. The output tile is
     16 channels x 16 pixels, channel-major as NCHW wants it. One group, one block per output channel.
 
