@@ -19,7 +19,7 @@ from qconv._ext import _cpu, _cpu_testing  # noqa: E402
 from qconv.cpu import CpuEngine, serial_thresholds  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
 from qconv.layouts import all_specs  # noqa: E402
-from qconv.layouts.amx import AmxConvWeightLayout, AmxWeightLayout  # noqa: E402
+from qconv.layouts.amx import AmxWeightLayout  # noqa: E402
 from qconv.layouts.gemm_tiles import TiledWeightLayout  # noqa: E402
 from qconv.testing import assert_layout_roundtrip, assert_matches_reference, strategies as qst  # noqa: E402
 
@@ -196,11 +196,11 @@ def test_amx_reads_the_amx_tiles(bits):
 # --------------------------------------------------------------------------------------------------------------
 # whole engines (AMX machines)
 # --------------------------------------------------------------------------------------------------------------
-def _pair(spec, tile_cols, threads, amx_min=1, amx_conv=False, **kw):
+def _pair(spec, tile_cols, threads, amx_min=1, direct_int8=False, **kw):
     # depthwise=False: depthwise geometries take the GEMM path too (else the depthwise path runs, never AMX);
-    # amx_conv=False: the tiled GEMM on AMX tiles (the direct AMX conv has its own tests below)
+    # direct_int8=False: the tiled GEMM on AMX tiles (the direct int8 conv has its own tests below)
     kw = dict(kw, depthwise=False)
-    amx = CpuEngine(spec, kernel="amx", threads=threads, tile_cols=tile_cols, amx_conv=amx_conv, **kw)
+    amx = CpuEngine(spec, kernel="amx", threads=threads, tile_cols=tile_cols, direct_int8=direct_int8, **kw)
     amx.amx_min_cols = amx_min
     amx.amx_min_block_values = 0          # AMX for every block length (the default leaves short blocks to VNNI)
     vnni = CpuEngine(spec, kernel="avx512vnni", threads=threads, **kw)
@@ -254,18 +254,18 @@ SCHEMES = [dict(bits=8), dict(bits=4, block_size=32, symmetric=False), dict(bits
 @pytest.mark.parametrize("shape", BENCH)
 @pytest.mark.parametrize("scheme", SCHEMES, ids=["int8pc", "int4b32asym", "int4pc"])
 @pytest.mark.parametrize("aq", ["tensor", "row", "block"])
-@pytest.mark.parametrize("amx_conv", [None, False])
-def test_engine_amx_benchmark_shapes(shape, scheme, aq, amx_conv):
+@pytest.mark.parametrize("direct_int8", [None, False])
+def test_engine_amx_benchmark_shapes(shape, scheme, aq, direct_int8):
     (c, o, k), hw, stride = shape
     rng = np.random.default_rng(c + o + k)
     w = quantize_weight((rng.standard_normal((o, c, k, k)) * 0.1).astype(np.float32), **scheme)
     spec = ConvSpec(w, rng.standard_normal(o).astype(np.float32), stride, k // 2, act_quant=aq)
     x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
-    amx, vnni = _pair(spec, None, 2, amx_min=4, amx_conv=amx_conv)
+    amx, vnni = _pair(spec, None, 2, amx_min=4, direct_int8=direct_int8)
     y = amx.forward(x)
     np.testing.assert_array_equal(y, vnni.forward(x))
-    direct = amx_conv is None and aq == "tensor" and w.n_blocks == 1
-    assert (amx.last_call["split"] == "amx-direct") == direct
+    direct = direct_int8 is None and aq == "tensor" and w.n_blocks == 1
+    assert (amx.last_call["split"] == "direct-int8") == direct
     assert direct or amx._plan.amx_bound
     assert_matches_reference(y, x, w, spec.bias, stride, k // 2, 1, None, aq,
                              act_block=spec.act_block if aq == "block" else 0)
@@ -326,109 +326,3 @@ def test_engine_amx_threads_bitwise(case):
     a1.amx_min_cols = a2.amx_min_cols = 1
     a1.amx_min_block_values = a2.amx_min_block_values = 0
     np.testing.assert_array_equal(a1.forward(x), a2.forward(x))
-
-
-# --------------------------------------------------------------------------------------------------------------
-# the direct AMX conv (qconv_amx_conv.h) and its weight layout
-# --------------------------------------------------------------------------------------------------------------
-def test_amx_conv_layout_is_registered():
-    assert AmxConvWeightLayout in all_specs()
-
-
-@given(AmxConvWeightLayout.hypothesis_case())
-def test_amx_conv_layout_round_trips_and_positions(case):
-    """Exact round trip; every weight at the byte the docstring formula names, every other byte 0 (padded
-    channels, quads and output channels add nothing to the integer sums)."""
-    spec, q = case
-    assert_layout_roundtrip(spec, q)
-    packed = spec.pack_array(q).reshape(-1)
-    assert packed.nbytes == spec.nbytes and spec.kg * spec.steps >= spec.quads and spec.kg <= 16
-    o, c, t = np.meshgrid(*(np.arange(n) for n in (spec.out_channels, spec.in_channels, spec.taps)), indexing="ij")
-    pos = spec.byte_offset(o, c, t)
-    np.testing.assert_array_equal(packed[pos], q.reshape(spec.out_channels, spec.in_channels, spec.taps))
-    rest = np.ones(packed.size, bool)
-    rest[pos.reshape(-1)] = False
-    assert (packed[rest] == 0).all()
-
-
-def test_amx_conv_layout_refuses_groups_and_blocks():
-    with pytest.raises(ValueError, match="one group and one block"):
-        AmxConvWeightLayout(8, 8, 9, 2, 8)
-    with pytest.raises(ValueError, match="one group and one block"):
-        AmxConvWeightLayout(8, 8, 9, 1, 8, groups=2)
-
-
-def test_amx_conv_option_is_checked():
-    spec = ConvSpec(quantize_weight(np.ones((4, 4, 3, 3), np.float32), block_size=2), None, 2, 1)
-    with pytest.raises(TypeError, match="amx_conv must be"):
-        CpuEngine(spec, amx_conv="yes")
-    with pytest.raises(ValueError, match="amx_conv=True needs"):     # two blocks (and, off AMX, the kernel)
-        CpuEngine(spec, amx_conv=True)
-
-
-@st.composite
-def amx_conv_cases(draw):
-    """Layers the direct AMX conv takes: one group, per-channel int8 / int4 weights (symmetric, asymmetric, zero-point
-    form), channels across the quad, 16-quad K step and 16-channel tile boundaries, any kernel, stride (its phase
-    planes), padding, dilation, batch, activation and (one in three) a post-affine tail."""
-    geo = draw(qst.conv_geometries(max_channels=70, max_out_channels=40, max_spatial=12, max_kernel=5, max_stride=3))
-    weight = draw(qst.quantized_weights(geo, blocks=False))
-    x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    bias = rng.standard_normal(geo.o).astype(np.float32) if draw(st.booleans()) else None
-    act = draw(st.sampled_from([None, "relu", "relu6", "hardswish"]))
-    pa = None
-    if draw(st.integers(0, 2)) == 0:
-        pa = (rng.uniform(0.5, 2, geo.o).astype(np.float32), rng.standard_normal(geo.o).astype(np.float32))
-    return geo, weight, x, bias, act, pa
-
-
-@needs_amx
-@given(case=amx_conv_cases(), threads=st.sampled_from([1, 2]))
-def test_engine_amx_conv_bitwise_gemm_and_oracle(case, threads):
-    """The direct AMX conv runs (last_call) and gives bitwise the tiled GEMM's results, on AMX tiles and on the
-    VNNI kernel, within the oracle's rule."""
-    geo, weight, x, bias, act, pa = case
-    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, "tensor", post_affine=pa)
-    amx = CpuEngine(spec, kernel="amx", threads=threads, amx_conv=True)
-    amx.amx_min_cols = 1
-    gemm, vnni = _pair(spec, 32, threads)
-    y = amx.forward(x)
-    assert amx.last_call["split"] == "amx-direct"
-    np.testing.assert_array_equal(y, gemm.forward(x))
-    np.testing.assert_array_equal(y, vnni.forward(x))
-    if pa is None:
-        assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, "tensor")
-
-
-@needs_amx
-def test_engine_amx_conv_out_and_nonfinite():
-    """``out=`` is written in place; NaN input is refused by name, as on the GEMM path."""
-    rng = np.random.default_rng(5)
-    w = quantize_weight(rng.standard_normal((20, 70, 3, 3)).astype(np.float32))
-    eng = CpuEngine(ConvSpec(w, None, 1, 1), kernel="amx")
-    x = rng.standard_normal((2, 70, 9, 11)).astype(np.float32)
-    out = np.full((2, 20, 9, 11), np.nan, np.float32)
-    assert eng.forward(x, out=out) is out and eng.last_call["split"] == "amx-direct"
-    np.testing.assert_array_equal(out, CpuEngine(ConvSpec(w, None, 1, 1), kernel="avx512vnni").forward(x))
-    x[1, 3, 4, 5] = np.nan
-    with pytest.raises(ValueError, match="NaN"):
-        eng.forward(x)
-
-
-@needs_amx
-def test_engine_amx_conv_env_and_small_calls(monkeypatch):
-    """$QCONV_CPU_AMX_CONV=0 keeps the tiled GEMM; calls under amx_min_cols output pixels take the GEMM too."""
-    rng = np.random.default_rng(6)
-    spec = ConvSpec(quantize_weight(rng.standard_normal((8, 8, 3, 3)).astype(np.float32)), None, 1, 1)
-    x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
-    monkeypatch.setenv("QCONV_CPU_AMX_CONV", "0")
-    eng = CpuEngine(spec, kernel="amx")
-    eng.forward(x)
-    assert eng.last_call["split"] != "amx-direct"
-    monkeypatch.delenv("QCONV_CPU_AMX_CONV")
-    eng = CpuEngine(spec, kernel="amx")
-    eng.forward(x)
-    assert eng.last_call["split"] == "amx-direct" and "direct AMX conv" in eng.describe()
-    eng.forward(x[:, :, :1, :1])      # 1 output pixel < amx_min_cols
-    assert eng.last_call["split"] != "amx-direct"

@@ -144,8 +144,8 @@ def test_gemv_channel_split_matches_one_thread(kernel, bits, bs, aq):
 
 def test_serial_thresholds_pick_one_thread_and_restore():
     w = qconv.quantize_weight(np.ones((40, 16, 1, 1), np.float32))
-    # 18 columns: two column tiles (amx's default is 32); amx_conv=False: the tiled GEMM on AMX machines too
-    eng = CpuEngine(ConvSpec(w), threads=2, tile_cols=16, amx_conv=False)
+    # 18 columns: two column tiles (amx's default is 32); direct_int8=False: the tiled GEMM on AMX machines too
+    eng = CpuEngine(ConvSpec(w), threads=2, tile_cols=16, direct_int8=False)
     assert eng.last_call is None
     x = np.ones((2, 16, 3, 3), np.float32)
     with serial_thresholds(macs=1 << 40, quant_values=1 << 40):

@@ -102,8 +102,8 @@ def test_refused_allocations_raise_memory_error(aq, layout):
     x = rng.standard_normal((2, 6, 5, 7)).astype(np.float32)
     xin = NC4HW4(4).pack_array(x) if layout == "nc4hw4" else x
     with serial_thresholds(macs=0, quant_values=0):
-        # amx_conv=False: the tiled GEMM on every machine (the direct AMX conv allocates only in the range pass)
-        eng = CpuEngine(ConvSpec(w, padding=1, act_quant=aq), threads=2, amx_conv=False)
+        # direct_int8=False: the tiled GEMM on every machine (the direct int8 conv allocates only in the range pass)
+        eng = CpuEngine(ConvSpec(w, padding=1, act_quant=aq), threads=2, direct_int8=False)
         want = eng.forward(xin, layout)
         n, y = _refusals(lambda: eng.forward(xin, layout))
     assert n >= 3   # the range pass and at least two quantization work items

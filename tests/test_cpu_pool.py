@@ -108,9 +108,9 @@ def _layers():
     b = rng.standard_normal(48).astype(np.float32)
     return {
         "gemm int8": (ConvSpec(w(40, 24, 3), b[:40], 1, 1, 1, "relu", "row"), x(2, 24, 21, 19), "gemm", "columns"),
-        # per-tensor: the direct AMX conv where the default kernel is "amx", else the tiled GEMM
+        # per-tensor: the direct int8 conv where the default kernel is "amx", else the tiled GEMM
         "amx conv": (ConvSpec(w(40, 70, 3), b[:40], 1, 1, 1, "relu", "tensor"), x(2, 70, 21, 19), "gemm",
-                     "amx-direct" if select_kernel() == "amx" else "columns"),
+                     "direct-int8" if select_kernel() in ("amx", "avx512vnni") else "columns"),
         "gemm int4 row": (ConvSpec(w(33, 32, 1, bits=4, bs=32), b[:33], act_quant="row"), x(1, 32, 30, 30), "gemm",
                           "columns"),
         "gemm block": (ConvSpec(w(40, 64, 3, bits=4, bs=32), None, 2, 1, 1, None, "block"), x(1, 64, 20, 20),

@@ -30,12 +30,13 @@ passes are pure cost there.
 Depthwise layers (``groups == in_channels``) run :class:`qconv._ext._depthwise.DepthwisePlan` and prepare
 nothing else (no GEMM tiles or tables).
 
-Direct AMX conv (``kernel="amx"``, ``act_quant="tensor"``, float NCHW output, one group, one weight block per output
-channel; any stride, padding, dilation): :class:`qconv._ext._amx.AmxConvPlan` (``qconv_amx_conv.h``) quantizes the
-input once into padded channel-quad-major phase planes from which AMX loads its pixel tiles in place (no im2col, no indirection table)
-against :class:`~qconv.layouts.amx.AmxConvWeightLayout` weight tiles, and stores 16-channel x 16-pixel
-accumulators straight into NCHW rows through the GEMM's own epilogue arithmetic: bitwise the tiled GEMM's
-results. Option ``amx_conv`` (None: automatic unless ``$QCONV_CPU_AMX_CONV=0``; False: the tiled GEMM).
+Direct int8 conv (kernels ``"amx"`` and ``"avx512vnni"``, ``act_quant="tensor"``, float NCHW output, one group,
+one weight block per output channel; any stride, padding, dilation): :class:`qconv._ext._direct_int8.DirectInt8Plan`
+(``qconv_direct_int8.h``) quantizes the input once into padded channel-quad-major phase planes, from which AMX loads
+its pixel tiles in place (VNNI: 16-pixel vectors), against :class:`~qconv.layouts.amx.AmxConvWeightLayout` weight
+tiles, and stores 16-channel x 16-pixel accumulators straight into NCHW rows through the GEMM's own epilogue
+arithmetic: no im2col, no indirection table, no transposing store, and bitwise the tiled GEMM's results. Option
+``direct_int8`` (None: automatic unless ``$QCONV_CPU_DIRECT_INT8=0``; False: the tiled GEMM).
 
 ``act_quant="block"``: the weights are tiled over the fine blocks (finest common partition of the weight blocks
 and the ``act_block``-channel activation blocks, each fine block repeating its weight block's scale/offset).
@@ -87,15 +88,15 @@ try:
 except ImportError:  # pragma: no cover - built with _cpu; without it float activations take the GEMM path
     _direct = None
 try:
-    from .._ext import _amx
+    from .._ext import _direct_int8
 except ImportError:  # pragma: no cover - built with _cpu; without it every AMX call takes the tiled GEMM
-    _amx = None
+    _direct_int8 = None
 # "0": depthwise layers take the general GEMM path (engine option depthwise=None reads it)
 ENV_DEPTHWISE = "QCONV_CPU_DEPTHWISE"
 # "0": float-activation layers take the GEMM path (engine option direct=None reads it)
 ENV_DIRECT = "QCONV_CPU_DIRECT"
-# "0": kernel "amx" runs every call on the tiled GEMM, never the direct AMX conv (engine option amx_conv=None)
-ENV_AMX_CONV = "QCONV_CPU_AMX_CONV"
+# "0": int8 layers run every call on the tiled GEMM, never the direct int8 conv (engine option direct_int8=None)
+ENV_DIRECT_INT8 = "QCONV_CPU_DIRECT_INT8"
 # "0": the direct path's 3x3 stride-1 layers run as strips, not Winograd F(2x2, 3x3) (read when a layer is built)
 ENV_WINOGRAD = "QCONV_CPU_WINOGRAD"
 # float activations: calls with fewer output pixels per sample than this run the GEMM path (a strip of the direct
@@ -266,7 +267,7 @@ class CpuEngine:
     has_direct_path = True
 
     def __init__(self, spec: ConvSpec, threads=None, kernel=None, tile_cols=None,
-                 input_qparams=None, output_qparams=None, depthwise=None, direct=None, amx_conv=None):
+                 input_qparams=None, output_qparams=None, depthwise=None, direct=None, direct_int8=None):
         if not isinstance(spec, ConvSpec):
             raise TypeError(f"spec must be a qconv.ConvSpec, got {type(spec).__name__}")
         self.input_qparams = None if input_qparams is None else _qparams_arg(input_qparams, "input_qparams")
@@ -292,7 +293,7 @@ class CpuEngine:
         self._sizes: dict = {}   # (n, h, w, threads) -> scratch element counts of that call
         self._depthwise_option = depthwise
         self._direct_option = direct
-        self._amx_conv_option = amx_conv
+        self._direct_int8_option = direct_int8
         self._prepare()
 
     # --- configuration ------------------------------------------------------------------------------
@@ -326,8 +327,8 @@ class CpuEngine:
         if self._last_direct:   # direct path: threads take (sample, strip of output pixels) items
             last = self._direct.last_threads
             return dict(quant_threads=0, gemm_threads=last[1], split="strips", winograd=self._direct.last_winograd)
-        if self._last_amx_conv:   # direct AMX conv: threads take (sample, channel-tile pair, pixel runs) items
-            return dict(quant_threads=self._last_amx_conv, gemm_threads=self._last_amx_conv, split="amx-direct")
+        if self._last_direct_int8:   # direct int8 conv: threads take (sample, channel tiles, pixel runs) items
+            return dict(quant_threads=self._last_direct_int8, gemm_threads=self._last_direct_int8, split="direct-int8")
         last = self._plan.last_threads
         if last is None:
             return None
@@ -344,8 +345,8 @@ class CpuEngine:
                     f"{DIRECT_MIN_PIXELS} output pixels), threads={self.threads}, {mode}{out})")
         lay = self.layout
         path = "pointwise" if self._pointwise else "indirect im2col"
-        if self._amx_conv_able:
-            path += " (direct AMX conv for NCHW calls)"
+        if self._direct_int8_able:
+            path += " (direct int8 conv for NCHW calls)"
         return (f"cpu ({self.kernel}, {path}, UNIT={lay.unit} SRC_UNIT={lay.src_unit} "
                 f"tile_cols={self.tile_cols}, threads={self.threads}, {mode}{out})")
 
@@ -366,9 +367,9 @@ class CpuEngine:
         self._dw = self._depthwise_plan()
         self._direct = None if self._dw is not None else self._direct_plan()
         self._last_direct = False
-        self._amx_conv_able = self._amx_conv_wanted()
-        self._amx_conv = None
-        self._last_amx_conv = 0
+        self._direct_int8_able = self._direct_int8_wanted()
+        self._direct_int8_plan = None
+        self._last_direct_int8 = 0
         self._pointwise = bool(self.spec.is_pointwise)
         # the GEMM path: now, unless another path takes the layer (direct: prepared on its first small call)
         self.layout = self.geometry = self._plan = None
@@ -457,20 +458,22 @@ class CpuEngine:
             return None
         return _direct.DirectPlan(self.spec, self.kernel, winograd=os.environ.get(ENV_WINOGRAD, "1") != "0")
 
-    def _amx_conv_wanted(self) -> bool:
-        """Whether NCHW calls of at least ``amx_min_cols`` output pixels take the direct AMX conv (prepared on the
-        first). Option ``amx_conv``: None = automatic (kernel ``"amx"``, dynamic per-tensor activations, float
-        output, one group, per-channel weights, not depthwise) unless ``$QCONV_CPU_AMX_CONV=0``, False = the
-        tiled GEMM, True = the direct AMX conv (a ValueError for other layers or kernels)."""
-        opt = self._amx_conv_option
+    def _direct_int8_wanted(self) -> bool:
+        """Whether NCHW calls of at least ``amx_min_cols`` output pixels take the direct int8 conv (prepared on the
+        first). Option ``direct_int8``: None = automatic (kernel ``"amx"`` or ``"avx512vnni"``, dynamic per-tensor
+        activations, float output, one group, per-channel weights, not depthwise) unless
+        ``$QCONV_CPU_DIRECT_INT8=0``, False = the tiled GEMM, True = the direct int8 conv (a ValueError for other
+        layers or kernels)."""
+        opt = self._direct_int8_option
         if opt is not None and not isinstance(opt, (bool, np.bool_)):
-            raise TypeError(f"amx_conv must be None, True or False, got {opt!r}")
-        able = (self._dw is None and self._direct is None and self.kernel == "amx" and _amx is not None
-                and self.input_qparams is None and self.output_qparams is None and _amx.is_amx_conv(self.spec))
+            raise TypeError(f"direct_int8 must be None, True or False, got {opt!r}")
+        able = (self._dw is None and self._direct is None and self.kernel in ("amx", "avx512vnni")
+                and _direct_int8 is not None and self.input_qparams is None and self.output_qparams is None
+                and _direct_int8.is_direct_int8(self.spec))
         if opt and not able:
-            raise ValueError("amx_conv=True needs kernel='amx', act_quant='tensor', float output, one group and one "
-                             "weight block per output channel (not depthwise)")
-        want = os.environ.get(ENV_AMX_CONV, "1") != "0" if opt is None else bool(opt)
+            raise ValueError("direct_int8=True needs kernel 'amx' or 'avx512vnni', act_quant='tensor', float output, "
+                             "one group and one weight block per output channel (not depthwise)")
+        want = os.environ.get(ENV_DIRECT_INT8, "1") != "0" if opt is None else bool(opt)
         return bool(want and able)
 
     def _sign_form(self, w) -> bool:
@@ -665,9 +668,9 @@ class CpuEngine:
                 nt = 1 if macs < SERIAL_MACS else self.threads
                 buf = scratch.arena().take("direct", self._direct.buffer_floats(x, int(nchw), nt), np.float32)
                 return self._direct.forward(x, int(nchw), y, int(not nchw), nt, buf)
-            self._last_amx_conv = 0
-            if self._amx_conv_able and nchw and n * oh * ow >= self.amx_min_cols:
-                return self._forward_amx_conv(x, y, n, h, w, oh, ow)
+            self._last_direct_int8 = 0
+            if self._direct_int8_able and nchw and n * oh * ow >= self.amx_min_cols:
+                return self._forward_direct_int8(x, y, n, h, w, oh, ow)
             if self._plan is None:
                 self._prepare_gemm()
             if self.kernel == "amx" and not self._float_act and n * oh * ow >= self.amx_min_cols and (
@@ -690,23 +693,24 @@ class CpuEngine:
                 self._plan.release()
         return y
 
-    def _forward_amx_conv(self, x, y, n, h, w, oh, ow):
-        """The direct AMX conv (:class:`~qconv._ext._amx.AmxConvPlan`) of a float32 NCHW ``x`` into ``y``: per-tensor
-        activation parameters as the GEMM path computes them, then the plan (bitwise the GEMM path's results)."""
-        if self._amx_conv is None:
+    def _forward_direct_int8(self, x, y, n, h, w, oh, ow):
+        """The direct int8 conv (:class:`~qconv._ext._direct_int8.DirectInt8Plan`) of a float32 NCHW ``x`` into
+        ``y``: per-tensor activation parameters as the GEMM path computes them, then the plan (bitwise the GEMM
+        path's results)."""
+        if self._direct_int8_plan is None:
             from ..layouts.amx import AmxConvWeightLayout
-            self._amx_conv = _amx.AmxConvPlan(self.spec, AmxConvWeightLayout.for_weight(self.spec.weight),
-                                              self.spec.post_affine)
+            self._direct_int8_plan = _direct_int8.DirectInt8Plan(
+                self.spec, AmxConvWeightLayout.for_weight(self.spec.weight), self.spec.post_affine, self.kernel)
         macs = n * oh * ow * self.spec.out_channels * self.spec.in_channels * self.spec.weight.taps
         nt = 1 if macs < SERIAL_MACS else self.threads
-        nbytes = self._amx_conv.scratch_bytes(n, h, w, oh, ow)
-        V.check_alloc(nbytes, "the direct AMX conv's scratch")
-        s = scratch.arena().take_all((("amx_xq", nbytes, np.dtype(np.uint8)), ("qs", n, np.dtype(np.float32)),
+        nbytes = self._direct_int8_plan.scratch_bytes(n, h, w, oh, ow)
+        V.check_alloc(nbytes, "the direct int8 conv's scratch")
+        s = scratch.arena().take_all((("Q", nbytes, np.dtype(np.uint8)), ("qs", n, np.dtype(np.float32)),
                                       ("z", n, np.dtype(np.int32)), ("dx", n, np.dtype(np.float32))))
         if not _cpu.fill_tensor_params(x.reshape(-1), nt, self.kernel, s["qs"], s["z"], s["dx"]):
             raise ValueError("x contains NaN or infinite values")
-        self._amx_conv.forward(x, y, s["qs"], s["z"], s["dx"], s["amx_xq"], nt)
-        self._last_amx_conv = nt
+        self._direct_int8_plan.forward(x, y, s["qs"], s["z"], s["dx"], s["Q"], nt)
+        self._last_direct_int8 = nt
         return y
 
     __call__ = forward

@@ -1,4 +1,4 @@
-/* qconv_amx_conv.h -- the CPU engine's direct AMX-INT8 conv (kernel "amx", act_quant="tensor").
+/* qconv_direct_int8.h -- the CPU engine's direct int8 conv (kernels "amx" and "avx512vnni", act_quant="tensor").
  *
  * Contract, per sample n, output channel o and output pixel (oy, ox):
  *   I = sum over c, ky, kx of q[o][c][ky][kx] * u[c][oy*sh - pt + ky*dh][ox*sw - pl + kx*dw]   (exact int32)
@@ -27,8 +27,8 @@
  * items (sample, pair of 16-channel tiles, block of run pairs): four accumulator tiles per run pair, the K
  * sequence (tap, step) cut into chunks whose weights stay in L1 across the block.
  */
-#ifndef QCONV_AMX_CONV_H
-#define QCONV_AMX_CONV_H
+#ifndef QCONV_DIRECT_INT8_H
+#define QCONV_DIRECT_INT8_H
 
 #include "qconv_kernels.h"
 
@@ -39,13 +39,13 @@ typedef struct {
     int32_t KH, KW, sh, sw, dh, dw, pt, pl;
     int32_t quads, kg, steps;     /* AmxConvWeightLayout: channel quads, quads per K step, K steps per tap */
     int32_t O, otiles;            /* output channels, 16-channel tiles */
-    /* set by qc_amxc_setup */
+    /* set by qc_di8_setup */
     int64_t Hq, Wq, rows;         /* phase planes and their rows in a quad (sh*sw*Hq) */
-    int64_t plane;                /* bytes between quads (pixels rows*Wq + QC_AMXC_SLACK, rounded up) */
+    int64_t plane;                /* bytes between quads (pixels rows*Wq + QC_DI8_SLACK, rounded up) */
     int64_t nvirt, runs;          /* virtual pixels (OH-1)*Wq + OW and their 16-pixel runs */
     int64_t sample_bytes;         /* xq bytes per sample: steps*kg planes */
-    int64_t psum_len;             /* int32 pixel sums per sample: rows*Wq + QC_AMXC_SLACK */
-    int32_t rb;                   /* run pairs per compute item (<= QC_AMXC_RB) */
+    int64_t psum_len;             /* int32 pixel sums per sample: rows*Wq + QC_DI8_SLACK */
+    int32_t rb;                   /* run pairs per compute item (<= QC_DI8_RB) */
     int64_t kchunk;               /* K steps per chunk */
     /* weights and per-channel tables (padded to 16*otiles channels) */
     const int8_t *wa;
@@ -63,41 +63,41 @@ typedef struct {
     const int32_t *z;
     int32_t qlo, qhi;
     const int64_t *toff;          /* per tap: its phase plane's first pixel + (ky*dh / sh)*Wq + kx*dw / sw */
-} qc_amxc_job;
+} qc_di8_job;
 
-/* pixels of slack after each plane: a run of 16 virtual pixels starting at the last valid one reads up to 15
- * pixels beyond the plane (their results are dropped) */
-#define QC_AMXC_SLACK 16
+/* pixels of slack after each plane: the last group of runs of a compute item (two 16-pixel runs on AMX, three on
+ * VNNI) reads up to 47 pixels beyond the plane's last valid one (their results are dropped) */
+#define QC_DI8_SLACK 48
 /* run pairs per compute item (at most), and the A bytes (two channel tiles) one K chunk may span by default: the
  * chunk's weights stay in L1 while the item's run pairs pass over it (partial sums wait in a stack buffer) */
-#define QC_AMXC_RB 8
-#define QC_AMXC_KCHUNK_BYTES 24576
+#define QC_DI8_RB 8
+#define QC_DI8_KCHUNK_BYTES 24576
 
-static void qc_amxc_setup(qc_amxc_job *j)
+static void qc_di8_setup(qc_di8_job *j)
 {
     j->Hq = j->OH + (int64_t)(j->KH - 1) * j->dh / j->sh;
     j->Wq = j->OW + (int64_t)(j->KW - 1) * j->dw / j->sw;
     j->rows = (int64_t)j->sh * j->sw * j->Hq;
     j->nvirt = (j->OH - 1) * j->Wq + j->OW;
     j->runs = (j->nvirt + 15) / 16;
-    int64_t plane = (j->rows * j->Wq + QC_AMXC_SLACK) * 4;
+    int64_t plane = (j->rows * j->Wq + QC_DI8_SLACK) * 4;
     plane = (plane + 63) & ~(int64_t)63;
     /* a B tile reads 16 rows `plane` bytes apart: keep them off one L1 set */
     if (plane % 1024 == 0) plane += 64;
     j->plane = plane;
     j->sample_bytes = (int64_t)j->steps * j->kg * plane;
-    j->psum_len = j->rows * j->Wq + QC_AMXC_SLACK;
+    j->psum_len = j->rows * j->Wq + QC_DI8_SLACK;
     if (j->kchunk < 1) {
-        j->kchunk = QC_AMXC_KCHUNK_BYTES / (2 * 64 * (int64_t)j->kg);
+        j->kchunk = QC_DI8_KCHUNK_BYTES / (2 * 64 * (int64_t)j->kg);
         if (j->kchunk < 1) j->kchunk = 1;
     }
     /* one K chunk: blocks of run pairs only set the work items' size (2 keeps them many); several: a block
      * shares each chunk's weights */
-    if (j->rb < 1 || j->rb > QC_AMXC_RB)
-        j->rb = (int64_t)j->KH * j->KW * j->steps <= j->kchunk ? 2 : QC_AMXC_RB;
+    if (j->rb < 1 || j->rb > QC_DI8_RB)
+        j->rb = (int64_t)j->KH * j->KW * j->steps <= j->kchunk ? 2 : QC_DI8_RB;
 }
 
-static void qc_amxc_offsets(const qc_amxc_job *j, int64_t *toff)
+static void qc_di8_offsets(const qc_di8_job *j, int64_t *toff)
 {
     for (int ky = 0; ky < j->KH; ++ky)
         for (int kx = 0; kx < j->KW; ++kx)
@@ -108,13 +108,13 @@ static void qc_amxc_offsets(const qc_amxc_job *j, int64_t *toff)
         }
 }
 
-static inline void qc_amxc_fill32(uint32_t *p, int64_t n, uint32_t v)
+static inline void qc_di8_fill32(uint32_t *p, int64_t n, uint32_t v)
 {
     for (int64_t i = 0; i < n; ++i) p[i] = v;
 }
 
 /* quantization item (sample n, quad c4): the quad's phase planes of sample n, padding and slack included */
-QC_TGT_512 static void qc_amxc_quant(const qc_amxc_job *j, int64_t item)
+QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
 {
     const int64_t nq = (int64_t)j->steps * j->kg, n = item / nq, c4 = item % nq;
     const int32_t zpu = j->z[n] + 128;
@@ -122,10 +122,10 @@ QC_TGT_512 static void qc_amxc_quant(const qc_amxc_job *j, int64_t item)
     uint32_t *plane = (uint32_t *)(j->xq + n * j->sample_bytes + c4 * j->plane);
     const int64_t Hq = j->Hq, Wq = j->Wq, W = j->W, H = j->H, sh = j->sh, sw = j->sw;
     if (c4 >= j->quads) {   /* a padded quad (zero weights): any value, kept defined */
-        qc_amxc_fill32(plane, j->plane / 4, fill);
+        qc_di8_fill32(plane, j->plane / 4, fill);
         return;
     }
-    qc_amxc_fill32(plane + j->rows * Wq, QC_AMXC_SLACK, fill);
+    qc_di8_fill32(plane + j->rows * Wq, QC_DI8_SLACK, fill);
     const __m512 q = _mm512_set1_ps(j->qs[n]);
     const __m512i zv = _mm512_set1_epi32(zpu), lo = _mm512_set1_epi32(j->qlo + 128);
     const __m512i hi = _mm512_set1_epi32(j->qhi + 128);
@@ -151,9 +151,9 @@ QC_TGT_512 static void qc_amxc_quant(const qc_amxc_job *j, int64_t item)
             for (int64_t i = 0; i < Hq; ++i) {
                 uint32_t *row = ph + i * Wq;
                 const int64_t yy = i * sh + pa - j->pt;
-                if (yy < 0 || yy >= H || jlo >= jhi) { qc_amxc_fill32(row, Wq, fill); continue; }
-                qc_amxc_fill32(row, jlo, fill);
-                qc_amxc_fill32(row + jhi, Wq - jhi, fill);
+                if (yy < 0 || yy >= H || jlo >= jhi) { qc_di8_fill32(row, Wq, fill); continue; }
+                qc_di8_fill32(row, jlo, fill);
+                qc_di8_fill32(row + jhi, Wq - jhi, fill);
                 for (int64_t jj = jlo; jj < jhi; jj += 16) {
                     const int64_t cnt = jhi - jj >= 16 ? 16 : jhi - jj;
                     const __mmask16 m = cnt == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1);
@@ -184,7 +184,7 @@ QC_TGT_512 static void qc_amxc_quant(const qc_amxc_job *j, int64_t item)
 
 /* pixel-sum item (sample n, row r of the phase planes): psum[p] = sum of u over the real channels at plane position p
  * (the last row also clears the slack) */
-QC_TGT_AMX static void qc_amxc_psum(const qc_amxc_job *j, int64_t item)
+QC_TGT_VNNI static void qc_di8_psum(const qc_di8_job *j, int64_t item)
 {
     const int64_t n = item / j->rows, r = item % j->rows, Wq = j->Wq;
     const uint8_t *xs = j->xq + n * j->sample_bytes + r * Wq * 4;
@@ -197,13 +197,13 @@ QC_TGT_AMX static void qc_amxc_psum(const qc_amxc_job *j, int64_t item)
             acc = _mm512_dpbusd_epi32(acc, _mm512_maskz_loadu_epi32(m, xs + c4 * j->plane + x0 * 4), ones);
         _mm512_mask_storeu_epi32(ps + x0, m, _mm512_sub_epi32(acc, bias));
     }
-    if (r == j->rows - 1) memset(ps + Wq, 0, QC_AMXC_SLACK * sizeof(int32_t));
+    if (r == j->rows - 1) memset(ps + Wq, 0, QC_DI8_SLACK * sizeof(int32_t));
 }
 
 /* where the 16 virtual pixels v0 .. v0+15 go: up to 17 row segments (mask of lanes, output offset of lane 0) */
-typedef struct { int n; __mmask16 mask[17]; int64_t off[17]; } qc_amxc_segs;
+typedef struct { int n; __mmask16 mask[17]; int64_t off[17]; } qc_di8_segs;
 
-static inline void qc_amxc_segments(const qc_amxc_job *j, int64_t v0, qc_amxc_segs *sg)
+static inline void qc_di8_segments(const qc_di8_job *j, int64_t v0, qc_di8_segs *sg)
 {
     sg->n = 0;
     for (int64_t oy = v0 / j->Wq; oy * j->Wq < v0 + 16 && oy < j->OH; ++oy) {
@@ -218,10 +218,10 @@ static inline void qc_amxc_segments(const qc_amxc_job *j, int64_t v0, qc_amxc_se
 }
 
 /* epilogue of one 16 x 16 accumulator tile (channels 16*ot.., virtual pixels v0..) into y of sample n; has_off,
- * hs, pa are constants in each of qc_amxc_epi's calls, so every combination compiles to a branch-free row loop */
-QC_TGT_AMX static inline __attribute__((always_inline))
-void qc_amxc_epi_rows(const qc_amxc_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf,
-                      const qc_amxc_segs *sg, const int has_off, const int hs, const int pa)
+ * hs, pa are constants in each of qc_di8_epi's calls, so every combination compiles to a branch-free row loop */
+QC_TGT_VNNI static inline __attribute__((always_inline))
+void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf,
+                      const qc_di8_segs *sg, const int has_off, const int hs, const int pa)
 {
     /* the job's fields as locals: the stores to y below may alias them as far as the compiler knows */
     const float *scale = j->scale + 16 * ot, *offset = has_off ? j->offset + 16 * ot : NULL;
@@ -262,20 +262,20 @@ void qc_amxc_epi_rows(const qc_amxc_job *j, int64_t n, int64_t ot, int64_t v0, c
     }
 }
 
-QC_TGT_AMX static void qc_amxc_epi(const qc_amxc_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf)
+QC_TGT_VNNI static void qc_di8_epi(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf)
 {
-    qc_amxc_segs sg;
-    qc_amxc_segments(j, v0, &sg);
+    qc_di8_segs sg;
+    qc_di8_segments(j, v0, &sg);
     if (sg.n == 0) return;
     switch ((j->offset != NULL) | (j->hswish != 0) << 1 | (j->pa_s != NULL) << 2) {
-    case 0: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 0, 0); break;
-    case 1: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 0, 0); break;
-    case 2: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 1, 0); break;
-    case 3: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 1, 0); break;
-    case 4: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 0, 1); break;
-    case 5: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 0, 1); break;
-    case 6: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 1, 1); break;
-    default: qc_amxc_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 1, 1); break;
+    case 0: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 0, 0); break;
+    case 1: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 0, 0); break;
+    case 2: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 1, 0); break;
+    case 3: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 1, 0); break;
+    case 4: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 0, 1); break;
+    case 5: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 0, 1); break;
+    case 6: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 1, 1); break;
+    default: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 1, 1); break;
     }
 }
 
@@ -283,23 +283,23 @@ typedef struct {
     uint8_t palette_id, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
-} __attribute__((aligned(64))) qc_amxc_cfg;
+} __attribute__((aligned(64))) qc_di8_cfg;
 
-static inline int64_t qc_amxc_items(const qc_amxc_job *j)
+static inline int64_t qc_di8_amx_items(const qc_di8_job *j)
 {
     const int64_t rpairs = (j->runs + 1) / 2;
     return j->N * ((j->otiles + 1) / 2) * ((rpairs + j->rb - 1) / j->rb);
 }
 
-/* compute items i0 .. i1-1: item = (sample, channel-tile pair, block of QC_AMXC_RB run pairs), the block fastest
+/* compute items i0 .. i1-1: item = (sample, channel-tile pair, block of QC_DI8_RB run pairs), the block fastest
  * (consecutive items share the pair's weights). Per item: K chunks of the (tap, step) sequence outside, run pairs
  * inside. Tiles: C 0..3 (16 x 64 bytes), A (weights) 4, 5 (16 x 4kg), B (pixels) 6, 7 (kg x 64). The configuration
  * is loaded and released here, on the calling thread. */
-QC_TGT_AMX static void qc_amxc_run(const qc_amxc_job *j, int64_t i0, int64_t i1)
+QC_TGT_AMX static void qc_di8_amx_run(const qc_di8_job *j, int64_t i0, int64_t i1)
 {
     int32_t cbuf[4 * 256] __attribute__((aligned(64)));
-    int32_t part[QC_AMXC_RB][4 * 256] __attribute__((aligned(64)));
-    qc_amxc_cfg cfg;
+    int32_t part[QC_DI8_RB][4 * 256] __attribute__((aligned(64)));
+    qc_di8_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
     for (int i = 0; i < 4; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
@@ -358,11 +358,11 @@ QC_TGT_AMX static void qc_amxc_run(const qc_amxc_job *j, int64_t i0, int64_t i1)
                 _tile_stored(0, dst, 64); _tile_stored(1, dst + 256, 64);
                 _tile_stored(2, dst + 512, 64); _tile_stored(3, dst + 768, 64);
                 if (k1 == ksteps) {
-                    qc_amxc_epi(j, n, ot, v0, cbuf);
-                    if (two_r) qc_amxc_epi(j, n, ot, v0 + 16, cbuf + 256);
+                    qc_di8_epi(j, n, ot, v0, cbuf);
+                    if (two_r) qc_di8_epi(j, n, ot, v0 + 16, cbuf + 256);
                     if (two_o) {
-                        qc_amxc_epi(j, n, ot + 1, v0, cbuf + 512);
-                        if (two_r) qc_amxc_epi(j, n, ot + 1, v0 + 16, cbuf + 768);
+                        qc_di8_epi(j, n, ot + 1, v0, cbuf + 512);
+                        if (two_r) qc_di8_epi(j, n, ot + 1, v0 + 16, cbuf + 768);
                     }
                 }
             }
@@ -371,5 +371,66 @@ QC_TGT_AMX static void qc_amxc_run(const qc_amxc_job *j, int64_t i0, int64_t i1)
     _tile_release();
 }
 
+/* ------------------------------------------------------------------------------------------------ */
+/* the same conv on AVX-512 VNNI (CPUs without AMX): pixels in the lanes, weights broadcast           */
+/* ------------------------------------------------------------------------------------------------ */
+/* One vpdpbusd multiplies 16 pixels x one quad (a 64-byte row of a B tile, U unsigned) by one output channel's
+ * 4 weights of that quad (broadcast from its A-tile row, signed): the accumulators are the AMX ones, transposed
+ * into registers, and the epilogue is the same. Register block: QC_DI8V_MR channels x QC_DI8V_NR runs of 16
+ * pixels (24 accumulators, 3 pixel vectors, the broadcast weight folded into vpdpbusd). */
+#define QC_DI8V_MR 8
+#define QC_DI8V_NR 3
+
+static inline int64_t qc_di8_vnni_items(const qc_di8_job *j)
+{
+    return j->N * j->otiles * ((j->runs + QC_DI8V_NR - 1) / QC_DI8V_NR);
+}
+
+#define QC_DI8V_DECL(m) __m512i c##m##0 = _mm512_setzero_si512(), c##m##1 = c##m##0, c##m##2 = c##m##0;
+#define QC_DI8V_STEP(m) { \
+        const __m512i w = _mm512_set1_epi32(qc_load_i32((const uint8_t *)(a + (m) * astride + 4 * r))); \
+        QC_DPBUSD(c##m##0, b0, w); QC_DPBUSD(c##m##1, b1, w); QC_DPBUSD(c##m##2, b2, w); }
+#define QC_DI8V_STORE(m) { \
+        _mm512_store_si512((void *)(cbuf + 16 * (h * QC_DI8V_MR + (m))), c##m##0); \
+        _mm512_store_si512((void *)(cbuf + 256 + 16 * (h * QC_DI8V_MR + (m))), c##m##1); \
+        _mm512_store_si512((void *)(cbuf + 512 + 16 * (h * QC_DI8V_MR + (m))), c##m##2); }
+
+/* compute items i0 .. i1-1: item = (sample, 16-channel tile, group of QC_DI8V_NR runs), the group fastest */
+QC_TGT_VNNI static void qc_di8_vnni_run(const qc_di8_job *j, int64_t i0, int64_t i1)
+{
+    int32_t cbuf[QC_DI8V_NR * 256] __attribute__((aligned(64)));
+    const int64_t groups = (j->runs + QC_DI8V_NR - 1) / QC_DI8V_NR, taps = (int64_t)j->KH * j->KW;
+    const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;
+    const int64_t bstep = (int64_t)j->kg * j->plane, plane = j->plane, steps = j->steps, kg = j->kg;
+    for (int64_t item = i0; item < i1; ++item) {
+        const int64_t n = item / (j->otiles * groups), rem = item % (j->otiles * groups);
+        const int64_t ot = rem / groups, g = rem % groups, v0 = 16 * QC_DI8V_NR * g;
+        const int64_t nr = j->runs - QC_DI8V_NR * g < QC_DI8V_NR ? j->runs - QC_DI8V_NR * g : QC_DI8V_NR;
+        const uint8_t *xs = j->xq + n * j->sample_bytes + 4 * v0;
+        for (int h = 0; h < 16 / QC_DI8V_MR && 16 * ot + h * QC_DI8V_MR < j->O; ++h) {
+            QC_DI8V_DECL(0) QC_DI8V_DECL(1) QC_DI8V_DECL(2) QC_DI8V_DECL(3)
+            QC_DI8V_DECL(4) QC_DI8V_DECL(5) QC_DI8V_DECL(6) QC_DI8V_DECL(7)
+            for (int64_t t = 0; t < taps; ++t)
+                for (int64_t s = 0; s < steps; ++s) {
+                    const int8_t *a = j->wa + ot * ostride + (t * steps + s) * tb + h * QC_DI8V_MR * astride;
+                    const uint8_t *b = xs + 4 * j->toff[t] + s * bstep;
+                    for (int64_t r = 0; r < kg; ++r, b += plane) {
+                        const __m512i b0 = _mm512_loadu_si512((const void *)b);
+                        const __m512i b1 = _mm512_loadu_si512((const void *)(b + 64));
+                        const __m512i b2 = _mm512_loadu_si512((const void *)(b + 128));
+                        QC_DI8V_STEP(0) QC_DI8V_STEP(1) QC_DI8V_STEP(2) QC_DI8V_STEP(3)
+                        QC_DI8V_STEP(4) QC_DI8V_STEP(5) QC_DI8V_STEP(6) QC_DI8V_STEP(7)
+                    }
+                }
+            QC_DI8V_STORE(0) QC_DI8V_STORE(1) QC_DI8V_STORE(2) QC_DI8V_STORE(3)
+            QC_DI8V_STORE(4) QC_DI8V_STORE(5) QC_DI8V_STORE(6) QC_DI8V_STORE(7)
+        }
+        for (int64_t r = 0; r < nr; ++r) qc_di8_epi(j, n, ot, v0 + 16 * r, cbuf + 256 * r);
+    }
+}
+#undef QC_DI8V_DECL
+#undef QC_DI8V_STEP
+#undef QC_DI8V_STORE
+
 #endif /* QC_HAVE_X86 */
-#endif /* QCONV_AMX_CONV_H */
+#endif /* QCONV_DIRECT_INT8_H */

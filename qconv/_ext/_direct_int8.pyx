@@ -1,12 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The direct AMX-INT8 conv of the qconv CPU engine (``kernel="amx"``, ``act_quant="tensor"``, one group, one
-weight block per output channel; any stride, padding and dilation).
+"""The direct int8 conv of the qconv CPU engine (kernels ``"amx"`` and ``"avx512vnni"``, ``act_quant="tensor"``,
+one group, one weight block per output channel; any stride, padding and dilation).
 
-:class:`AmxConvPlan` runs such a layer without im2col, indirection table or transposing store: the input is
-quantized once into padded quad-major phase planes from which AMX loads its B tiles in place, the weights are the A
-tiles of an :class:`~qconv.layouts.amx.AmxConvWeightLayout`, and the 16-channel x 16-pixel accumulators are
-stored straight into NCHW rows. The math, the buffer layout and the epilogue (the VNNI kernel's float operations,
-so results are bitwise those of the tiled GEMM path) are in ``qconv_amx_conv.h``.
+:class:`DirectInt8Plan` runs such a layer without im2col, indirection table or transposing store: the input is
+quantized once into padded quad-major phase planes from which AMX loads its B tiles in place (the VNNI kernel: its
+16-pixel vectors), the weights are the A tiles of an :class:`~qconv.layouts.amx.AmxConvWeightLayout` (VNNI
+broadcasts from their rows), and 16-channel x 16-pixel accumulators are stored straight into NCHW rows. The math,
+the buffer layout and the epilogue (the tiled GEMM's float operations, so results are bitwise those of the tiled
+GEMM path) are in ``qconv_direct_int8.h``.
 """
 import numpy as np
 
@@ -14,8 +15,8 @@ from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
 from ._cpu cimport _parallel_for
 
 
-cdef extern from "qconv_amx_conv.h" nogil:
-    ctypedef struct qc_amxc_job:
+cdef extern from "qconv_direct_int8.h" nogil:
+    ctypedef struct qc_di8_job:
         int64_t N, C, H, W, OH, OW
         int32_t KH, KW, sh, sw, dh, dw, pt, pl
         int32_t quads, kg, steps
@@ -41,61 +42,72 @@ cdef extern from "qconv_amx_conv.h" nogil:
         const int32_t *z
         int32_t qlo, qhi
         const int64_t *toff
-    void qc_amxc_setup(qc_amxc_job *j)
-    void qc_amxc_offsets(const qc_amxc_job *j, int64_t *toff)
-    void qc_amxc_quant(const qc_amxc_job *j, int64_t item)
-    void qc_amxc_psum(const qc_amxc_job *j, int64_t item)
-    int64_t qc_amxc_items(const qc_amxc_job *j)
-    void qc_amxc_run(const qc_amxc_job *j, int64_t i0, int64_t i1)
+    void qc_di8_setup(qc_di8_job *j)
+    void qc_di8_offsets(const qc_di8_job *j, int64_t *toff)
+    void qc_di8_quant(const qc_di8_job *j, int64_t item)
+    void qc_di8_psum(const qc_di8_job *j, int64_t item)
+    int64_t qc_di8_amx_items(const qc_di8_job *j)
+    void qc_di8_amx_run(const qc_di8_job *j, int64_t i0, int64_t i1)
+    int64_t qc_di8_vnni_items(const qc_di8_job *j)
+    void qc_di8_vnni_run(const qc_di8_job *j, int64_t i0, int64_t i1)
 
 
 cdef int64_t _quant_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
     cdef int64_t i
     for i in range(i0, i1):
-        qc_amxc_quant(<const qc_amxc_job *> ctx, i)
+        qc_di8_quant(<const qc_di8_job *> ctx, i)
     return 0
 
 
 cdef int64_t _psum_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
     cdef int64_t i
     for i in range(i0, i1):
-        qc_amxc_psum(<const qc_amxc_job *> ctx, i)
+        qc_di8_psum(<const qc_di8_job *> ctx, i)
     return 0
 
 
 cdef int64_t _run_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
-    qc_amxc_run(<const qc_amxc_job *> ctx, i0, i1)
+    qc_di8_amx_run(<const qc_di8_job *> ctx, i0, i1)
     return 0
 
 
-def is_amx_conv(spec) -> bool:
+cdef int64_t _vnni_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    qc_di8_vnni_run(<const qc_di8_job *> ctx, i0, i1)
+    return 0
+
+
+def is_direct_int8(spec) -> bool:
     """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a layer this path runs: one group, one weight block
     per output channel, dynamic per-tensor activations (``act_quant="tensor"``); any stride, padding, dilation."""
     w = spec.weight
     return w.groups == 1 and w.n_blocks == 1 and spec.act_quant == "tensor" and w.bits in (4, 8)
 
 
-cdef class AmxConvPlan:
-    """Prepared weights of one layer for the direct AMX conv.
+cdef class DirectInt8Plan:
+    """Prepared weights of one layer for the direct int8 conv on ``kernel`` (``"amx"`` or ``"avx512vnni"``).
 
-    ``spec``: the layer's :class:`~qconv.geometry.ConvSpec` (:func:`is_amx_conv`); ``layout``: its
+    ``spec``: the layer's :class:`~qconv.geometry.ConvSpec` (:func:`is_direct_int8`); ``layout``: its
     :class:`~qconv.layouts.amx.AmxConvWeightLayout`; ``post_affine``: None or float32 ``(O,)`` scale and shift
     applied after the activation (the session's fused BatchNorm-like tail). Per call, :meth:`forward` takes the
     per-sample activation parameters (``qs``, ``z``, ``dx``, as :func:`qconv._ext._cpu.fill_tensor_params` fills
     them) and a uint8 scratch of :meth:`scratch_bytes`.
     """
-    cdef qc_amxc_job job
+    cdef qc_di8_job job
     cdef object keep
     cdef const int8_t[::1] wa
     cdef const int32_t[::1] wsx
     cdef const float[::1] scale, offset, bias, pas, pat
     cdef int64_t[::1] toff
     cdef readonly object layout
+    cdef readonly str kernel
 
-    def __init__(self, spec, layout, post_affine=None):
-        cdef qc_amxc_job *j = &self.job
-        if not is_amx_conv(spec):
-            raise ValueError("the direct AMX conv runs one-group, per-channel layers with act_quant='tensor'")
+    def __init__(self, spec, layout, post_affine=None, str kernel="amx"):
+        cdef qc_di8_job *j = &self.job
+        if kernel not in ("amx", "avx512vnni"):
+            raise ValueError(f"kernel must be 'amx' or 'avx512vnni', got {kernel!r}")
+        self.kernel = kernel
+        if not is_direct_int8(spec):
+            raise ValueError("the direct int8 conv runs one-group, per-channel layers with act_quant='tensor'")
         w = spec.weight
         o, ocp = w.out_channels, layout.oc_padded
         kh, kw = w.kernel_size
@@ -137,10 +149,10 @@ cdef class AmxConvPlan:
         self.job.rb, self.job.kchunk = rb, kchunk
 
     cdef void _shape(self, int64_t N, int64_t H, int64_t W, int64_t OH, int64_t OW):
-        cdef qc_amxc_job *j = &self.job
+        cdef qc_di8_job *j = &self.job
         j.N, j.H, j.W, j.OH, j.OW = N, H, W, OH, OW
-        qc_amxc_setup(j)
-        qc_amxc_offsets(j, &self.toff[0])
+        qc_di8_setup(j)
+        qc_di8_offsets(j, &self.toff[0])
         j.toff = &self.toff[0]
 
     def scratch_bytes(self, int64_t N, int64_t H, int64_t W, int64_t OH, int64_t OW):
@@ -161,7 +173,7 @@ cdef class AmxConvPlan:
         """``y`` (float32 NCHW, C-contiguous) = the layer on float32 NCHW ``x`` (C-contiguous, finite), with the
         per-sample activation parameters ``qs`` float32, ``z`` int32, ``dx`` float32 ``(N,)`` (clip range
         [-128, 127]); ``scratch``: at least :meth:`scratch_bytes` bytes. Returns ``y``."""
-        cdef qc_amxc_job *j = &self.job
+        cdef qc_di8_job *j = &self.job
         cdef const float[:, :, :, ::1] xv = x
         cdef float[:, :, :, ::1] yv = y
         cdef const float[::1] qsv = qs
@@ -183,11 +195,12 @@ cdef class AmxConvPlan:
             nb = (nb + 63) // 64 * 64
             j.psum = <int32_t *> &scratch[nb]
         nq = <int64_t> j.steps * j.kg
-        items = qc_amxc_items(j)
+        cdef bint amx = self.kernel == "amx"
+        items = qc_di8_amx_items(j) if amx else qc_di8_vnni_items(j)
         chunk = max(1, items // (8 * threads))
         with nogil:
             _parallel_for(N * nq, 1, _quant_items, j, threads)
             if j.psum != NULL:
                 _parallel_for(N * j.rows, 4, _psum_items, j, threads)
-            _parallel_for(items, chunk, _run_items, j, threads)
+            _parallel_for(items, chunk, _run_items if amx else _vnni_items, j, threads)
         return y

@@ -1,0 +1,157 @@
+"""The direct int8 conv (``qconv_direct_int8.h``, :class:`qconv._ext._direct_int8.DirectInt8Plan`) and its weight
+layout :class:`qconv.layouts.amx.AmxConvWeightLayout`.
+
+Everywhere: the layout's exact round trip and explicit byte positions, and the engine option's checks. On each
+kernel this CPU runs (``"amx"``: AMX tiles; ``"avx512vnni"``: VNNI vectors; a kernel the CPU lacks is skipped with
+the reason): whole engines bitwise equal to the tiled GEMM of the same kernel and to the VNNI GEMM, within the
+oracle's rule, over strides, padding, dilation, batch, odd channel counts, int8/int4, symmetric/offset weights,
+activations and post-affine tails; ``out=``, NaN refusal, the environment switch and the small-call threshold.
+"""
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+pytest.importorskip("qconv._ext._cpu")
+
+from qconv import quantize_weight  # noqa: E402
+from qconv._ext import _cpu  # noqa: E402
+from qconv.cpu import CpuEngine, serial_thresholds  # noqa: E402
+from qconv.geometry import ConvSpec  # noqa: E402
+from qconv.layouts import all_specs  # noqa: E402
+from qconv.layouts.amx import AmxConvWeightLayout  # noqa: E402
+from qconv.testing import assert_layout_roundtrip, assert_matches_reference, strategies as qst  # noqa: E402
+
+KERNELS = [pytest.param(k, marks=pytest.mark.skipif(not _cpu.kernel_supported(k), reason=f"this CPU (or OS) cannot "
+                                                     f"run the {k!r} kernel"))
+           for k in ("amx", "avx512vnni")]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _threaded_paths():
+    with serial_thresholds(macs=0, quant_values=0):
+        yield
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the layout and the option (every machine)
+# --------------------------------------------------------------------------------------------------------------
+def test_layout_is_registered():
+    assert AmxConvWeightLayout in all_specs()
+
+
+@given(AmxConvWeightLayout.hypothesis_case())
+def test_layout_round_trips_and_positions(case):
+    """Exact round trip; every weight at the byte the docstring formula names, every other byte 0 (padded
+    channels, quads and output channels add nothing to the integer sums)."""
+    spec, q = case
+    assert_layout_roundtrip(spec, q)
+    packed = spec.pack_array(q).reshape(-1)
+    assert packed.nbytes == spec.nbytes and spec.kg * spec.steps >= spec.quads and spec.kg <= 16
+    o, c, t = np.meshgrid(*(np.arange(n) for n in (spec.out_channels, spec.in_channels, spec.taps)), indexing="ij")
+    pos = spec.byte_offset(o, c, t)
+    np.testing.assert_array_equal(packed[pos], q.reshape(spec.out_channels, spec.in_channels, spec.taps))
+    rest = np.ones(packed.size, bool)
+    rest[pos.reshape(-1)] = False
+    assert (packed[rest] == 0).all()
+
+
+def test_layout_refuses_groups_and_blocks():
+    with pytest.raises(ValueError, match="one group and one block"):
+        AmxConvWeightLayout(8, 8, 9, 2, 8)
+    with pytest.raises(ValueError, match="one group and one block"):
+        AmxConvWeightLayout(8, 8, 9, 1, 8, groups=2)
+
+
+def test_option_is_checked():
+    spec = ConvSpec(quantize_weight(np.ones((4, 4, 3, 3), np.float32), block_size=2), None, 2, 1)
+    with pytest.raises(TypeError, match="direct_int8 must be"):
+        CpuEngine(spec, direct_int8="yes")
+    with pytest.raises(ValueError, match="direct_int8=True needs"):     # two blocks
+        CpuEngine(spec, direct_int8=True)
+
+
+@st.composite
+def cases(draw):
+    """Layers the direct int8 conv takes: one group, per-channel int8 / int4 weights (symmetric, asymmetric, zero-point
+    form), channels across the quad, 16-quad K step and 16-channel tile boundaries, any kernel, stride (its phase
+    planes), padding, dilation, batch, activation and (one in three) a post-affine tail."""
+    geo = draw(qst.conv_geometries(max_channels=70, max_out_channels=40, max_spatial=12, max_kernel=5, max_stride=3))
+    weight = draw(qst.quantized_weights(geo, blocks=False))
+    x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    bias = rng.standard_normal(geo.o).astype(np.float32) if draw(st.booleans()) else None
+    act = draw(st.sampled_from([None, "relu", "relu6", "hardswish"]))
+    pa = None
+    if draw(st.integers(0, 2)) == 0:
+        pa = (rng.uniform(0.5, 2, geo.o).astype(np.float32), rng.standard_normal(geo.o).astype(np.float32))
+    return geo, weight, x, bias, act, pa
+
+
+# --------------------------------------------------------------------------------------------------------------
+# engines, on each kernel this CPU runs
+# --------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", KERNELS)
+@given(case=cases(), threads=st.sampled_from([1, 2]))
+def test_engine_bitwise_gemm_and_oracle(kernel, case, threads):
+    """The direct int8 conv runs (last_call) and gives bitwise the tiled GEMM's results (same kernel, and the VNNI
+    kernel's), within the oracle's rule."""
+    geo, weight, x, bias, act, pa = case
+    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, "tensor", post_affine=pa)
+    direct = CpuEngine(spec, kernel=kernel, threads=threads, direct_int8=True, depthwise=False)
+    direct.amx_min_cols = 1
+    y = direct.forward(x)
+    assert direct.last_call["split"] == "direct-int8"
+    for k in dict.fromkeys([kernel, "avx512vnni"]):
+        gemm = CpuEngine(spec, kernel=k, threads=threads, direct_int8=False, depthwise=False)
+        gemm.amx_min_cols = 1
+        np.testing.assert_array_equal(y, gemm.forward(x))
+    if pa is None:
+        assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, "tensor")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_engine_out_and_nonfinite(kernel):
+    """``out=`` is written in place; NaN input is refused by name, as on the GEMM path."""
+    rng = np.random.default_rng(5)
+    w = quantize_weight(rng.standard_normal((20, 70, 3, 3)).astype(np.float32))
+    eng = CpuEngine(ConvSpec(w, None, 1, 1), kernel=kernel)
+    x = rng.standard_normal((2, 70, 9, 11)).astype(np.float32)
+    out = np.full((2, 20, 9, 11), np.nan, np.float32)
+    assert eng.forward(x, out=out) is out and eng.last_call["split"] == "direct-int8"
+    gemm = CpuEngine(ConvSpec(w, None, 1, 1), kernel=kernel, direct_int8=False)
+    np.testing.assert_array_equal(out, gemm.forward(x))
+    x[1, 3, 4, 5] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        eng.forward(x)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_engine_env_and_small_calls(kernel, monkeypatch):
+    """$QCONV_CPU_DIRECT_INT8=0 keeps the tiled GEMM; calls under amx_min_cols output pixels take the GEMM too."""
+    rng = np.random.default_rng(6)
+    spec = ConvSpec(quantize_weight(rng.standard_normal((8, 8, 3, 3)).astype(np.float32)), None, 1, 1)
+    x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    monkeypatch.setenv("QCONV_CPU_DIRECT_INT8", "0")
+    eng = CpuEngine(spec, kernel=kernel)
+    eng.forward(x)
+    assert eng.last_call["split"] != "direct-int8"
+    monkeypatch.delenv("QCONV_CPU_DIRECT_INT8")
+    eng = CpuEngine(spec, kernel=kernel)
+    eng.forward(x)
+    assert eng.last_call["split"] == "direct-int8" and "direct int8 conv" in eng.describe()
+    eng.forward(x[:, :, :1, :1])      # 1 output pixel < amx_min_cols
+    assert eng.last_call["split"] != "direct-int8"
+
+
+def test_other_kernels_keep_the_gemm():
+    """The scalar and AVX2 kernels have no direct int8 conv: automatic is the GEMM, True is refused by name."""
+    spec = ConvSpec(quantize_weight(np.ones((8, 8, 3, 3), np.float32)), None, 1, 1)
+    for k in ("scalar", "avx2"):
+        if not _cpu.kernel_supported(k):
+            continue
+        eng = CpuEngine(spec, kernel=k)
+        eng.forward(np.ones((1, 8, 6, 6), np.float32))
+        assert eng.last_call["split"] != "direct-int8"
+        with pytest.raises(ValueError, match="direct_int8=True needs kernel"):
+            CpuEngine(spec, kernel=k, direct_int8=True)
