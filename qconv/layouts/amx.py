@@ -157,7 +157,7 @@ class AmxWeightLayout(BlockedWeightCodes):
 
 @dataclass(frozen=True)
 class AmxConvWeightLayout(BlockedWeightCodes):
-    """AMX-INT8 weight tiles of the CPU engine's direct conv (``qconv_direct_int8.h``):
+    """AMX-INT8 weight tiles of the CPU engine's direct int8 conv (``qconv_direct_int8.h``):
     ``[ceil(O/16)][taps][steps][16][kg][4]`` -- per 16-channel tile, tap and K step, one A tile of 16 output channels
     x ``kg`` channel quads x 4 channels, int8 ``q`` (4-bit weights too, one signed value a byte), zero-padded
     channels.
