@@ -22,8 +22,6 @@ cdef extern from "qconv_direct_int8.h" nogil:
         int32_t quads, kg, steps
         int32_t O, otiles
         int64_t Hq, Wq, rows, plane, nvirt, runs, sample_bytes, psum_len
-        int32_t rb
-        int64_t kchunk
         const int8_t *wa
         const int32_t *wsx
         const float *scale
@@ -143,10 +141,6 @@ cdef class DirectInt8Plan:
         j.C, j.O, j.KH, j.KW, j.sh, j.sw, j.dh, j.dw, j.pt, j.pl = w.in_channels, o, kh, kw, sh, sw, dh, dw, ph, pw
         j.quads, j.kg, j.steps, j.otiles = layout.quads, layout.kg, layout.steps, layout.oc_tiles
         self.toff = np.zeros(kh * kw, np.int64)
-
-    def tune(self, int rb, int64_t kchunk):
-        """Lab hook: run pairs per compute item and K steps per chunk (0: the defaults)."""
-        self.job.rb, self.job.kchunk = rb, kchunk
 
     cdef void _shape(self, int64_t N, int64_t H, int64_t W, int64_t OH, int64_t OW):
         cdef qc_di8_job *j = &self.job

@@ -45,8 +45,8 @@ typedef struct {
     int64_t nvirt, runs;          /* virtual pixels (OH-1)*Wq + OW and their 16-pixel runs */
     int64_t sample_bytes;         /* xq bytes per sample: steps*kg planes */
     int64_t psum_len;             /* int32 pixel sums per sample: rows*Wq + QC_DI8_SLACK */
-    int32_t rb;                   /* run pairs per compute item (<= QC_DI8_RB) */
-    int64_t kchunk;               /* K steps per chunk */
+    int32_t rb;                   /* AMX: run pairs per compute item (<= QC_DI8_RB; 0: qc_di8_setup's choice) */
+    int64_t kchunk;               /* AMX: K steps per chunk (0: qc_di8_setup's choice) */
     /* weights and per-channel tables (padded to 16*otiles channels) */
     const int8_t *wa;
     const int32_t *wsx;
