@@ -98,12 +98,16 @@ cdef class DirectInt8Plan:
     cdef int64_t[::1] toff
     cdef readonly object layout
     cdef readonly str kernel
+    cdef bint use_amx
+    cdef int64_t shape_key[5]   # the (N, H, W, OH, OW) the job is set up for
 
     def __init__(self, spec, layout, post_affine=None, str kernel="amx"):
         cdef qc_di8_job *j = &self.job
         if kernel not in ("amx", "avx512vnni"):
             raise ValueError(f"kernel must be 'amx' or 'avx512vnni', got {kernel!r}")
         self.kernel = kernel
+        self.use_amx = kernel == "amx"
+        self.shape_key[0] = -1
         if not is_direct_int8(spec):
             raise ValueError("the direct int8 conv runs one-group, per-channel layers with act_quant='tensor'")
         w = spec.weight
@@ -144,6 +148,10 @@ cdef class DirectInt8Plan:
 
     cdef void _shape(self, int64_t N, int64_t H, int64_t W, int64_t OH, int64_t OW):
         cdef qc_di8_job *j = &self.job
+        cdef int64_t *k = self.shape_key
+        if k[0] == N and k[1] == H and k[2] == W and k[3] == OH and k[4] == OW:
+            return
+        k[0], k[1], k[2], k[3], k[4] = N, H, W, OH, OW
         j.N, j.H, j.W, j.OH, j.OW = N, H, W, OH, OW
         qc_di8_setup(j)
         qc_di8_offsets(j, &self.toff[0])
@@ -189,7 +197,7 @@ cdef class DirectInt8Plan:
             nb = (nb + 63) // 64 * 64
             j.psum = <int32_t *> &scratch[nb]
         nq = <int64_t> j.steps * j.kg
-        cdef bint amx = self.kernel == "amx"
+        cdef bint amx = self.use_amx
         items = qc_di8_amx_items(j) if amx else qc_di8_vnni_items(j)
         chunk = max(1, items // (8 * threads))
         with nogil:

@@ -701,12 +701,19 @@ class CpuEngine:
             from ..layouts.amx import AmxConvWeightLayout
             self._direct_int8_plan = _direct_int8.DirectInt8Plan(
                 self.spec, AmxConvWeightLayout.for_weight(self.spec.weight), self.spec.post_affine, self.kernel)
-        macs = n * oh * ow * self.spec.out_channels * self.spec.in_channels * self.spec.weight.taps
-        nt = 1 if macs < SERIAL_MACS else self.threads
-        nbytes = self._direct_int8_plan.scratch_bytes(n, h, w, oh, ow)
-        V.check_alloc(nbytes, "the direct int8 conv's scratch")
-        s = scratch.arena().take_all((("Q", nbytes, np.dtype(np.uint8)), ("qs", n, np.dtype(np.float32)),
-                                      ("z", n, np.dtype(np.int32)), ("dx", n, np.dtype(np.float32))))
+        key = ("direct_int8", n, h, w)
+        sizes = self._sizes.get(key)
+        if sizes is None:   # (multiply-adds, the arena's take tuple) per input shape
+            nbytes = self._direct_int8_plan.scratch_bytes(n, h, w, oh, ow)
+            V.check_alloc(nbytes, "the direct int8 conv's scratch")
+            if len(self._sizes) >= 8:
+                self._sizes.clear()
+            sizes = self._sizes[key] = (
+                n * oh * ow * self.spec.out_channels * self.spec.in_channels * self.spec.weight.taps,
+                (("Q", nbytes, np.dtype(np.uint8)), ("qs", n, np.dtype(np.float32)), ("z", n, np.dtype(np.int32)),
+                 ("dx", n, np.dtype(np.float32))))
+        nt = 1 if sizes[0] < SERIAL_MACS else self.threads
+        s = scratch.arena().take_all(sizes[1])
         if not _cpu.fill_tensor_params(x.reshape(-1), nt, self.kernel, s["qs"], s["z"], s["dx"]):
             raise ValueError("x contains NaN or infinite values")
         self._direct_int8_plan.forward(x, y, s["qs"], s["z"], s["dx"], s["Q"], nt)
