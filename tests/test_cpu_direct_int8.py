@@ -56,28 +56,30 @@ def test_layout_round_trips_and_positions(case):
     assert (packed[rest] == 0).all()
 
 
-def test_layout_refuses_groups_and_blocks():
-    with pytest.raises(ValueError, match="one group and one block"):
-        AmxConvWeightLayout(8, 8, 9, 2, 8)
-    with pytest.raises(ValueError, match="one group and one block"):
+def test_layout_refuses_groups_and_odd_blocks():
+    with pytest.raises(ValueError, match="multiple of 4 channels"):
+        AmxConvWeightLayout(8, 12, 9, 2, 8)          # blocks of 6 channels
+    with pytest.raises(ValueError, match="one group"):
         AmxConvWeightLayout(8, 8, 9, 1, 8, groups=2)
+    assert AmxConvWeightLayout(8, 16, 9, 2, 4).steps == 2 and AmxConvWeightLayout(8, 16, 9, 2, 4).kg == 2
 
 
 def test_option_is_checked():
     spec = ConvSpec(quantize_weight(np.ones((4, 4, 3, 3), np.float32), block_size=2), None, 2, 1)
     with pytest.raises(TypeError, match="direct_int8 must be"):
         CpuEngine(spec, direct_int8="yes")
-    with pytest.raises(ValueError, match="direct_int8=True needs"):     # two blocks
+    with pytest.raises(ValueError, match="direct_int8=True needs"):     # blocks of 2 channels
         CpuEngine(spec, direct_int8=True)
 
 
 @st.composite
 def cases(draw):
-    """Layers the direct int8 conv takes: one group, per-channel int8 / int4 weights (symmetric, asymmetric, zero-point
-    form), channels across the quad, 16-quad K step and 16-channel tile boundaries, any kernel, stride (its phase
-    planes), padding, dilation, batch, activation and (one in three) a post-affine tail."""
+    """Layers the direct int8 conv takes: one group, int8 / int4 weights per channel or in blocks of a multiple of 4
+    channels (symmetric, asymmetric, zero-point form), channels across the quad, 16-quad K step and 16-channel tile
+    boundaries, any kernel, stride (its phase planes), padding, dilation, batch, activation and (one in three) a
+    post-affine tail."""
     geo = draw(qst.conv_geometries(max_channels=70, max_out_channels=40, max_spatial=12, max_kernel=5, max_stride=3))
-    weight = draw(qst.quantized_weights(geo, blocks=False))
+    weight = draw(qst.quantized_weights(geo, block_filter=lambda b: b % 4 == 0))
     x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     bias = rng.standard_normal(geo.o).astype(np.float32) if draw(st.booleans()) else None

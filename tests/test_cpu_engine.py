@@ -120,16 +120,17 @@ def test_deterministic_across_threads_and_calls(case, aq):
 @pytest.mark.parametrize("bits, bs, aq", [(8, 0, "row"), (4, 32, "row"), (8, 64, "tensor"), (4, 0, "block")])
 def test_gemv_channel_split_matches_one_thread(kernel, bits, bs, aq):
     """Fewer column tiles than threads: the threads split the output-channel tiles (7 tiles of 32 here, and
-    groups); bitwise the 1-thread result, and the oracle's (tensor, row; block: see test_cpu_block.py)."""
+    groups); bitwise the 1-thread result, and the oracle's (tensor, row; block: see test_cpu_block.py). The tiled
+    GEMM's split: direct_int8=False (AMX / VNNI machines would take the direct int8 conv for 4 columns or more)."""
     rng = np.random.default_rng(21)
     for o, c, groups, n in [(200, 128, 1, 1), (200, 128, 1, 3), (97, 192, 1, 15), (192, 128, 2, 2)]:
         w = qconv.quantize_weight(rng.standard_normal((o, c // groups, 1, 1)).astype(np.float32), bits=bits,
                                   block_size=bs, symmetric=bits == 8, groups=groups)
         b = rng.standard_normal(o).astype(np.float32)
         x = rng.standard_normal((n, c, 1, 1)).astype(np.float32)
-        one = CpuEngine(ConvSpec(w, b, act_quant=aq), threads=1, kernel=kernel).forward(x)
+        one = CpuEngine(ConvSpec(w, b, act_quant=aq), threads=1, kernel=kernel, direct_int8=False).forward(x)
         for threads in (2, 3):
-            eng = CpuEngine(ConvSpec(w, b, act_quant=aq), threads=threads, kernel=kernel)
+            eng = CpuEngine(ConvSpec(w, b, act_quant=aq), threads=threads, kernel=kernel, direct_int8=False)
             y = eng.forward(x)
             assert eng.last_call == dict(quant_threads=0 if aq == "block" else min(threads, n), gemm_threads=threads,
                                          split="channels")
@@ -137,7 +138,7 @@ def test_gemv_channel_split_matches_one_thread(kernel, bits, bs, aq):
         if aq != "block":
             assert_matches_reference(one, x, w, b, act_quant=aq)
     # enough columns: the threads split the column tiles instead
-    eng = CpuEngine(ConvSpec(w, b, act_quant=aq), threads=2, kernel=kernel)
+    eng = CpuEngine(ConvSpec(w, b, act_quant=aq), threads=2, kernel=kernel, direct_int8=False)
     eng.forward(rng.standard_normal((40, c, 1, 1)).astype(np.float32))
     assert eng.last_call["split"] == "columns"
 

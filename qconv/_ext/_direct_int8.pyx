@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The direct int8 conv of the qconv CPU engine (kernels ``"amx"`` and ``"avx512vnni"``, ``act_quant="tensor"``,
-one group, one weight block per output channel; any stride, padding and dilation).
+one group, weights per channel or in blocks of a multiple of 4 channels; any stride, padding and dilation).
 
 :class:`DirectInt8Plan` runs such a layer without im2col, indirection table or transposing store: the input is
 quantized once into padded quad-major phase planes from which AMX loads its B tiles in place (the VNNI kernel: its
@@ -20,6 +20,7 @@ cdef extern from "qconv_direct_int8.h" nogil:
         int64_t N, C, H, W, OH, OW
         int32_t KH, KW, sh, sw, dh, dw, pt, pl
         int32_t quads, kg, steps
+        int32_t nblocks, bq, spb, planes
         int32_t O, otiles
         int64_t Hq, Wq, rows, plane, nvirt, runs, sample_bytes, psum_len
         const int8_t *wa
@@ -75,10 +76,12 @@ cdef int64_t _vnni_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept no
 
 
 def is_direct_int8(spec) -> bool:
-    """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a layer this path runs: one group, one weight block
-    per output channel, dynamic per-tensor activations (``act_quant="tensor"``); any stride, padding, dilation."""
+    """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a layer this path runs: one group, per-channel
+    weights or blocks of a multiple of 4 channels, dynamic per-tensor activations (``act_quant="tensor"``); any
+    stride, padding, dilation."""
+    from ..layouts.amx import AmxConvWeightLayout
     w = spec.weight
-    return w.groups == 1 and w.n_blocks == 1 and spec.act_quant == "tensor" and w.bits in (4, 8)
+    return AmxConvWeightLayout.supports(w) and spec.act_quant == "tensor" and w.bits in (4, 8)
 
 
 cdef class DirectInt8Plan:
@@ -109,24 +112,33 @@ cdef class DirectInt8Plan:
         self.use_amx = kernel == "amx"
         self.shape_key[0] = -1
         if not is_direct_int8(spec):
-            raise ValueError("the direct int8 conv runs one-group, per-channel layers with act_quant='tensor'")
+            raise ValueError("the direct int8 conv runs one-group layers (per channel, or blocks of a multiple of 4 "
+                             "channels) with act_quant='tensor'")
         w = spec.weight
         o, ocp = w.out_channels, layout.oc_padded
         kh, kw = w.kernel_size
         (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
         from ..cpu.scratch import aligned   # (qconv.cpu imports this module)
         wa = aligned(layout.pack_array(w.q).reshape(-1))   # 64-byte aligned tile rows
-        wsx = np.zeros(ocp, np.int32)
-        wsx[:o] = w.q.reshape(o, -1).astype(np.int64).sum(axis=1)
+        nb = w.n_blocks
 
-        def table(values):
+        def table(values, dtype=np.float32):
+            """(O, nb) per channel and block -> (nb, ocp), block-major, padded channels 0"""
+            t = np.zeros((nb, ocp), dtype)
+            t[:, :o] = np.asarray(values).reshape(o, nb).T
+            return t.reshape(-1)
+
+        def channels(values):
+            """(O,) per channel -> (ocp,), padded channels 0"""
             t = np.zeros(ocp, np.float32)
             t[:o] = np.asarray(values, np.float32).reshape(o)
             return t
 
+        # per channel and block: the sum of its codes over the block's channels and all taps
+        wsx = table(w.q.reshape(o, nb, -1).astype(np.int64).sum(axis=2).astype(np.int32), np.int32)
         scale = table(w.scales)
         offset = None if w.offsets is None else table(w.offsets)
-        bias = table(spec.bias_or_zeros())
+        bias = channels(spec.bias_or_zeros())
         self.keep = (wa, wsx, scale, offset, bias)
         self.layout = layout
         self.wa, self.wsx, self.scale, self.bias = wa, wsx, scale, bias
@@ -137,13 +149,14 @@ cdef class DirectInt8Plan:
             j.offset = &self.offset[0]
         j.pa_s = j.pa_t = NULL
         if post_affine is not None:
-            self.pas, self.pat = table(post_affine[0]), table(post_affine[1])
+            self.pas, self.pat = channels(post_affine[0]), channels(post_affine[1])
             j.pa_s, j.pa_t = &self.pas[0], &self.pat[0]
         act = spec.activation
         j.lo, j.hi = (0.0, 6.0) if act == "relu6" else (0.0, np.inf) if act == "relu" else (-np.inf, np.inf)
         j.hswish = act == "hardswish"
         j.C, j.O, j.KH, j.KW, j.sh, j.sw, j.dh, j.dw, j.pt, j.pl = w.in_channels, o, kh, kw, sh, sw, dh, dw, ph, pw
         j.quads, j.kg, j.steps, j.otiles = layout.quads, layout.kg, layout.steps, layout.oc_tiles
+        j.nblocks, j.bq, j.spb, j.planes = nb, layout.block_quads, layout.block_steps, layout.quads_padded
         self.toff = np.zeros(kh * kw, np.int64)
 
     cdef void _shape(self, int64_t N, int64_t H, int64_t W, int64_t OH, int64_t OW):
@@ -163,7 +176,7 @@ cdef class DirectInt8Plan:
         self._shape(N, H, W, OH, OW)
         cdef int64_t nb = 64 + N * self.job.sample_bytes
         if self.job.offset != NULL:
-            nb += 4 * N * self.job.psum_len + 64
+            nb += 4 * N * self.job.nblocks * self.job.psum_len + 64
         return nb
 
     @property
@@ -196,7 +209,7 @@ cdef class DirectInt8Plan:
         if j.offset != NULL:
             nb = (nb + 63) // 64 * 64
             j.psum = <int32_t *> &scratch[nb]
-        nq = <int64_t> j.steps * j.kg
+        nq = j.planes
         cdef bint amx = self.use_amx
         items = qc_di8_amx_items(j) if amx else qc_di8_vnni_items(j)
         chunk = max(1, items // (8 * threads))

@@ -7,8 +7,10 @@
  *   y[n][o][oy][ox] = clamp(dx * fma(s[o], I, off[o] * S) + bias[o], lo, hi), then hardswish and v * ps + pt
  * with the float operations, in the order, of the VNNI kernel's epilogue (qc_vnni_facc, qc_vnni_fin) and of the
  * store's hardswish / post-affine: the results are bitwise those of the tiled GEMM path.
- * Scope: any stride, kernel size, dilation and padding, one group, one weight block per output channel
- * (per-channel scales, symmetric or with offsets), int8 or int4 weights, float32 NCHW input and output.
+ * Scope: any stride, kernel size, dilation and padding, one group, weights per channel or in blocks of a multiple
+ * of 4 channels (symmetric or with offsets; several blocks: each block's integer sums I_b, S_b and the float sum
+ * F = sum over b of fma(s_b, I_b, off_b * S_b) in the GEMM's order, then dx * F + bias), int8 or int4 weights,
+ * float32 NCHW input and output.
  *
  * Layout. Per sample the input is quantized once into a padded quad-major buffer of bytes U = xq + 128: per quad
  * (4 channels), the sh*sw phase planes of the zero-padded input, phase (a, b) holding padded rows a, a+sh, ... and
@@ -38,16 +40,18 @@ typedef struct {
     int64_t N, C, H, W, OH, OW;
     int32_t KH, KW, sh, sw, dh, dw, pt, pl;
     int32_t quads, kg, steps;     /* AmxConvWeightLayout: channel quads, quads per K step, K steps per tap */
+    int32_t nblocks, bq, spb;     /* weight blocks, quads of a block, K steps of a block per tap */
+    int32_t planes;               /* quad planes the kernels read (AmxConvWeightLayout.quads_padded) */
     int32_t O, otiles;            /* output channels, 16-channel tiles */
     /* set by qc_di8_setup */
     int64_t Hq, Wq, rows;         /* phase planes and their rows in a quad (sh*sw*Hq) */
     int64_t plane;                /* bytes between quads (pixels rows*Wq + QC_DI8_SLACK, rounded up) */
     int64_t nvirt, runs;          /* virtual pixels (OH-1)*Wq + OW and their 16-pixel runs */
-    int64_t sample_bytes;         /* xq bytes per sample: steps*kg planes */
-    int64_t psum_len;             /* int32 pixel sums per sample: rows*Wq + QC_DI8_SLACK */
+    int64_t sample_bytes;         /* xq bytes per sample: `planes` planes */
+    int64_t psum_len;             /* int32 pixel sums per sample and block: rows*Wq + QC_DI8_SLACK */
     int32_t rb;                   /* AMX: run pairs per compute item (<= QC_DI8_RB; 0: qc_di8_setup's choice) */
     int64_t kchunk;               /* AMX: K steps per chunk (0: qc_di8_setup's choice) */
-    /* weights and per-channel tables (padded to 16*otiles channels) */
+    /* weights and tables: wsx, scale, offset [nblocks][16*otiles], bias, pa_s, pa_t [16*otiles] */
     const int8_t *wa;
     const int32_t *wsx;
     const float *scale, *offset, *bias;   /* offset NULL: symmetric weights (no pixel sums) */
@@ -85,7 +89,7 @@ static void qc_di8_setup(qc_di8_job *j)
     /* a B tile reads 16 rows `plane` bytes apart: keep them off one L1 set */
     if (plane % 1024 == 0) plane += 64;
     j->plane = plane;
-    j->sample_bytes = (int64_t)j->steps * j->kg * plane;
+    j->sample_bytes = (int64_t)j->planes * plane;
     j->psum_len = j->rows * j->Wq + QC_DI8_SLACK;
     if (j->kchunk < 1) {
         j->kchunk = QC_DI8_KCHUNK_BYTES / (2 * 64 * (int64_t)j->kg);
@@ -94,7 +98,7 @@ static void qc_di8_setup(qc_di8_job *j)
     /* one K chunk: blocks of run pairs only set the work items' size (2 keeps them many); several: a block
      * shares each chunk's weights */
     if (j->rb < 1 || j->rb > QC_DI8_RB)
-        j->rb = (int64_t)j->KH * j->KW * j->steps <= j->kchunk ? 2 : QC_DI8_RB;
+        j->rb = j->nblocks > 1 || (int64_t)j->KH * j->KW * j->steps <= j->kchunk ? 2 : QC_DI8_RB;
 }
 
 static void qc_di8_offsets(const qc_di8_job *j, int64_t *toff)
@@ -116,7 +120,7 @@ static inline void qc_di8_fill32(uint32_t *p, int64_t n, uint32_t v)
 /* quantization item (sample n, quad c4): the quad's phase planes of sample n, padding and slack included */
 QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
 {
-    const int64_t nq = (int64_t)j->steps * j->kg, n = item / nq, c4 = item % nq;
+    const int64_t nq = j->planes, n = item / nq, c4 = item % nq;
     const int32_t zpu = j->z[n] + 128;
     const uint32_t fill = 0x01010101u * (uint32_t)(zpu & 255);
     uint32_t *plane = (uint32_t *)(j->xq + n * j->sample_bytes + c4 * j->plane);
@@ -182,22 +186,26 @@ QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
         }
 }
 
-/* pixel-sum item (sample n, row r of the phase planes): psum[p] = sum of u over the real channels at plane position p
- * (the last row also clears the slack) */
+/* pixel-sum item (sample n, row r of the phase planes): per block, psum[p] = sum of u over the block's real channels
+ * at plane position p (the last row also clears the slack) */
 QC_TGT_VNNI static void qc_di8_psum(const qc_di8_job *j, int64_t item)
 {
     const int64_t n = item / j->rows, r = item % j->rows, Wq = j->Wq;
-    const uint8_t *xs = j->xq + n * j->sample_bytes + r * Wq * 4;
-    int32_t *ps = j->psum + n * j->psum_len + r * Wq;
-    const __m512i ones = _mm512_set1_epi8(1), bias = _mm512_set1_epi32(4 * j->quads * (j->z[n] + 128));
-    for (int64_t x0 = 0; x0 < Wq; x0 += 16) {
-        const __mmask16 m = Wq - x0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (Wq - x0)) - 1);
-        __m512i acc = _mm512_setzero_si512();
-        for (int c4 = 0; c4 < j->quads; ++c4)
-            acc = _mm512_dpbusd_epi32(acc, _mm512_maskz_loadu_epi32(m, xs + c4 * j->plane + x0 * 4), ones);
-        _mm512_mask_storeu_epi32(ps + x0, m, _mm512_sub_epi32(acc, bias));
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t b = 0; b < j->nblocks; ++b) {
+        const int64_t q0 = b * j->bq, q1 = q0 + j->bq < j->quads ? q0 + j->bq : j->quads;
+        const uint8_t *xs = j->xq + n * j->sample_bytes + q0 * j->plane + r * Wq * 4;
+        int32_t *ps = j->psum + (n * j->nblocks + b) * j->psum_len + r * Wq;
+        const __m512i bias = _mm512_set1_epi32(4 * (int32_t)(q1 - q0) * (j->z[n] + 128));
+        for (int64_t x0 = 0; x0 < Wq; x0 += 16) {
+            const __mmask16 m = Wq - x0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (Wq - x0)) - 1);
+            __m512i acc = _mm512_setzero_si512();
+            for (int64_t c4 = 0; c4 < q1 - q0; ++c4)
+                acc = _mm512_dpbusd_epi32(acc, _mm512_maskz_loadu_epi32(m, xs + c4 * j->plane + x0 * 4), ones);
+            _mm512_mask_storeu_epi32(ps + x0, m, _mm512_sub_epi32(acc, bias));
+        }
+        if (r == j->rows - 1) memset(ps + Wq, 0, QC_DI8_SLACK * sizeof(int32_t));
     }
-    if (r == j->rows - 1) memset(ps + Wq, 0, QC_DI8_SLACK * sizeof(int32_t));
 }
 
 /* where the 16 virtual pixels v0 .. v0+15 go: up to 17 row segments (mask of lanes, output offset of lane 0) */
@@ -220,17 +228,18 @@ static inline void qc_di8_segments(const qc_di8_job *j, int64_t v0, qc_di8_segs 
 /* epilogue of one 16 x 16 accumulator tile (channels 16*ot.., virtual pixels v0..) into y of sample n; has_off,
  * hs, pa are constants in each of qc_di8_epi's calls, so every combination compiles to a branch-free row loop */
 QC_TGT_VNNI static inline __attribute__((always_inline))
-void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf,
-                      const qc_di8_segs *sg, const int has_off, const int hs, const int pa)
+void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf, int64_t k,
+                     float *part, const qc_di8_segs *sg, const int has_off, const int hs, const int pa)
 {
     /* the job's fields as locals: the stores to y below may alias them as far as the compiler knows */
-    const float *scale = j->scale + 16 * ot, *offset = has_off ? j->offset + 16 * ot : NULL;
+    const int64_t tk = k * 16 * j->otiles + 16 * ot;   /* block k's tables of this channel tile */
+    const float *scale = j->scale + tk, *offset = has_off ? j->offset + tk : NULL;
     const float *bias = j->bias + 16 * ot, *pas = pa ? j->pa_s + 16 * ot : NULL, *pat = pa ? j->pa_t + 16 * ot : NULL;
-    const int32_t *wsx = j->wsx + 16 * ot;
-    const int nseg = sg->n;
+    const int32_t *wsx = j->wsx + tk;
+    const int nseg = sg->n, first = k == 0, last = k == j->nblocks - 1;
     __m512 sf = _mm512_setzero_ps();
     if (has_off) {
-        const int32_t *ps = j->psum + n * j->psum_len + v0;
+        const int32_t *ps = j->psum + (n * j->nblocks + k) * j->psum_len + v0;
         __m512i s = _mm512_setzero_si512();
         for (int t = 0; t < j->KH * j->KW; ++t) s = _mm512_add_epi32(s, _mm512_loadu_si512((const void *)(ps + j->toff[t])));
         sf = _mm512_cvtepi32_ps(s);
@@ -247,6 +256,9 @@ void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, con
         /* the VNNI epilogue's fma(s, I, o*S), with o*S = +0 when symmetric */
         const __m512 off = has_off ? _mm512_mul_ps(_mm512_set1_ps(offset[m]), sf) : zero;
         __m512 f = _mm512_fmadd_ps(_mm512_set1_ps(scale[m]), _mm512_cvtepi32_ps(i), off);
+        /* blocks: the GEMM's order, F = f (first block), then f + F; dx and the bias after the last */
+        if (!first) f = _mm512_add_ps(f, _mm512_load_ps(part + 16 * m));
+        if (!last) { _mm512_store_ps(part + 16 * m, f); continue; }
         f = _mm512_fmadd_ps(dx, f, _mm512_set1_ps(bias[m]));
         f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
         if (hs)
@@ -262,21 +274,29 @@ void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, con
     }
 }
 
-QC_TGT_VNNI static void qc_di8_epi(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf)
+/* the epilogue of block k for one accumulator tile; part: the tile's 256 float partial sums (several blocks) */
+QC_TGT_VNNI static void qc_di8_epi_block(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf,
+                                         int64_t k, float *part)
 {
     qc_di8_segs sg;
     qc_di8_segments(j, v0, &sg);
     if (sg.n == 0) return;
     switch ((j->offset != NULL) | (j->hswish != 0) << 1 | (j->pa_s != NULL) << 2) {
-    case 0: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 0, 0); break;
-    case 1: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 0, 0); break;
-    case 2: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 1, 0); break;
-    case 3: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 1, 0); break;
-    case 4: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 0, 1); break;
-    case 5: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 0, 1); break;
-    case 6: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 0, 1, 1); break;
-    default: qc_di8_epi_rows(j, n, ot, v0, cbuf, &sg, 1, 1, 1); break;
+    case 0: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, 0, 0); break;
+    case 1: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, 0, 0); break;
+    case 2: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, 1, 0); break;
+    case 3: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, 1, 0); break;
+    case 4: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, 0, 1); break;
+    case 5: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, 0, 1); break;
+    case 6: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, 1, 1); break;
+    default: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, 1, 1); break;
     }
+}
+
+/* the whole epilogue of a one-block layer */
+QC_TGT_VNNI static inline void qc_di8_epi(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf)
+{
+    qc_di8_epi_block(j, n, ot, v0, cbuf, 0, NULL);
 }
 
 typedef struct {
@@ -295,8 +315,11 @@ static inline int64_t qc_di8_amx_items(const qc_di8_job *j)
  * (consecutive items share the pair's weights). Per item: K chunks of the (tap, step) sequence outside, run pairs
  * inside. Tiles: C 0..3 (16 x 64 bytes), A (weights) 4, 5 (16 x 4kg), B (pixels) 6, 7 (kg x 64). The configuration
  * is loaded and released here, on the calling thread. */
+QC_TGT_AMX static void qc_di8_amx_run_blocks(const qc_di8_job *j, int64_t i0, int64_t i1);
+
 QC_TGT_AMX static void qc_di8_amx_run(const qc_di8_job *j, int64_t i0, int64_t i1)
 {
+    if (j->nblocks > 1) { qc_di8_amx_run_blocks(j, i0, i1); return; }
     int32_t cbuf[4 * 256] __attribute__((aligned(64)));
     int32_t part[QC_DI8_RB][4 * 256] __attribute__((aligned(64)));
     qc_di8_cfg cfg;
@@ -371,6 +394,64 @@ QC_TGT_AMX static void qc_di8_amx_run(const qc_di8_job *j, int64_t i0, int64_t i
     _tile_release();
 }
 
+/* several weight blocks (AMX): per run pair, block after block, each block's integer sums finished by its epilogue
+ * (float partial sums per tile until the last block, the GEMM's order); no K chunks */
+QC_TGT_AMX static void qc_di8_amx_run_blocks(const qc_di8_job *j, int64_t i0, int64_t i1)
+{
+    int32_t cbuf[4 * 256] __attribute__((aligned(64)));
+    float part[4 * 256] __attribute__((aligned(64)));
+    qc_di8_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 4; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    for (int i = 4; i < 6; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = (uint16_t)(4 * j->kg); }
+    for (int i = 6; i < 8; ++i) { cfg.rows[i] = (uint8_t)j->kg; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+    const int64_t opairs = (j->otiles + 1) / 2, rpairs = (j->runs + 1) / 2;
+    const int64_t rblocks = (rpairs + j->rb - 1) / j->rb, taps = (int64_t)j->KH * j->KW;
+    const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;
+    const int64_t plane = j->plane, steps = j->steps, spb = j->spb, bq = j->bq, kg = j->kg;
+    for (int64_t item = i0; item < i1; ++item) {
+        const int64_t n = item / (opairs * rblocks), rem = item % (opairs * rblocks);
+        const int64_t ot = 2 * (rem / rblocks), rp0 = (rem % rblocks) * j->rb;
+        const int64_t rp1 = rp0 + j->rb < rpairs ? rp0 + j->rb : rpairs;
+        const int two_o = ot + 1 < j->otiles;
+        const uint8_t *xs = j->xq + n * j->sample_bytes;
+        const int8_t *wo = j->wa + ot * ostride;
+        for (int64_t rp = rp0; rp < rp1; ++rp) {
+            const int64_t r = 2 * rp, v0 = 16 * r;
+            const int two_r = r + 1 < j->runs;
+            const uint8_t *xv = xs + 4 * v0;
+            for (int64_t blk = 0; blk < j->nblocks; ++blk) {
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                for (int64_t t = 0; t < taps; ++t)
+                    for (int64_t jj = 0; jj < spb; ++jj) {
+                        const int8_t *a = wo + (t * steps + blk * spb + jj) * tb;
+                        const uint8_t *b = xv + 4 * j->toff[t] + (blk * bq + jj * kg) * plane;
+                        _tile_loadd(4, a, astride);
+                        _tile_loadd(6, b, plane);
+                        _tile_dpbsud(0, 4, 6);
+                        if (two_r) { _tile_loadd(7, b + 64, plane); _tile_dpbsud(1, 4, 7); }
+                        if (two_o) {
+                            _tile_loadd(5, a + ostride, astride);
+                            _tile_dpbsud(2, 5, 6);
+                            if (two_r) _tile_dpbsud(3, 5, 7);
+                        }
+                    }
+                _tile_stored(0, cbuf, 64); _tile_stored(1, cbuf + 256, 64);
+                _tile_stored(2, cbuf + 512, 64); _tile_stored(3, cbuf + 768, 64);
+                qc_di8_epi_block(j, n, ot, v0, cbuf, blk, part);
+                if (two_r) qc_di8_epi_block(j, n, ot, v0 + 16, cbuf + 256, blk, part + 256);
+                if (two_o) {
+                    qc_di8_epi_block(j, n, ot + 1, v0, cbuf + 512, blk, part + 512);
+                    if (two_r) qc_di8_epi_block(j, n, ot + 1, v0 + 16, cbuf + 768, blk, part + 768);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+
 /* ------------------------------------------------------------------------------------------------ */
 /* the same conv on AVX-512 VNNI (CPUs without AMX): pixels in the lanes, weights broadcast           */
 /* ------------------------------------------------------------------------------------------------ */
@@ -395,25 +476,29 @@ static inline int64_t qc_di8_vnni_items(const qc_di8_job *j)
         _mm512_store_si512((void *)(cbuf + 256 + 16 * (h * QC_DI8V_MR + (m))), c##m##1); \
         _mm512_store_si512((void *)(cbuf + 512 + 16 * (h * QC_DI8V_MR + (m))), c##m##2); }
 
-/* compute items i0 .. i1-1: item = (sample, 16-channel tile, group of QC_DI8V_NR runs), the group fastest */
+/* compute items i0 .. i1-1: item = (sample, 16-channel tile, group of QC_DI8V_NR runs), the group fastest; the
+ * blocks one after the other, each finished by its epilogue (partial sums in `part` until the last) */
 QC_TGT_VNNI static void qc_di8_vnni_run(const qc_di8_job *j, int64_t i0, int64_t i1)
 {
     int32_t cbuf[QC_DI8V_NR * 256] __attribute__((aligned(64)));
+    float part[QC_DI8V_NR * 256] __attribute__((aligned(64)));   /* several blocks: partial sums per run */
     const int64_t groups = (j->runs + QC_DI8V_NR - 1) / QC_DI8V_NR, taps = (int64_t)j->KH * j->KW;
     const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;
-    const int64_t bstep = (int64_t)j->kg * j->plane, plane = j->plane, steps = j->steps, kg = j->kg;
+    const int64_t plane = j->plane, steps = j->steps, kg = j->kg, spb = j->spb, bq = j->bq;
     for (int64_t item = i0; item < i1; ++item) {
         const int64_t n = item / (j->otiles * groups), rem = item % (j->otiles * groups);
         const int64_t ot = rem / groups, g = rem % groups, v0 = 16 * QC_DI8V_NR * g;
         const int64_t nr = j->runs - QC_DI8V_NR * g < QC_DI8V_NR ? j->runs - QC_DI8V_NR * g : QC_DI8V_NR;
         const uint8_t *xs = j->xq + n * j->sample_bytes + 4 * v0;
+        for (int64_t blk = 0; blk < j->nblocks; ++blk) {
         for (int h = 0; h < 16 / QC_DI8V_MR && 16 * ot + h * QC_DI8V_MR < j->O; ++h) {
             QC_DI8V_DECL(0) QC_DI8V_DECL(1) QC_DI8V_DECL(2) QC_DI8V_DECL(3)
             QC_DI8V_DECL(4) QC_DI8V_DECL(5) QC_DI8V_DECL(6) QC_DI8V_DECL(7)
             for (int64_t t = 0; t < taps; ++t)
-                for (int64_t s = 0; s < steps; ++s) {
+                for (int64_t jj = 0; jj < spb; ++jj) {
+                    const int64_t s = blk * spb + jj;
                     const int8_t *a = j->wa + ot * ostride + (t * steps + s) * tb + h * QC_DI8V_MR * astride;
-                    const uint8_t *b = xs + 4 * j->toff[t] + s * bstep;
+                    const uint8_t *b = xs + 4 * j->toff[t] + (blk * bq + jj * kg) * plane;
                     for (int64_t r = 0; r < kg; ++r, b += plane) {
                         const __m512i b0 = _mm512_loadu_si512((const void *)b);
                         const __m512i b1 = _mm512_loadu_si512((const void *)(b + 64));
@@ -425,7 +510,8 @@ QC_TGT_VNNI static void qc_di8_vnni_run(const qc_di8_job *j, int64_t i0, int64_t
             QC_DI8V_STORE(0) QC_DI8V_STORE(1) QC_DI8V_STORE(2) QC_DI8V_STORE(3)
             QC_DI8V_STORE(4) QC_DI8V_STORE(5) QC_DI8V_STORE(6) QC_DI8V_STORE(7)
         }
-        for (int64_t r = 0; r < nr; ++r) qc_di8_epi(j, n, ot, v0 + 16 * r, cbuf + 256 * r);
+        for (int64_t r = 0; r < nr; ++r) qc_di8_epi_block(j, n, ot, v0 + 16 * r, cbuf + 256 * r, blk, part + 256 * r);
+        }
     }
 }
 #undef QC_DI8V_DECL

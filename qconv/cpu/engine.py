@@ -31,7 +31,7 @@ Depthwise layers (``groups == in_channels``) run :class:`qconv._ext._depthwise.D
 nothing else (no GEMM tiles or tables).
 
 Direct int8 conv (kernels ``"amx"`` and ``"avx512vnni"``, ``act_quant="tensor"``, float NCHW output, one group,
-one weight block per output channel; any stride, padding, dilation): :class:`qconv._ext._direct_int8.DirectInt8Plan`
+weights per channel or in blocks of a multiple of 4 channels; any stride, padding, dilation): :class:`qconv._ext._direct_int8.DirectInt8Plan`
 (``qconv_direct_int8.h``) quantizes the input once into padded channel-quad-major phase planes, from which AMX loads
 its pixel tiles in place (VNNI: 16-pixel vectors), against :class:`~qconv.layouts.amx.AmxConvWeightLayout` weight
 tiles, and stores 16-channel x 16-pixel accumulators straight into NCHW rows through the GEMM's own epilogue
@@ -461,7 +461,8 @@ class CpuEngine:
     def _direct_int8_wanted(self) -> bool:
         """Whether NCHW calls of at least ``amx_min_cols`` output pixels take the direct int8 conv (prepared on the
         first). Option ``direct_int8``: None = automatic (kernel ``"amx"`` or ``"avx512vnni"``, dynamic per-tensor
-        activations, float output, one group, per-channel weights, not depthwise) unless
+        activations, float output, one group, weights per channel or in blocks of a multiple of 4 channels, not
+        depthwise) unless
         ``$QCONV_CPU_DIRECT_INT8=0``, False = the tiled GEMM, True = the direct int8 conv (a ValueError for other
         layers or kernels)."""
         opt = self._direct_int8_option
@@ -472,7 +473,8 @@ class CpuEngine:
                 and _direct_int8.is_direct_int8(self.spec))
         if opt and not able:
             raise ValueError("direct_int8=True needs kernel 'amx' or 'avx512vnni', act_quant='tensor', float output, "
-                             "one group and one weight block per output channel (not depthwise)")
+                             "one group, and weights per channel or in blocks of a multiple of 4 channels (not "
+                             "depthwise)")
         want = os.environ.get(ENV_DIRECT_INT8, "1") != "0" if opt is None else bool(opt)
         return bool(want and able)
 

@@ -163,11 +163,15 @@ class AmxConvWeightLayout(BlockedWeightCodes):
     channels.
 
     In the direct conv the weights are the A operand (signed, ``tdpbsud``) and the activations the B operand, read
-    in place from padded quad-major phase planes of the input (one tile row = one quad of 16 consecutive pixels): a K step is ``kg = min(16, ceil(C/4))`` quads of one tap, and the ``steps =
-    ceil(ceil(C/4)/kg)`` steps of a tap cover the channels, the last one zero-padded. The output tile is
-    16 channels x 16 pixels, channel-major as NCHW wants it. One group, one block per output channel.
+    in place from padded quad-major phase planes of the input (one tile row = one quad of 16 consecutive pixels).
+    Each weight block (``BC`` channels x all taps) is ``bq = ceil(BC/4)`` quads; a K step is ``kg = min(16, bq)``
+    quads of one tap and one block, and block ``b`` owns steps ``b*spb .. (b+1)*spb - 1`` of every tap
+    (``spb = ceil(bq/kg)``, the last zero-padded), so its integer sums stay apart for the per-block epilogue. Step
+    ``b*spb + j``, row ``r`` reads input quad ``b*bq + j*kg + r``. The output tile is 16 channels x 16 pixels,
+    channel-major as NCHW wants it. One group; with several blocks, ``BC`` a multiple of 4.
 
-    ``out_channels``: ``O``; ``in_channels``: ``C``; ``taps``: ``kh*kw``; ``bits``: 8 or 4.
+    ``out_channels``: ``O``; ``in_channels``: ``C``; ``taps``: ``kh*kw``; ``n_blocks``: blocks per output channel;
+    ``bits``: 8 or 4.
     """
 
     out_channels: int
@@ -183,13 +187,21 @@ class AmxConvWeightLayout(BlockedWeightCodes):
 
     def __post_init__(self):
         self._validate()
-        if self.groups != 1 or self.n_blocks != 1:
-            raise ValueError("AmxConvWeightLayout holds one group and one block per output channel, got "
-                             f"groups={self.groups}, n_blocks={self.n_blocks}")
+        if self.groups != 1:
+            raise ValueError(f"AmxConvWeightLayout holds one group, got groups={self.groups}")
+        if self.n_blocks > 1 and self.block_channels % self.src_unit:
+            raise ValueError(f"AmxConvWeightLayout needs blocks of a multiple of 4 channels, got "
+                             f"{self.block_channels} ({self.n_blocks} blocks of {self.in_channels} channels)")
+
+    @classmethod
+    def supports(cls, weight) -> bool:
+        """Whether a :class:`~qconv.weights.QuantizedWeight` has this layout: one group, and blocks of a multiple
+        of 4 channels when it has several."""
+        return weight.groups == 1 and (weight.n_blocks == 1 or weight.block_channels % cls.src_unit == 0)
 
     @classmethod
     def for_weight(cls, weight) -> "AmxConvWeightLayout":
-        """The layout of a :class:`~qconv.weights.QuantizedWeight` (one group, one block)."""
+        """The layout of a :class:`~qconv.weights.QuantizedWeight` (see :meth:`supports`)."""
         return cls(weight.out_channels, int(weight.q.shape[1]), weight.taps, weight.n_blocks, weight.bits,
                    weight.groups)
 
@@ -200,19 +212,30 @@ class AmxConvWeightLayout(BlockedWeightCodes):
         return -(-self.in_channels // self.src_unit)
 
     @property
+    def block_quads(self) -> int:
+        """``bq``: quads of one block (``ceil(C/4)`` with one block)."""
+        return -(-self.block_channels // self.src_unit)
+
+    @property
     def kg(self) -> int:
         """Quads per K step: the A tile's row bytes / 4 and the B tile's rows."""
-        return min(self.max_quads, self.quads)
+        return min(self.max_quads, self.block_quads)
+
+    @property
+    def block_steps(self) -> int:
+        """``spb``: K steps of one block per tap."""
+        return -(-self.block_quads // self.kg)
 
     @property
     def steps(self) -> int:
-        """K steps per tap."""
-        return -(-self.quads // self.kg)
+        """K steps per tap (all blocks)."""
+        return self.n_blocks * self.block_steps
 
     @property
     def quads_padded(self) -> int:
-        """``steps * kg``: the quads the kernel reads (the input buffer holds this many planes)."""
-        return self.steps * self.kg
+        """The quad planes the kernel reads: the last block's last step ends at quad
+        ``(n_blocks-1)*bq + spb*kg`` (the input buffer holds this many planes)."""
+        return (self.n_blocks - 1) * self.block_quads + self.block_steps * self.kg
 
     @property
     def tile_bytes(self) -> int:
@@ -239,43 +262,58 @@ class AmxConvWeightLayout(BlockedWeightCodes):
     def byte_offset(self, o, c, kpos):
         """Byte offset in the packed array of weight ``(o, c, kpos)`` (arrays broadcast)."""
         o, c, kpos = np.asarray(o), np.asarray(c), np.asarray(kpos)
-        quad = c // 4
-        return ((o // self.unit) * self.oc_tile_stride + (kpos * self.steps + quad // self.kg) * self.tile_bytes
-                + (o % self.unit) * (4 * self.kg) + (quad % self.kg) * 4 + c % 4)
+        b, qb = c // self.block_channels, (c % self.block_channels) // 4
+        step = b * self.block_steps + qb // self.kg
+        return ((o // self.unit) * self.oc_tile_stride + (kpos * self.steps + step) * self.tile_bytes
+                + (o % self.unit) * (4 * self.kg) + (qb % self.kg) * 4 + c % 4)
 
     @classmethod
     def hypothesis_case(cls):
-        """Strategy of ``(spec, q)``: int8 ``q (O, C, kh, kw)`` over bits and channel counts across the quad,
-        K-step and 16-channel tile boundaries."""
+        """Strategy of ``(spec, q)``: int8 ``q (O, C, kh, kw)`` over bits, blocks of 4-96 channels and channel
+        counts across the quad, K-step and 16-channel tile boundaries."""
         from hypothesis import strategies as st
 
         @st.composite
         def case(draw):
             o = draw(st.sampled_from([1, 3, 15, 16, 17, 33]))
-            c = draw(st.sampled_from([1, 3, 4, 7, 63, 64, 65, 130]))
+            nb = draw(st.sampled_from([1, 1, 2, 3]))
+            c = draw(st.sampled_from([1, 3, 4, 7, 63, 64, 65, 130])) if nb == 1 else \
+                nb * 4 * draw(st.sampled_from([1, 3, 4, 8, 16, 17, 24]))
             kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
             bits = draw(st.sampled_from([8, 4]))
             lo, hi = (-8, 7) if bits == 4 else (-128, 127)
             rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-            return cls(o, c, kh * kw, 1, bits), rng.integers(lo, hi + 1, (o, c, kh, kw)).astype(np.int8)
+            return cls(o, c, kh * kw, nb, bits), rng.integers(lo, hi + 1, (o, c, kh, kw)).astype(np.int8)
 
         return case()
 
     # --- packing ---------------------------------------------------------------------------------------
+    def _rows(self):
+        """``(rows, valid)``: for each padded reduction row ``(step-in-block j, r, lane)`` of a block, the channel
+        offset ``4*(j*kg + r) + lane`` inside the block, and whether it is a real channel of the block."""
+        spb, kg, bc = self.block_steps, self.kg, self.block_channels
+        off = (4 * (np.arange(spb)[:, None, None] * kg + np.arange(kg)[None, :, None])
+               + np.arange(4)[None, None, :]).reshape(-1)
+        return off, off < bc
+
     def pack_array(self, q: np.ndarray) -> np.ndarray:
         """int8 ``q (O, C, kh, kw)`` (or ``(O, C)``) -> int8 :attr:`packed_shape` (padding 0)."""
         q = self._check_logical(q)
-        o, c, k = self.out_channels, self.in_channels, self.taps
-        full = np.zeros((self.oc_padded, 4 * self.quads_padded, k), np.int8)
-        full[:o, :c] = q.reshape(o, c, k)
+        o, k, nb, bc = self.out_channels, self.taps, self.n_blocks, self.block_channels
+        off, valid = self._rows()
+        full = np.zeros((self.oc_padded, nb, off.size, k), np.int8)     # (O, block, padded row, tap)
+        full[:o, :, valid] = q.reshape(o, nb, bc, k)[:, :, off[valid]]
         t = full.reshape(self.oc_tiles, self.unit, self.steps, self.kg, 4, k).transpose(0, 5, 2, 1, 3, 4)
         return np.ascontiguousarray(t)
 
     def unpack_array(self, packed: np.ndarray, shape=None) -> np.ndarray:
         """Inverse of :meth:`pack_array`: int8 ``(O, C, kh, kw)`` (``shape``, default ``(O, C, taps, 1)``)."""
         packed, shape = self._check_packed(packed, shape)
-        full = packed.transpose(0, 3, 2, 4, 5, 1).reshape(self.oc_padded, 4 * self.quads_padded, self.taps)
-        return np.ascontiguousarray(full[:self.out_channels, :self.in_channels].reshape(shape))
+        off, valid = self._rows()
+        full = packed.transpose(0, 3, 2, 4, 5, 1).reshape(self.oc_padded, self.n_blocks, off.size, self.taps)
+        q = np.zeros((self.out_channels, self.n_blocks, self.block_channels, self.taps), np.int8)
+        q[:, :, off[valid]] = full[:self.out_channels, :, valid]
+        return np.ascontiguousarray(q.reshape(shape))
 
 
 __all__ = ["AmxWeightLayout", "AmxConvWeightLayout"]
