@@ -25,9 +25,14 @@
  * with wsx = sum of q per output channel. The accumulators are 16 channels x 16 pixels, channel-major: each
  * output channel's 16 pixels are stored straight into its NCHW rows (masked, split where a run crosses a row).
  *
+ * Blocks: block b owns steps b*spb .. (b+1)*spb - 1 of every tap, and step b*spb + j, row r reads input quad
+ * b*bq + j*kg + r (AmxConvWeightLayout); its I_b and S_b sum over those steps alone.
+ *
  * Work: quantization items (sample, quad), pixel-sum items (sample, phase-plane row; only with offsets), then compute
- * items (sample, pair of 16-channel tiles, block of run pairs): four accumulator tiles per run pair, the K
- * sequence (tap, step) cut into chunks whose weights stay in L1 across the block.
+ * items. AMX: (sample, pair of 16-channel tiles, block of run pairs), four accumulator tiles per run pair; one
+ * weight block: the K sequence (tap, step) cut into chunks whose weights stay in L1 across the run pairs; several:
+ * block after block. VNNI (qc_di8_vnni_run): (sample, 16-channel tile, group of 3 runs), 8 channels x 3 runs of
+ * accumulators in registers.
  */
 #ifndef QCONV_DIRECT_INT8_H
 #define QCONV_DIRECT_INT8_H
