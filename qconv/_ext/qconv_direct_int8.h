@@ -310,6 +310,19 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((aligned(64))) qc_di8_cfg;
 
+/* the tile configuration of both AMX runs, loaded on the calling thread: C 0..3 (16 x 64 bytes), A (weights) 4, 5
+ * (16 x 4kg), B (pixels) 6, 7 (kg x 64) */
+QC_TGT_AMX static inline void qc_di8_amx_config(const qc_di8_job *j)
+{
+    qc_di8_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 4; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
+    for (int i = 4; i < 6; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = (uint16_t)(4 * j->kg); }
+    for (int i = 6; i < 8; ++i) { cfg.rows[i] = (uint8_t)j->kg; cfg.colsb[i] = 64; }
+    _tile_loadconfig(&cfg);
+}
+
 static inline int64_t qc_di8_amx_items(const qc_di8_job *j)
 {
     const int64_t rpairs = (j->runs + 1) / 2;
@@ -327,13 +340,7 @@ QC_TGT_AMX static void qc_di8_amx_run(const qc_di8_job *j, int64_t i0, int64_t i
     if (j->nblocks > 1) { qc_di8_amx_run_blocks(j, i0, i1); return; }
     int32_t cbuf[4 * 256] __attribute__((aligned(64)));
     int32_t part[QC_DI8_RB][4 * 256] __attribute__((aligned(64)));
-    qc_di8_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette_id = 1;
-    for (int i = 0; i < 4; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
-    for (int i = 4; i < 6; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = (uint16_t)(4 * j->kg); }
-    for (int i = 6; i < 8; ++i) { cfg.rows[i] = (uint8_t)j->kg; cfg.colsb[i] = 64; }
-    _tile_loadconfig(&cfg);
+    qc_di8_amx_config(j);
     const int64_t opairs = (j->otiles + 1) / 2, rpairs = (j->runs + 1) / 2;
     const int64_t rblocks = (rpairs + j->rb - 1) / j->rb, taps = (int64_t)j->KH * j->KW;
     const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;
@@ -405,13 +412,7 @@ QC_TGT_AMX static void qc_di8_amx_run_blocks(const qc_di8_job *j, int64_t i0, in
 {
     int32_t cbuf[4 * 256] __attribute__((aligned(64)));
     float part[4 * 256] __attribute__((aligned(64)));
-    qc_di8_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette_id = 1;
-    for (int i = 0; i < 4; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }
-    for (int i = 4; i < 6; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = (uint16_t)(4 * j->kg); }
-    for (int i = 6; i < 8; ++i) { cfg.rows[i] = (uint8_t)j->kg; cfg.colsb[i] = 64; }
-    _tile_loadconfig(&cfg);
+    qc_di8_amx_config(j);
     const int64_t opairs = (j->otiles + 1) / 2, rpairs = (j->runs + 1) / 2;
     const int64_t rblocks = (rpairs + j->rb - 1) / j->rb, taps = (int64_t)j->KH * j->KW;
     const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;
