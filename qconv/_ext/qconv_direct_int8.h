@@ -298,12 +298,6 @@ QC_TGT_VNNI static void qc_di8_epi_block(const qc_di8_job *j, int64_t n, int64_t
     }
 }
 
-/* the whole epilogue of a one-block layer */
-QC_TGT_VNNI static inline void qc_di8_epi(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf)
-{
-    qc_di8_epi_block(j, n, ot, v0, cbuf, 0, NULL);
-}
-
 typedef struct {
     uint8_t palette_id, start_row, reserved[14];
     uint16_t colsb[16];
@@ -321,6 +315,42 @@ QC_TGT_AMX static inline void qc_di8_amx_config(const qc_di8_job *j)
     for (int i = 4; i < 6; ++i) { cfg.rows[i] = 16; cfg.colsb[i] = (uint16_t)(4 * j->kg); }
     for (int i = 6; i < 8; ++i) { cfg.rows[i] = (uint8_t)j->kg; cfg.colsb[i] = 64; }
     _tile_loadconfig(&cfg);
+}
+
+/* one K step of a 2x2 block: A tiles (weights) a and a + ostride, B tiles (pixels) b and b + 64; the second channel
+ * tile / run only when two_o / two_r */
+QC_TGT_AMX static inline __attribute__((always_inline))
+void qc_di8_amx_step(const int8_t *a, const uint8_t *b, int64_t astride, int64_t ostride, int64_t plane, int two_o,
+                     int two_r)
+{
+    _tile_loadd(4, a, astride);
+    _tile_loadd(6, b, plane);
+    _tile_dpbsud(0, 4, 6);
+    if (two_r) { _tile_loadd(7, b + 64, plane); _tile_dpbsud(1, 4, 7); }
+    if (two_o) {
+        _tile_loadd(5, a + ostride, astride);
+        _tile_dpbsud(2, 5, 6);
+        if (two_r) _tile_dpbsud(3, 5, 7);
+    }
+}
+
+/* the four accumulator tiles into dst[4][256] (C00, C01, C10, C11) */
+QC_TGT_AMX static inline __attribute__((always_inline)) void qc_di8_amx_store(int32_t *dst)
+{
+    _tile_stored(0, dst, 64); _tile_stored(1, dst + 256, 64);
+    _tile_stored(2, dst + 512, 64); _tile_stored(3, dst + 768, 64);
+}
+
+/* block k's epilogue of the stored 2x2 block (part: 4 x 256 float partial sums, or NULL with one block) */
+QC_TGT_AMX static inline void qc_di8_amx_epi(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0,
+                                             const int32_t *cbuf, int64_t k, float *part, int two_o, int two_r)
+{
+    qc_di8_epi_block(j, n, ot, v0, cbuf, k, part);
+    if (two_r) qc_di8_epi_block(j, n, ot, v0 + 16, cbuf + 256, k, part ? part + 256 : NULL);
+    if (two_o) {
+        qc_di8_epi_block(j, n, ot + 1, v0, cbuf + 512, k, part ? part + 512 : NULL);
+        if (two_r) qc_di8_epi_block(j, n, ot + 1, v0 + 16, cbuf + 768, k, part ? part + 768 : NULL);
+    }
 }
 
 static inline int64_t qc_di8_amx_items(const qc_di8_job *j)
@@ -379,27 +409,10 @@ QC_TGT_AMX static void qc_di8_amx_run(const qc_di8_job *j, int64_t i0, int64_t i
                     const int64_t t = ks / steps, s = ks - t * steps;
                     const int8_t *a = wo + ks * tb;
                     const uint8_t *b = xv + 4 * j->toff[t] + s * bstep;
-                    _tile_loadd(4, a, astride);
-                    _tile_loadd(6, b, plane);
-                    _tile_dpbsud(0, 4, 6);
-                    if (two_r) { _tile_loadd(7, b + 64, plane); _tile_dpbsud(1, 4, 7); }
-                    if (two_o) {
-                        _tile_loadd(5, a + ostride, astride);
-                        _tile_dpbsud(2, 5, 6);
-                        if (two_r) _tile_dpbsud(3, 5, 7);
-                    }
+                    qc_di8_amx_step(a, b, astride, ostride, plane, two_o, two_r);
                 }
-                int32_t *dst = k1 == ksteps ? cbuf : pb;
-                _tile_stored(0, dst, 64); _tile_stored(1, dst + 256, 64);
-                _tile_stored(2, dst + 512, 64); _tile_stored(3, dst + 768, 64);
-                if (k1 == ksteps) {
-                    qc_di8_epi(j, n, ot, v0, cbuf);
-                    if (two_r) qc_di8_epi(j, n, ot, v0 + 16, cbuf + 256);
-                    if (two_o) {
-                        qc_di8_epi(j, n, ot + 1, v0, cbuf + 512);
-                        if (two_r) qc_di8_epi(j, n, ot + 1, v0 + 16, cbuf + 768);
-                    }
-                }
+                qc_di8_amx_store(k1 == ksteps ? cbuf : pb);
+                if (k1 == ksteps) qc_di8_amx_epi(j, n, ot, v0, cbuf, 0, NULL, two_o, two_r);
             }
         }
     }
@@ -434,24 +447,10 @@ QC_TGT_AMX static void qc_di8_amx_run_blocks(const qc_di8_job *j, int64_t i0, in
                     for (int64_t jj = 0; jj < spb; ++jj) {
                         const int8_t *a = wo + (t * steps + blk * spb + jj) * tb;
                         const uint8_t *b = xv + 4 * j->toff[t] + (blk * bq + jj * kg) * plane;
-                        _tile_loadd(4, a, astride);
-                        _tile_loadd(6, b, plane);
-                        _tile_dpbsud(0, 4, 6);
-                        if (two_r) { _tile_loadd(7, b + 64, plane); _tile_dpbsud(1, 4, 7); }
-                        if (two_o) {
-                            _tile_loadd(5, a + ostride, astride);
-                            _tile_dpbsud(2, 5, 6);
-                            if (two_r) _tile_dpbsud(3, 5, 7);
-                        }
+                        qc_di8_amx_step(a, b, astride, ostride, plane, two_o, two_r);
                     }
-                _tile_stored(0, cbuf, 64); _tile_stored(1, cbuf + 256, 64);
-                _tile_stored(2, cbuf + 512, 64); _tile_stored(3, cbuf + 768, 64);
-                qc_di8_epi_block(j, n, ot, v0, cbuf, blk, part);
-                if (two_r) qc_di8_epi_block(j, n, ot, v0 + 16, cbuf + 256, blk, part + 256);
-                if (two_o) {
-                    qc_di8_epi_block(j, n, ot + 1, v0, cbuf + 512, blk, part + 512);
-                    if (two_r) qc_di8_epi_block(j, n, ot + 1, v0 + 16, cbuf + 768, blk, part + 768);
-                }
+                qc_di8_amx_store(cbuf);
+                qc_di8_amx_epi(j, n, ot, v0, cbuf, blk, part, two_o, two_r);
             }
         }
     }
