@@ -56,12 +56,6 @@ class AmxWeightLayout(BlockedWeightCodes):
     def __post_init__(self):
         self._validate()
 
-    @classmethod
-    def for_weight(cls, weight) -> "AmxWeightLayout":
-        """The layout of a :class:`~qconv.weights.QuantizedWeight`."""
-        return cls(weight.out_channels, int(weight.q.shape[1]), weight.taps, weight.n_blocks, weight.bits,
-                   weight.groups)
-
     # --- constants the kernel reads ---------------------------------------------------------------
     @property
     def block_icl(self) -> int:
@@ -198,12 +192,6 @@ class AmxConvWeightLayout(BlockedWeightCodes):
         """Whether a :class:`~qconv.weights.QuantizedWeight` has this layout: one group, and blocks of a multiple
         of 4 channels when it has several."""
         return weight.groups == 1 and (weight.n_blocks == 1 or weight.block_channels % cls.src_unit == 0)
-
-    @classmethod
-    def for_weight(cls, weight) -> "AmxConvWeightLayout":
-        """The layout of a :class:`~qconv.weights.QuantizedWeight` (see :meth:`supports`)."""
-        return cls(weight.out_channels, int(weight.q.shape[1]), weight.taps, weight.n_blocks, weight.bits,
-                   weight.groups)
 
     # --- constants the kernel reads ---------------------------------------------------------------
     @property

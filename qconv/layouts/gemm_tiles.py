@@ -58,6 +58,12 @@ class BlockedWeightCodes:
         if self.in_channels % self.n_blocks:
             raise ValueError(f"n_blocks={self.n_blocks} must divide the {self.in_channels} input channels per group")
 
+    @classmethod
+    def for_weight(cls, weight):
+        """The layout of a :class:`~qconv.weights.QuantizedWeight` (its shape, blocks, bits and groups)."""
+        return cls(weight.out_channels, int(weight.q.shape[1]), weight.taps, weight.n_blocks, weight.bits,
+                   weight.groups)
+
     @property
     def group_out_channels(self) -> int:
         """``Og = O / groups``."""
@@ -169,7 +175,7 @@ class TiledWeightLayout(BlockedWeightCodes):
     @classmethod
     def for_weight(cls, weight, unit: int = 32, src_unit: int = 4, pack: int = 4,
                    order: str = "block") -> "TiledWeightLayout":
-        """The layout of a :class:`~qconv.weights.QuantizedWeight`."""
+        """The layout of a :class:`~qconv.weights.QuantizedWeight` with these tile constants."""
         return cls(weight.out_channels, int(weight.q.shape[1]), weight.taps, weight.n_blocks, weight.bits,
                    weight.groups, unit, src_unit, pack, order)
 
