@@ -60,6 +60,18 @@ def check_int(value, name: str, *, minimum: int = 0) -> int:
     return int(value)
 
 
+def check_float(value, name: str, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    """``value`` as a float: a real, finite number within [minimum, maximum] (TypeError / ValueError naming it)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not np.isfinite(v) or (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        lo = "-inf" if minimum is None else f"{minimum:g}"
+        hi = "inf" if maximum is None else f"{maximum:g}"
+        raise ValueError(f"{name} must be a finite number in [{lo}, {hi}], got {value!r}")
+    return v
+
+
 def float_array(x, name: str, *, ndim=None, finite: bool = True, empty_ok: bool = False) -> np.ndarray:
     """Return ``x`` as a C-contiguous float32 ndarray (copying only when needed).
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from .._progress import bar
 from ..model_report import Scheme
+from .kernels import INT8_ACT_QUANT as _INT8
 
 #: The per-channel int8 scheme the searches start from and the guard returns layers to; ``quantize_model``'s
 #: default, chosen by measurement on the zoo (``qconv/onnx/README.md``, "The default scheme").
@@ -386,3 +387,123 @@ def restore_ranking(cands: Candidates, plan: dict, base: Scheme, top: int = 3) -
         rows.append((cands.proxy.sqnr(cands.assign({**plan, n: to})), n))
     rows.sort(reverse=True)
     return [(n, db) for db, n in rows[:top]]
+
+
+#: How much output SQNR (dB, on the calibration inputs) int8 activations may cost against float activations of the
+#: same weights: :func:`search_act_modes`' budget, ``quantize_model(act_budget=...)``'s default.
+ACT_BUDGET_DB = 3.0
+#: An output SQNR (dB, calibration inputs) that int8 activations need not exceed, however far above it float
+#: activations are: the median the trusted-quantization issue asks of the default across the zoo.
+ACT_ENOUGH_DB = 35.0
+
+
+@dataclass
+class ActSearch:
+    """Result of :func:`search_act_modes`: ``allowed`` ``{node name: [modes]}`` (``"float"`` first, then the
+    integer mode where it holds), the output SQNR with float activations and with the allowed modes (calibration
+    feeds), the goal, the candidates refused (kept float: int8 there broke the goal), and the cost."""
+
+    allowed: dict
+    float_sqnr_db: float
+    sqnr_db: float
+    goal_db: float
+    refused: list
+    evaluations: int
+    seconds: float
+
+    def record(self) -> dict:
+        """The JSON form ``qconv.summary["act_search"]`` keeps."""
+        r = lambda v: None if v is None or not math.isfinite(v) else round(float(v), 2)   # noqa: E731
+        int8 = sorted(n for n, a in self.allowed.items() if len(a) > 1)
+        return dict(mode=_INT8, float_sqnr_db=r(self.float_sqnr_db),
+                    goal_db=r(self.goal_db), sqnr_db=r(self.sqnr_db), int8_nodes=len(int8),
+                    float_nodes=len(self.allowed) - len(int8), refused=list(self.refused),
+                    evaluations=self.evaluations, seconds=round(self.seconds, 1))
+
+
+
+def search_act_modes(float_model, quantized_model, feeds, *, budget_db: float = ACT_BUDGET_DB,
+                     enough_db: float = ACT_ENOUGH_DB, threads: int | None = None,
+                     progress: bool = False) -> ActSearch:
+    """Which qconv conv nodes of ``quantized_model`` may run with per-tensor int8 activations (``"tensor"``, the
+    direct int8 conv on AMX / VNNI CPUs) while the model's output SQNR against ``float_model`` on ``feeds`` stays
+    within ``budget_db`` of float activations for the convs (the same weights; QMatMul nodes in their default,
+    per-row int8, throughout), and never lower than needed: the goal is ``min(float SQNR - budget_db,
+    enough_db)``.
+
+    Candidates: ``QConv`` nodes with one group (depthwise and grouped convs run float under ``act_quant="auto"``,
+    :func:`qconv.onnx.kernels.auto_act_quant`). The search, like :func:`search_plan`'s demotions: the output noise
+    each candidate adds int8 alone is measured; then, in decreasing order of multiply-adds per added noise (the
+    last feed's), each candidate is made int8, the whole model re-measured, and kept int8 only when the goal still
+    holds (``2 * candidates + 1`` model runs per
+    feed). One session serves every step (nodes switch modes between runs). QMatMul nodes keep their own default
+    (per-row int8) and are not listed.
+
+    ``feeds``: a feed dict or a list (calibration inputs: the search must not see the inputs the result is judged
+    on). Returns an :class:`ActSearch`."""
+    import onnxruntime as ort
+
+    from .kernels import ConvKernel
+    from .session import InferenceSession
+
+    t0 = time.perf_counter()
+    feeds = [feeds] if isinstance(feeds, dict) else list(feeds)
+    if not feeds:
+        raise ValueError("search_act_modes needs at least one feed")
+    if not budget_db >= 0:
+        raise ValueError(f"budget_db must be >= 0, got {budget_db!r}")
+    # "auto" over a model without a finished search: convs float, QMatMul nodes their own default (per-row int8)
+    sess = InferenceSession(quantized_model, threads=threads, act_quant="auto")
+    if any(k.act_quant is not None for k in sess.kernels if isinstance(k, ConvKernel)):
+        sess.close()
+        raise ValueError("search_act_modes: the model already records activation modes (act_search or act_quant in "
+                         "qconv.summary); search on the model before they are recorded")
+    try:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = sess.threads
+        so.log_severity_level = 3
+        ref_sess = ort.InferenceSession(_bytes(float_model), so, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        refs = [ref_sess.run(names, f) for f in feeds]
+        del ref_sess
+        nodes = {k.name: k for k in sess.kernels}
+        cands = [k.name for k in sess.kernels if isinstance(k, ConvKernel) and k.layer.spec.groups == 1]
+        evaluations = 0
+
+        def measure() -> float:
+            nonlocal evaluations
+            evaluations += 1
+            ys = [sess.run(names, f) for f in feeds]
+            return min((db for db, _ in pooled_sqnr(ys, refs).values()), default=math.inf)
+
+        pbar = bar(total=2 * len(cands) + 1, desc="activation search", unit="eval", enabled=progress)
+        s_float = measure()
+        goal = min(s_float - budget_db, enough_db)
+        pbar.update(1)
+        noise = {}   # the output noise each candidate adds int8 alone, relative to the float signal
+        base = 10.0 ** (-s_float / 10.0)
+        for n in cands:
+            nodes[n].set_act_quant(_INT8)
+            noise[n] = max(10.0 ** (-measure() / 10.0) - base, 1e-30)
+            nodes[n].set_act_quant(None)
+            pbar.update(1)
+        int8, rejected, s = [], [], s_float
+        # most multiply-adds per unit of added noise first (a knapsack's greedy order: the int8 work kept is what
+        # makes the session fast)
+        for n in sorted(cands, key=lambda n: -nodes[n].macs() / noise[n]):
+            nodes[n].set_act_quant(_INT8)
+            s_n = measure()
+            pbar.update(1)
+            if s_n >= goal:
+                int8.append(n)
+                s = s_n
+            else:
+                nodes[n].set_act_quant(None)
+                rejected.append(n)
+        pbar.close()
+        allowed = {n: ["float"] for n in nodes}
+        for n in int8:
+            allowed[n] = ["float", _INT8]
+        return ActSearch(allowed, s_float, s, goal, rejected, evaluations, time.perf_counter() - t0)
+    finally:
+        sess.close()

@@ -20,30 +20,75 @@ _LOCK = threading.Lock()
 _INSTALLED = False
 
 
-# act_quant="auto" of a QConv node on the CPU: float activations (weight-only quantization, MNN's "low memory"
-# mode). On PP-OCRv4 det at 640 (2026-12-01, AVX2, 2 threads, one process, runs interleaved) they measure 26.6 dB
-# output SQNR against per-tensor int8's 15.3 dB, and run a whole session in 0.96x its time (the direct path).
+# act_quant="auto" of a QConv node on the CPU when the model records no measured activation modes (no
+# ``act_allowed``: quantized without calibration inputs, or by an older qconv): float activations (weight-only
+# quantization, MNN's "low memory" mode). On PP-OCRv4 det at 640 (2026-12-01, AVX2, 2 threads, one process, runs
+# interleaved) they measure 26.6 dB output SQNR against per-tensor int8's 15.3 dB.
 SESSION_CONV_ACT_QUANT = None
+#: The integer activation mode ``act_quant="auto"`` gives a QConv node whose ``act_allowed`` lists it.
+INT8_ACT_QUANT = "tensor"
+
+
+def auto_act_quant(allowed, groups: int):
+    """The activation mode of a QConv node under ``act_quant="auto"`` on the CPU: :data:`INT8_ACT_QUANT` where the
+    node's measured ``allowed`` modes (``qconv.summary``'s ``act_allowed``, None when not recorded) list it and the
+    conv has one group, else float (None). Depthwise and grouped convs stay float: memory-bound, their float path
+    is faster, and one range for all channels of a depthwise input is what costs most accuracy (PP-OCRv4 det,
+    ``qconv/onnx/README.md``)."""
+    return INT8_ACT_QUANT if allowed and INT8_ACT_QUANT in allowed and groups == 1 else SESSION_CONV_ACT_QUANT
 
 
 class ConvKernel:
-    """A prepared ``QConv``: ``x`` float32 ``(N, C, H, W)`` -> float32 ``(N, O, OH, OW)``."""
+    """A prepared ``QConv``: ``x`` float32 ``(N, C, H, W)`` -> float32 ``(N, O, OH, OW)``.
 
-    def __init__(self, qnode: QNode, device="cpu", threads=None, act_quant="auto", **options):
+    ``act_allowed``: the node's measured activation modes (see :func:`auto_act_quant`), used by
+    ``act_quant="auto"`` on the CPU and the reference engine."""
+
+    def __init__(self, qnode: QNode, device="cpu", threads=None, act_quant="auto", act_allowed=None, **options):
         import qconv
 
         self.name = qnode.name
         self.extra_pad = qnode.extra_pad
         pa, self.host_affine = _post_affine(qnode, device, (1, -1, 1, 1))
-        if act_quant == "auto" and device == "cpu":
-            act_quant = SESSION_CONV_ACT_QUANT
-        self.layer = qconv.Conv2d(qnode.weight, qnode.bias, qnode.stride, qnode.padding, qnode.dilation,
-                                  qnode.activation, device=device, act_quant=act_quant, threads=threads,
-                                  post_affine=pa, **options)
+        if act_quant == "auto" and device in ("cpu", "reference"):
+            act_quant = auto_act_quant(act_allowed, qnode.weight.groups)
+
+        def build(mode):
+            return qconv.Conv2d(qnode.weight, qnode.bias, qnode.stride, qnode.padding, qnode.dilation,
+                                qnode.activation, device=device, act_quant=mode, threads=threads, post_affine=pa,
+                                **options)
+
+        self._build, self._layers, self.last_shape = build, {}, None
+        self.set_act_quant(act_quant)
+
+    @property
+    def act_quant(self):
+        """The activation mode the node runs with (None: float)."""
+        return self.layer.spec.act_quant
+
+    def set_act_quant(self, mode) -> None:
+        """Run the node with activation mode ``mode`` from now on (layers built once per mode and kept: the
+        activation search of :mod:`qconv.onnx.accuracy` switches nodes of one session between runs)."""
+        if mode not in self._layers:
+            self._layers[mode] = self._build(mode)
+        self.layer = self._layers[mode]
         self._forward = _engine_forward(self.layer)
+
+    def release_unused(self) -> None:
+        """Drop the layers of the modes the node does not run now."""
+        self._layers = {k: v for k, v in self._layers.items() if v is self.layer}
+
+    def macs(self) -> int:
+        """Multiply-adds of the node's last call (0 before its first): what its activation mode weighs."""
+        shape = self.last_shape
+        if shape is None:
+            return 0
+        n, o, oh, ow = self.out_shape(shape)
+        return n * o * oh * ow * int(np.prod(self.layer.spec.weight.q.shape[1:]))
 
     def out_shape(self, shape) -> tuple:
         """The output shape for an input of ``shape``; ``ValueError`` naming the node for one it cannot take."""
+        self.last_shape = shape
         if len(shape) != 4:
             raise ValueError(f"qconv node {self.name!r}: the input must be (N, C, H, W), got shape {tuple(shape)}")
         if shape[1] != self.layer.in_channels:
@@ -67,7 +112,7 @@ class ConvKernel:
 class MatMulKernel:
     """A prepared ``QMatMul``: ``x`` float32 ``(..., K)`` -> float32 ``(..., N)`` (rows through qconv.Linear)."""
 
-    def __init__(self, qnode: QNode, device="cpu", threads=None, act_quant="auto", **options):
+    def __init__(self, qnode: QNode, device="cpu", threads=None, act_quant="auto", act_allowed=None, **options):
         import qconv
 
         self.name = qnode.name
@@ -121,8 +166,8 @@ def _apply(y: np.ndarray, affine) -> np.ndarray:
 
 
 def make_kernel(qnode: QNode, **options):
-    """The prepared kernel of a qconv node (``options``: device, threads, act_quant, ... of the qconv layer;
-    ``threads`` is dropped for the numpy reference, which has none)."""
+    """The prepared kernel of a qconv node (``options``: device, threads, act_quant, act_allowed, ... of the qconv
+    layer; ``threads`` is dropped for the numpy reference, which has none)."""
     if options.get("device") == "reference":
         options.pop("threads", None)
     return (ConvKernel if qnode.op == QCONV else MatMulKernel)(qnode, **options)

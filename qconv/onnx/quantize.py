@@ -34,7 +34,8 @@ from ..geometry import ConvSpec
 from ..metrics import sqnr_db
 from ..model_report import CALIB_SEED, Plan, Scheme
 from . import wire
-from .accuracy import DEFAULT_SCHEME, MIN_SQNR_DB
+from .accuracy import ACT_BUDGET_DB, DEFAULT_SCHEME, MIN_SQNR_DB
+from .smooth import DEFAULT_ALPHA as SMOOTH_ALPHA
 from .nodes import DOMAIN, OPSET, QCONV, QMATMUL, make_qnode
 
 SUMMARY_KEY = "qconv.summary"
@@ -430,6 +431,30 @@ def _accuracy_control(m, layers, target: float, calib_feeds, progress: bool, thr
     return schemes, record
 
 
+def _summary_layers(q) -> list:
+    return list(model_summary(q).get("layers", {}).values())
+
+
+def _smoothed(m, layers, calib_feeds, alpha, threads, fuse, min_weights):
+    """``(model, layers, record)``: ``m`` with the conv inputs that :mod:`qconv.onnx.smooth` can fold smoothed
+    (ranges from ``calib_feeds``), its layers read anew, and ``qconv.summary["smooth"]``. Edges whose ``Mul`` the
+    layer loop does not fold into the producer (found by quantizing the smoothed model once with a plain scheme)
+    are left as they were."""
+    from ..onnx_model import model_layers
+    from . import smooth
+
+    ranges = smooth.channel_ranges(m, layers, calib_feeds, threads or 2)
+    ms, done = smooth.smooth_model(m, layers, ranges, alpha)
+    if not done:
+        return m, layers, dict(alpha=alpha, smoothed=0)
+    probe = quantize_model(ms, "int8-ch-sym", measure=False, fuse=fuse, min_weights=min_weights, act_budget=None,
+                           smooth=None)
+    unfolded = {n.name[len(smooth.PREFIX):] for n in probe.graph.node if n.name.startswith(smooth.PREFIX)}
+    if unfolded:
+        ms, done = smooth.smooth_model(m, layers, ranges, alpha, only=set(done) - unfolded)
+    return ms, model_layers(ms, {}), dict(alpha=alpha, smoothed=len(done), not_folded=len(unfolded))
+
+
 def _measure(float_bytes, q, layers, schemes, eval_feeds, calib_feeds, min_sqnr, threads, act_quant) -> dict:
     """``summary["accuracy"]``: :func:`~qconv.onnx.accuracy.measure_model` on the evaluation feeds (else the
     calibration feeds, else a random feed, said in ``source``), and the guard."""
@@ -456,10 +481,9 @@ def _measure(float_bytes, q, layers, schemes, eval_feeds, calib_feeds, min_sqnr,
                outputs={k: dict(sqnr_db=_rounded(v["sqnr_db"]), max_abs_err=float(v["max_abs_err"]))
                         for k, v in acc["outputs"].items()}, min_sqnr=min_sqnr)
     out["below_floor"] = bool(min_sqnr is not None and acc["sqnr_db"] < min_sqnr)
-    # integer activation modes that keep the floor, measured with every node in that mode
-    allowed = ["float"] + [mode for mode in ("tensor", "block") if min_sqnr is None or measure_model(
-        float_bytes, q, feeds, threads=threads, act_quant=mode)["sqnr_db"] >= min_sqnr]
-    out["act_allowed"] = allowed
+    if act_quant is None and any(len(e.get("act_allowed", ())) > 1 for e in _summary_layers(q)):
+        flt = measure_model(float_bytes, q, feeds, threads=threads, act_quant="none")
+        out["float_act_sqnr_db"] = _rounded(flt["sqnr_db"])   # the same weights with float activations
     if out["below_floor"]:
         quantized = {n: s for n, s in schemes.items() if s.bits is not None}
         cands = _proxy(onnx.load_from_string(float_bytes), layers, feeds, threads, calib_feeds)
@@ -477,7 +501,8 @@ def _measure(float_bytes, q, layers, schemes, eval_feeds, calib_feeds, min_sqnr,
 def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str | None = None, calibration=None,
                    *, eval=None, target_sqnr: float | None = None, min_sqnr: float | None = MIN_SQNR_DB,
                    measure: bool = True, progress: bool = False, threads: int | None = None, fuse: bool = True,
-                   act_quant: str | None = None, act_block: int = 0, min_weights: int = 0, format: str = "qconv"):
+                   act_quant: str | None = None, act_block: int = 0, min_weights: int = 0, format: str = "qconv",
+                   act_budget: float | None = ACT_BUDGET_DB, smooth: float | None = SMOOTH_ALPHA):
     """Quantize the Conv / constant-weight MatMul / Gemm layers of an ONNX model into qconv nodes.
 
     ``model``: ``onnx.ModelProto`` (not modified) or a path. ``scheme``: a scheme label for every layer
@@ -499,6 +524,16 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     (:func:`layer_act_block`; 0 = the weight's block). Both are recorded in ``qconv.summary`` and are what
     :class:`~qconv.onnx.InferenceSession` uses unless told otherwise. On PP-OCRv4 det the default per-tensor
     activations cost far more accuracy than int8 weights (``qconv/onnx/README.md``).
+
+    Integer activations, measured per node (with ``calibration`` inputs, ``format="qconv"`` and ``act_quant``
+    None). ``smooth``: SmoothQuant's ``alpha`` (:mod:`qconv.onnx.smooth`): each conv input's channel ranges on the
+    calibration inputs move into the conv's weight (``W diag(s)``) and the ``1/s`` folds into the producing
+    layer, where it folds (None: off). ``act_budget``: the dB of output SQNR (calibration inputs) that int8
+    activations may cost against float activations of the same weights: :func:`~qconv.onnx.accuracy.search_act_modes`
+    finds the conv nodes that run per-tensor int8 within it, recorded per layer as ``act_allowed`` (``["float",
+    "tensor"]`` or ``["float"]``) and in ``qconv.summary["act_search"]``; a session's ``act_quant="auto"`` (its
+    default) runs those nodes int8 (None: no search, every node float). Without calibration inputs neither runs:
+    the nodes keep float activations.
 
     Accuracy (:mod:`qconv.onnx.accuracy`). ``eval``: evaluation feeds (same forms as ``calibration``); the quantized
     model is run by a qconv session and compared with the float model at every output (SQNR, max abs error), on
@@ -523,8 +558,9 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
 
     Returns a new ``onnx.ModelProto``; its metadata ``qconv.summary`` (JSON) lists each layer's scheme (and
     ``act_block``), its stored bytes and weight SQNR, the layers left float with the reason, and ``accuracy``
-    (:func:`~qconv.onnx.accuracy.measure_model`'s result, plus ``min_sqnr``, ``below_floor`` and ``restore``; with
-    ``target_sqnr``, ``search``). Raises ValueError when the model has no layer qconv can take, for float16 /
+    (:func:`~qconv.onnx.accuracy.measure_model`'s result with the session's default activations, plus ``min_sqnr``,
+    ``below_floor``, ``restore`` and, where nodes run int8, ``float_act_sqnr_db``; with ``target_sqnr``,
+    ``search``; with calibration, ``smooth`` and ``act_search``). Raises ValueError when the model has no layer qconv can take, for float16 /
     bfloat16 weights, and for scheme names the engines do not run.
     """
     import onnx
@@ -533,7 +569,7 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
 
     m = _load(model)
     _check_float32(m)
-    float_bytes = m.SerializeToString() if measure else None
+    float_bytes = m.SerializeToString() if measure or (calibration is not None and act_budget is not None) else None
     if format == "qdq":   # before the layers are read: the converter may renumber nodes
         labels = [scheme or ""] if plan is None else [e["scheme"] for e in
                                                      (plan if isinstance(plan, Plan) else Plan.load(plan)).layers.values()]
@@ -550,6 +586,10 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
         raise ValueError("format='qdq' runs in plain onnxruntime with float activations: act_quant must be None")
     act_block = V.check_int(act_block, "act_block", minimum=0)
     min_weights = V.check_int(min_weights, "min_weights", minimum=0)
+    if act_budget is not None:
+        act_budget = V.check_float(act_budget, "act_budget", minimum=0.0)
+    if smooth is not None:
+        smooth = V.check_float(smooth, "smooth", minimum=0.0, maximum=1.0)
     if act_block and act_quant != "block":
         raise ValueError(f"act_block={act_block} needs act_quant='block' (got {act_quant!r})")
     skipped: dict = {}
@@ -571,6 +611,10 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
         schemes = {la.name: s for la in layers}
     calib_feeds = _calibration_feeds(m, calibration)
     eval_feeds = _calibration_feeds(m, eval)
+    act_search = calib_feeds and act_budget is not None and format == "qconv" and act_quant is None
+    smooth_record = None
+    if act_search and smooth is not None and fuse:
+        m, layers, smooth_record = _smoothed(m, layers, calib_feeds, smooth, threads, fuse, min_weights)
     search = None
     if target_sqnr is not None:
         schemes, search = _accuracy_control(m, layers, float(target_sqnr), calib_feeds, progress, threads)
@@ -706,23 +750,37 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     graph.value_info.extend(keep_vi)
     if format == "qconv" and not any(o.domain == DOMAIN for o in m.opset_import):
         m.opset_import.append(onnx.helper.make_opsetid(DOMAIN, OPSET))
-    meta = [p for p in m.metadata_props if p.key != SUMMARY_KEY]
-    del m.metadata_props[:]
-    m.metadata_props.extend(meta)
     if act_quant:
         summary["act_quant"] = act_quant
     if search is not None:
         summary["search"] = search
     if bc_source is not None:
         summary["bias_correction"] = bc_source
-    if measure:
-        summary["accuracy"] = _measure(float_bytes, m, layers, schemes, eval_feeds, calib_feeds, min_sqnr, threads,
-                                       act_quant)
-        for entry in summary["layers"].values():   # measured with every node in the mode (model-wide)
-            entry["act_allowed"] = summary["accuracy"].get("act_allowed", ["float"])
+    if smooth_record is not None:
+        summary["smooth"] = smooth_record
+    for entry in summary["layers"].values():
+        entry["act_allowed"] = ["float"]
     summary["format"] = format
+    if act_search:
+        from .accuracy import search_act_modes
+        found = search_act_modes(float_bytes, _with_summary(m, summary), calib_feeds,
+                                 budget_db=act_budget, threads=threads, progress=progress)
+        for name, entry in summary["layers"].items():
+            entry["act_allowed"] = found.allowed.get(name, ["float"])
+        summary["act_search"] = dict(found.record(), budget_db=act_budget, on=f"{len(calib_feeds)} calibration input(s)")
+    if measure:
+        summary["accuracy"] = _measure(float_bytes, _with_summary(m, summary), layers, schemes, eval_feeds,
+                                       calib_feeds, min_sqnr, threads, act_quant)
+    return _with_summary(m, summary)
+
+
+def _with_summary(m, summary: dict):
+    """``m`` with ``qconv.summary`` = ``summary`` and the runtime note (replacing any earlier ones), returned."""
+    meta = [p for p in m.metadata_props if p.key not in (SUMMARY_KEY, RUNTIME_KEY)]
+    del m.metadata_props[:]
+    m.metadata_props.extend(meta)
     m.metadata_props.add(key=SUMMARY_KEY, value=json.dumps(summary))
-    m.metadata_props.add(key=RUNTIME_KEY, value=RUNTIME_NOTE if format == "qconv" else QDQ_NOTE)
+    m.metadata_props.add(key=RUNTIME_KEY, value=RUNTIME_NOTE if summary.get("format") != "qdq" else QDQ_NOTE)
     return m
 
 

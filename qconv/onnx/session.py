@@ -36,11 +36,11 @@ _NP_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(
 
 
 def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_options: dict,
-                   act_blocks: dict) -> tuple[bytes, dict]:
+                   node_options: dict) -> tuple[bytes, dict]:
     """``(model bytes, {key: kernel})``: the ModelProto ``data`` (its graph's ``nodes`` and ``inits``, as
     :func:`wire.graph_parts` reads them) with every qconv node replaced by its ``X -> Y`` form and their weight
-    initializers left out, and the nodes' prepared kernels. ``act_blocks``: ``{node name: act_block}``
-    overriding ``layer_options`` per node."""
+    initializers left out, and the nodes' prepared kernels. ``node_options``: ``{node name: {option: value}}``
+    (``act_block``, ``act_allowed``) over ``layer_options`` per node."""
     kernels, replace, drop = {}, {}, set()
     for i, node in enumerate(nodes):
         if not is_qnode(node):
@@ -49,8 +49,7 @@ def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_option
         key = f"{key_prefix}/{qn.name}"
         if key in kernels:
             raise ValueError(f"two qconv nodes are named {qn.name!r}")
-        kernels[key] = make_kernel(qn, **(dict(layer_options, act_block=act_blocks[qn.name])
-                                          if qn.name in act_blocks else layer_options))
+        kernels[key] = make_kernel(qn, **layer_options, **node_options.get(qn.name, {}))
         drop.update(n for n in node.input[1:] if n)
         replace[i] = wire.make_node(node.op_type, [node.input[0]], [node.output[0]], node.name, DOMAIN,
                                     {KEY_ATTR: key})
@@ -236,10 +235,16 @@ class InferenceSession:
             act_quant = None
         V.check_choice(act_quant, "act_quant", ("auto",) + tuple(engine_cls.supported_act_quant) + ("none",))
         options = dict(layer_options)
+        node_options = {name: {} for name in summary.get("layers", {})}
         if act_block is _FROM_MODEL:   # quantize_model(act_block=...) resolved per layer
-            act_blocks = {name: e["act_block"] for name, e in summary.get("layers", {}).items() if "act_block" in e}
+            for name, e in summary.get("layers", {}).items():
+                if "act_block" in e:
+                    node_options[name]["act_block"] = e["act_block"]
         else:
-            act_blocks, options["act_block"] = {}, act_block
+            options["act_block"] = act_block
+        if act_quant == "auto" and "act_search" in summary:   # the modes measured per node (quantize_model)
+            for name, e in summary["layers"].items():
+                node_options[name]["act_allowed"] = e.get("act_allowed")
 
         self._args = dict(providers=providers, provider_options=provider_options, qconv=given,   # __getstate__
                           sess_options=None if sess_options is None else _options_state(sess_options))
@@ -258,9 +263,12 @@ class InferenceSession:
         self.device, self.threads, self.act_quant = device, threads, act_quant
         self._id = f"s{next(_IDS)}"
         data, kernels = _runtime_graph(data, nodes, inits, self._id, dict(device=device, threads=threads,
-                                                                          act_quant=act_quant, **options), act_blocks)
+                                                                          act_quant=act_quant, **options),
+                                       node_options)
         del nodes, inits
         self.kernels = list(kernels.values())   # one per qconv node
+        #: ``{node name: activation mode}`` each qconv node runs with (``"float"`` for float activations)
+        self.act_modes = {k.name: k.layer.spec.act_quant or "float" for k in self.kernels}
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
         given_threads = so.intra_op_num_threads, so.inter_op_num_threads
