@@ -11,9 +11,18 @@ import os
 import numpy as np
 
 # activation -> the code the OpenCL kernels' ACT build option and the CPU epilogues use. hardswish is
-# (v * min(max(v + 3, 0), 6)) / 6 in float32 op by op, PyTorch's x * relu6(x + 3) / 6.
-ACTIVATION_CODES = {None: 0, "relu": 1, "relu6": 2, "hardswish": 3}
+# (v * min(max(v + 3, 0), 6)) / 6 in float32 op by op, PyTorch's x * relu6(x + 3) / 6; silu is v / (1 + exp(-v))
+# (x * sigmoid(x), YOLO's SiLU / Swish), float32, exp within 2 ulp (numpy's in the oracle).
+ACTIVATION_CODES = {None: 0, "relu": 1, "relu6": 2, "hardswish": 3, "silu": 4}
 ACTIVATIONS = tuple(ACTIVATION_CODES)
+#: The activations the CPU epilogues apply after their clamp (relu and relu6 are the clamp).
+TAIL_ACTIVATIONS = ("hardswish", "silu")
+
+
+def tail_code(activation) -> int:
+    """The CPU epilogues' code of the activation after the clamp: its :data:`ACTIVATION_CODES` entry for
+    :data:`TAIL_ACTIVATIONS`, else 0."""
+    return ACTIVATION_CODES[activation] if activation in TAIL_ACTIVATIONS else 0
 
 
 def as_pair(value, name: str, *, minimum: int) -> tuple[int, int]:

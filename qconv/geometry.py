@@ -20,8 +20,9 @@ class ConvSpec:
 
     ``weight``: :class:`~qconv.weights.QuantizedWeight` ``(O, I/groups, kh, kw)``; ``bias``: float32 ``(O,)``
     or None; ``stride``/``padding``/``dilation``: ``(h, w)`` pairs (padding is applied on both sides);
-    ``activation``: None, ``"relu"``, ``"relu6"`` or ``"hardswish"`` (``(v * min(max(v + 3, 0), 6)) / 6``, float32
-    op by op); ``act_quant``: ``"tensor"``, ``"row"``, ``"block"`` or None;
+    ``activation``: None, ``"relu"``, ``"relu6"``, ``"hardswish"`` (``(v * min(max(v + 3, 0), 6)) / 6``, float32
+    op by op) or ``"silu"`` (``v / (1 + exp(-v))``, ``x * sigmoid(x)``: YOLO's SiLU; float32, exp within 2 ulp of
+    numpy's); ``act_quant``: ``"tensor"``, ``"row"``, ``"block"`` or None;
     ``act_block``: input channels per activation block of ``act_quant="block"`` (0 = the weight's
     ``block_channels``); it must divide the input channels per group and either divide or be a multiple
     of the weight's block channels. ``post_affine``: None or ``(scale, shift)``, float32 ``(O,)`` each: the

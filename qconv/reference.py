@@ -169,6 +169,10 @@ def apply_activation(y: np.ndarray, activation) -> np.ndarray:
     if activation == "hardswish":   # float32 op by op, as PyTorch's x * relu6(x + 3) / 6
         y = np.asarray(y, np.float32)
         return (y * np.clip(y + np.float32(3), np.float32(0), np.float32(6))) / np.float32(6)
+    if activation == "silu":   # v / (1 + exp(-v)) in float32 (the engines' exp is within 2 ulp of numpy's)
+        y = np.asarray(y, np.float32)
+        with np.errstate(over="ignore"):
+            return y / (np.float32(1) + np.exp(-y))
     return y
 
 

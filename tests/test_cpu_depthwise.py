@@ -88,15 +88,16 @@ def test_depthwise_matches_oracle_and_general_path(kernel, case, aq, layout):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@given(case=dw_cases(), layout=st.sampled_from(["nchw", "nc4hw4"]), hswish=st.booleans(), affine=st.booleans())
+@given(case=dw_cases(), layout=st.sampled_from(["nchw", "nc4hw4"]), tail=st.sampled_from([None, "hardswish", "silu"]),
+       affine=st.booleans())
 @settings(deadline=None)
-def test_depthwise_float_activations(kernel, case, layout, hswish, affine):
+def test_depthwise_float_activations(kernel, case, layout, tail, affine):
     """act_quant=None on the depthwise path: float32 sums of the input as it is (kind 3), within the oracle's
     tolerance like the general path's float kernel, and the same bits on 1 and 2 threads. NCHW float outputs of
     symmetric weights run in blocks of 8 channels (qc_dw_item_c8), NC4HW4 outputs one channel's planes at a time:
     the same bits."""
     geo, weight, x, bias, act = case
-    act = "hardswish" if hswish else act
+    act = tail or act
     rng = np.random.default_rng(geo.c)
     pa = (rng.standard_normal(geo.o).astype(np.float32), rng.standard_normal(geo.o).astype(np.float32))
     spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, None,

@@ -36,7 +36,7 @@ def direct_cases(draw):
     x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
     bias = np.random.default_rng(draw(st.integers(0, 99))).standard_normal(geo.o).astype(np.float32)
     return geo, weight, x, bias if draw(st.booleans()) else None, draw(st.sampled_from([None, "relu", "relu6",
-                                                                                         "hardswish"]))
+                                                                                         "hardswish", "silu"]))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -112,7 +112,7 @@ def winograd_cases(draw):
     rng = np.random.default_rng(draw(st.integers(0, 99)))
     bias = rng.standard_normal(o).astype(np.float32) if draw(st.booleans()) else None
     pa = (rng.standard_normal(o).astype(np.float32), rng.standard_normal(o).astype(np.float32))
-    return geo, weight, x, bias, draw(st.sampled_from([None, "relu", "relu6", "hardswish"])), \
+    return geo, weight, x, bias, draw(st.sampled_from([None, "relu", "relu6", "hardswish", "silu"])), \
         pa if draw(st.booleans()) else None
 
 

@@ -83,7 +83,7 @@ def cases(draw):
     x = draw(qst.activations((geo.n, geo.c, geo.h, geo.w)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     bias = rng.standard_normal(geo.o).astype(np.float32) if draw(st.booleans()) else None
-    act = draw(st.sampled_from([None, "relu", "relu6", "hardswish"]))
+    act = draw(st.sampled_from([None, "relu", "relu6", "hardswish", "silu"]))
     pa = None
     if draw(st.integers(0, 2)) == 0:
         pa = (rng.uniform(0.5, 2, geo.o).astype(np.float32), rng.standard_normal(geo.o).astype(np.float32))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 pytest.importorskip("qconv._ext._cpu")
 
 import qconv  # noqa: E402
-from qconv import reference  # noqa: E402
+from qconv import _validate as V, reference  # noqa: E402
 from qconv._ext import _cpu  # noqa: E402
 from qconv.cpu import KERNEL_NAMES, CpuEngine, serial_thresholds  # noqa: E402
 from qconv.geometry import ConvSpec  # noqa: E402
@@ -259,6 +259,55 @@ def test_hardswish_is_the_activation_applied_to_the_plain_output(kernel, shape):
     hsw = CpuEngine(ConvSpec(w, bias, 1, kh // 2, activation="hardswish"), kernel=kernel, threads=2).forward(x)
     assert (plain < -3).any() and (plain > 3).any() and ((plain > -3) & (plain < 3)).any()
     np.testing.assert_array_equal(hsw, reference.apply_activation(plain, "hardswish"))
+
+
+@pytest.mark.parametrize("shape", [(16, 3, 3, 3, 1), (12, 1, 3, 3, 12), (20, 40, 1, 1, 1)])
+@pytest.mark.parametrize("act_quant", ["tensor", None])
+def test_silu_is_the_same_bits_on_every_kernel_and_within_2_ulp_of_exact(shape, act_quant):
+    """activation="silu" (GEMM, direct, direct int8 and depthwise paths): v / (1 + exp(-v)) of the same layer's
+    output without activation, within 2 float32 ulp of the float64 value (plus the division's rounding), over
+    outputs from -90 to 90 (exp's clamp at both ends included), and, with int8 activations (whose plain outputs are
+    the same bits on every kernel), the same bits on every kernel this CPU runs: the exp polynomial's float32
+    operations are the same in the scalar, AVX2 and AVX-512 code. Below -87 exp's
+    argument is clamped: silu is then below 1e-30 in magnitude instead of smaller still."""
+    o, i, kh, kw, groups = shape
+    rng = np.random.default_rng(o)
+    w = qconv.quantize_weight(rng.standard_normal((o, i, kh, kw)).astype(np.float32), groups=groups)
+    x = (rng.standard_normal((2, i * groups, 9, 9)) * 30).astype(np.float32)
+    bias = rng.standard_normal(o).astype(np.float32)
+    outs = {}
+    for kernel in KERNELS:
+        plain = CpuEngine(ConvSpec(w, bias, 1, kh // 2, act_quant=act_quant), kernel=kernel, threads=2).forward(x)
+        y = CpuEngine(ConvSpec(w, bias, 1, kh // 2, activation="silu", act_quant=act_quant), kernel=kernel,
+                      threads=2).forward(x)
+        assert (plain < -88).any() and (plain > 88).any() and (np.abs(plain) < 1).any()
+        p64 = plain.astype(np.float64)
+        exact = p64 / (1 + np.exp(-p64))
+        bad = np.abs(y - exact) > 3 * np.spacing(np.abs(exact).astype(np.float32)) + 1e-30
+        assert not bad.any(), (kernel, p64[bad][:5], exact[bad][:5], y[bad][:5])
+        for k2, (plain2, y2) in outs.items():   # the same plain output: the same silu
+            if np.array_equal(plain, plain2):
+                np.testing.assert_array_equal(y, y2, err_msg=f"{kernel} vs {k2}")
+        outs[kernel] = plain, y
+
+
+def test_the_tail_activations_are_the_same_bits_in_scalar_and_avx2_code():
+    """qc_tail's scalar and AVX2 code (the AVX-512 epilogue's is checked through the direct int8 conv above):
+    silu and hardswish give the same bits over values from -120 to 120, both sides of exp's clamp, signed zeros."""
+    from qconv._ext import _cpu_testing
+
+    rng = np.random.default_rng(7)
+    v = np.concatenate([rng.uniform(-120, 120, 4000), rng.standard_normal(4000),
+                        [0.0, -0.0, 87.0, -87.0, 88.0, -88.0, 1e-30, -1e-30, 3.0, -3.0]]).astype(np.float32)
+    for code in (V.ACTIVATION_CODES["silu"], V.ACTIVATION_CODES["hardswish"]):
+        scalar = _cpu_testing._test_tail(v, code, 0)
+        if "avx2" in KERNELS:
+            np.testing.assert_array_equal(_cpu_testing._test_tail(v, code, 1), scalar)
+    silu = _cpu_testing._test_tail(v, V.ACTIVATION_CODES["silu"], 0)
+    v64 = v.astype(np.float64)
+    exact = v64 / (1 + np.exp(-v64))
+    assert (np.abs(silu - exact) <= 3 * np.spacing(np.abs(exact).astype(np.float32)) + 1e-30).all()
+    np.testing.assert_array_equal(_cpu_testing._test_tail(v, 0, 0), v)   # code 0: untouched
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -211,6 +211,43 @@ def test_hardswish_patterns_fuse():
     np.testing.assert_array_equal(y, (c4 * np.clip(c4 + f(2), f(0), f(6))) / f(6))
 
 
+def test_silu_patterns_fuse():
+    """Conv -> Mul(x, Sigmoid(x)) in either operand order becomes one node with activation="silu" (a Mul after it
+    the node's post_affine), equal to the qconv layers one by one; a SiLU whose Sigmoid output is also a graph
+    output stays apart; format="qdq" writes Sigmoid -> Mul back."""
+    w1, b1, w2, w3 = _w(8, 4, 3, 3, scale=4.0), _w(8), _w(6, 8, 1, 1, scale=4.0), _w(5, 6, 1, 1)
+    f = np.float32
+    consts = dict(w1=w1, b1=b1, w2=w2, w3=w3, k=np.array([1.5], f))
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+             node("Sigmoid", ["c1"], ["g1"]), node("Mul", ["c1", "g1"], ["s1"]),
+             node("Mul", ["s1", "k"], ["m1"]),
+             node("Conv", ["m1", "w2"], ["c2"], name="c2"),
+             node("Sigmoid", ["c2"], ["g2"]), node("Mul", ["g2", "c2"], ["s2"]),
+             node("Conv", ["s2", "w3"], ["c3"], name="c3"),
+             node("Sigmoid", ["c3"], ["g3"]), node("Mul", ["c3", "g3"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 7])], ["y", "g3"], consts,
+                   opset=14)
+    q = qo.quantize_model(model, "int8-ch-sym")
+    layers = qo.model_summary(q)["layers"]
+    assert [layers[n]["activation"] for n in ("c1", "c2", "c3")] == ["silu", "silu", ""]
+    assert layers["c1"]["post"] == ["Mul"]
+    assert [n.op_type for n in q.graph.node if n.domain != "ai.qconv"] == ["Sigmoid", "Mul"]
+    x = (RNG.standard_normal((1, 4, 7, 7)) * 2).astype(np.float32)
+    with qo.InferenceSession(q, threads=2) as sess:
+        y, _ = sess.run(None, {"x": x})
+    y_float = _float_run(model, {"x": x})[0]
+    assert sqnr_db(y, y_float) >= 25, sqnr_db(y, y_float)
+    l1 = qconv.Conv2d(qconv.quantize_weight(w1), b1, padding=1, activation="silu", threads=2, act_quant=AQ,
+                      post_affine=(np.full(8, 1.5, f), np.zeros(8, f)))
+    l2 = qconv.Conv2d(qconv.quantize_weight(w2), activation="silu", threads=2, act_quant=AQ)
+    c3 = qconv.Conv2d(qconv.quantize_weight(w3), threads=2, act_quant=AQ)(l2(l1(x)))
+    np.testing.assert_allclose(y, c3 * (1 / (1 + np.exp(-c3))), rtol=1e-5, atol=1e-5 * np.abs(y).max())  # ORT sigmoid
+    qdq = qo.quantize_model(model, "int8-ch-sym", format="qdq")
+    assert sum(n.op_type == "Sigmoid" for n in qdq.graph.node) == 3
+    assert sqnr_db(_float_run(qdq, {"x": x})[0], y_float) >= 25
+
+
 def test_min_weights_keeps_small_layers_float():
     """quantize_model(min_weights=N): layers with fewer than N weights stay float Convs (named in qconv.summary
     with the reason), the others become qconv nodes; the model still runs and matches the float model."""

@@ -59,7 +59,7 @@ cdef extern from "qconv_kernels.h" nogil:
     void qc_transpose_u8(const uint8_t *src, int64_t rows, int64_t cols, int64_t src_stride, uint8_t *dst,
                          int64_t dst_stride)
     void qc_requant(float *v, int64_t n, float scale, int32_t zp, int variant)
-    void qc_hardswish(float *v, int64_t n, int variant)
+    void qc_tail(float *v, int64_t n, int tail, int variant)
     void qc_affine_rows(float *v, int64_t rows, int64_t ld, int64_t n, const float *s, const float *t, int variant)
     void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yf, int8_t *yi, int64_t ohw,
                        int ncols, int variant)
@@ -96,7 +96,7 @@ cdef struct ConvJob:
     const float *bias      # (G, OCp)
     const int32_t *oidx    # (O,) row position of output channel o in the out scratch
     float lo, hi
-    int hswish             # activation="hardswish": applied to the out scratch before the store
+    int tail               # the activation after the clamp (qc_tail's codes, 0: none): on the out scratch before the store
     const float *pa_s      # post_affine (ldo,) scale and shift in out-scratch order, or NULL: v * s + t after
     const float *pa_t      # the activation
     # AMX weights (AmxWeightLayout, tile-major like w), or NULL until bound; calls of fewer than amx_min columns
@@ -160,7 +160,7 @@ cdef struct QuantJob:
 cdef class ConvGeometry:
     cdef readonly int in_channels, out_channels, groups, n_blocks, block_channels, block_icl
     cdef readonly int kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w
-    cdef readonly int oc_tiles, bits, tile_cols, block_mode, act_block, signed_input, hardswish, float_act
+    cdef readonly int oc_tiles, bits, tile_cols, block_mode, act_block, signed_input, tail, float_act
     cdef readonly int64_t w_tile_stride, w_block_stride, w_group_stride
     cdef readonly float lo, hi
 

@@ -25,6 +25,8 @@ can reach every such path.
 """
 import numpy as np
 
+from .._validate import TAIL_ACTIVATIONS, tail_code
+
 cimport cython
 from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy, memset
@@ -687,8 +689,8 @@ cdef void _store(const ConvJob *j, float *OUT, int64_t p0, int ncols) noexcept n
     cdef int64_t n, pix, idx
     cdef float *yf = <float *> j.y
     cdef int8_t *yi = <int8_t *> j.y
-    if j.hswish:
-        qc_hardswish(OUT, ncols * j.ldo, j.variant)
+    if j.tail:
+        qc_tail(OUT, ncols * j.ldo, j.tail, j.variant)
     if j.pa_s != NULL:
         qc_affine_rows(OUT, ncols, j.ldo, j.ldo, j.pa_s, j.pa_t, j.variant)
     if j.out_int8:
@@ -878,8 +880,9 @@ cdef class ConvGeometry:
     (output columns per column tile); ``w_tile_stride``/``w_block_stride``/``w_group_stride`` (bytes between the
     weight tiles' channel tiles, blocks and groups); ``lo``/``hi`` (float activation clamp); ``block_mode`` (1 for
     ``act_quant="block"``) and ``act_block`` (input channels per activation block there, a multiple of
-    ``block_channels``; 0 = ``block_channels``); ``signed_input`` (1: the AVX2 sign form); ``hardswish`` (1:
-    ``(v * min(max(v + 3, 0), 6)) / 6`` after the clamp, applied to each tile before its store); ``float_act`` (1:
+    ``block_channels``; 0 = ``block_channels``); ``signed_input`` (1: the AVX2 sign form); ``tail`` (the activation
+    after the clamp, applied to each tile before its store: 0, or :func:`qconv._validate.tail_code`'s code of
+    hardswish or silu); ``float_act`` (1:
     ``act_quant=None``, float32 activations: the pixel-major input holds floats and ``qconv_float.h`` runs).
 
     Derived (properties): ``taps``, ``group_out_channels``, ``gemm_blocks`` (groups * n_blocks), ``oc_padded``.
@@ -889,7 +892,7 @@ cdef class ConvGeometry:
                  int block_icl, int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w,
                  int dilation_h, int dilation_w, int oc_tiles, int bits, int tile_cols, int64_t w_tile_stride,
                  int64_t w_block_stride, int64_t w_group_stride, float lo, float hi, int block_mode=0,
-                 int act_block=0, int signed_input=0, int hardswish=0, int float_act=0):
+                 int act_block=0, int signed_input=0, int tail=0, int float_act=0):
         for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups),
                         ("n_blocks", n_blocks), ("block_channels", block_channels), ("kernel_h", kernel_h),
                         ("kernel_w", kernel_w), ("stride_h", stride_h), ("stride_w", stride_w),
@@ -899,8 +902,8 @@ cdef class ConvGeometry:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         if bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {bits}")
-        if hardswish not in (0, 1) or float_act not in (0, 1):
-            raise ValueError("hardswish and float_act must be 0 or 1")
+        if tail not in (0,) + tuple(tail_code(a) for a in TAIL_ACTIVATIONS) or float_act not in (0, 1):
+            raise ValueError(f"tail must be 0 or a tail activation's code, float_act 0 or 1 (got {tail}, {float_act})")
         if float_act and (block_mode or signed_input):
             raise ValueError("float_act excludes block_mode and signed_input")
         if signed_input not in (0, 1) or (signed_input and bits != 8):
@@ -925,7 +928,7 @@ cdef class ConvGeometry:
         self.lo, self.hi = lo, hi
         self.block_mode, self.act_block = block_mode, act_block
         self.signed_input = signed_input
-        self.hardswish = hardswish
+        self.tail = tail
         self.float_act = float_act
 
     @property
@@ -953,7 +956,7 @@ cdef class ConvGeometry:
         names = ("in_channels", "out_channels", "groups", "n_blocks", "block_channels", "block_icl", "kernel_h",
                  "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "oc_tiles", "bits",
                  "tile_cols", "w_tile_stride", "w_block_stride", "w_group_stride", "lo", "hi", "block_mode",
-                 "act_block", "signed_input", "hardswish", "float_act")
+                 "act_block", "signed_input", "tail", "float_act")
         return "ConvGeometry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in names) + ")"
 
 
@@ -978,7 +981,7 @@ cdef void _geometry_into(ConvGeometry geo, ConvJob *j):
     j.ldo = <int64_t> j.G * j.OCp
     j.w_tstride, j.w_bstride, j.w_gstride = geo.w_tile_stride, geo.w_block_stride, geo.w_group_stride
     j.lo, j.hi = geo.lo, geo.hi
-    j.hswish = geo.hardswish
+    j.tail = geo.tail
     j.block_mode = geo.block_mode
     j.AB = geo.act_block
     j.a_bs = (<int64_t> j.K * j.BCp) if j.block_mode else (4 * j.BCp if j.float_act else j.BCp)

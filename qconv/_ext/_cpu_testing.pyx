@@ -327,3 +327,12 @@ def _test_block_cols(const float[:, ::1] xp, ConvGeometry geo not None, int64_t 
     if bad:
         raise ValueError("x contains NaN or infinite values")
     return Aa, Sa, Da
+
+
+def _test_tail(v, int tail, int variant):
+    """``qc_tail`` over a copy of the float32 vector ``v`` with the tail activation code ``tail`` and kernel
+    ``variant`` (0 scalar, else the AVX2 code where built): the epilogues' hardswish / silu alone."""
+    cdef float[::1] out = np.array(v, dtype=np.float32, copy=True).ravel()
+    with nogil:
+        qc_tail(&out[0], out.shape[0], tail, variant)
+    return np.asarray(out)

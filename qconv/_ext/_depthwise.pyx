@@ -20,6 +20,8 @@ Results do not depend on the thread count or the band size.
 """
 import numpy as np
 
+from .._validate import tail_code
+
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
 from libc.stdlib cimport malloc, calloc, free
 
@@ -46,7 +48,7 @@ cdef extern from "qconv_depthwise.h" nogil:
         const float *offset
         const float *bias
         float lo, hi
-        int32_t hswish
+        int32_t tail
         const float *pa_s
         const float *pa_t
         int32_t out_nc4hw4, out_int8, ozp
@@ -162,7 +164,7 @@ cdef class DepthwisePlan:
     cdef readonly int M, variant, vec
     cdef object wq, scale, offset, bias, input_qparams, output_qparams, pa_s, pa_t
     cdef object qs, z, dx, _shape_key, _shape_val
-    cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp, hswish
+    cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp, tail_act
     cdef float lo, hi, oscale
     # (quantization threads, conv threads) of the last forward call; quantization threads always 0: no separate
     # quantization pass runs (each conv thread quantizes the input rows it reads)
@@ -204,7 +206,7 @@ cdef class DepthwisePlan:
         act = spec.activation
         self.lo = 0.0 if act in ("relu", "relu6") else -np.inf
         self.hi = 6.0 if act == "relu6" else np.inf
-        self.hswish = act == "hardswish"
+        self.tail_act = tail_code(act)
         pa = spec.post_affine
         self.pa_s = None if pa is None else np.ascontiguousarray(pa[0], np.float32)
         self.pa_t = None if pa is None else np.ascontiguousarray(pa[1], np.float32)
@@ -333,7 +335,7 @@ cdef class DepthwisePlan:
             ofv = self.offset
             j.offset = &ofv[0]
         j.lo, j.hi = self.lo, self.hi
-        j.hswish = self.hswish
+        j.tail = self.tail_act
         j.pa_s = j.pa_t = NULL
         if self.pa_s is not None:
             pasv, patv = self.pa_s, self.pa_t

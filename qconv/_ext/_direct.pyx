@@ -10,6 +10,8 @@ Results do not depend on the thread count.
 """
 import numpy as np
 
+from .._validate import tail_code
+
 from libc.stdint cimport uint8_t, int32_t, int64_t
 from libc.string cimport memset
 
@@ -34,7 +36,7 @@ cdef extern from "qconv_direct.h" nogil:
         const float *offset
         const float *bias
         float lo, hi
-        int32_t hswish
+        int32_t tail
         const float *pa_s
         const float *pa_t
         const float *x
@@ -176,7 +178,7 @@ cdef class DirectPlan:
     # True when the last forward call ran Winograd
     cdef readonly bint last_winograd
     cdef object q, scale, offset, bias, pa_s, pa_t
-    cdef int C, O, OCB, NB, KH, KW, sh, sw, ph, pw, dh, dw, hswish, bits
+    cdef int C, O, OCB, NB, KH, KW, sh, sw, ph, pw, dh, dw, tail, bits
     cdef int64_t K, kblock
     cdef float lo, hi
     # (quantization threads, conv threads) of the last forward call (no quantization pass: 0)
@@ -209,7 +211,7 @@ cdef class DirectPlan:
         act = spec.activation
         self.lo = 0.0 if act in ("relu", "relu6") else -np.inf
         self.hi = 6.0 if act == "relu6" else np.inf
-        self.hswish = act == "hardswish"
+        self.tail = tail_code(act)
         pa = spec.post_affine
         self.pa_s = None if pa is None else np.ascontiguousarray(pa[0], np.float32)
         self.pa_t = None if pa is None else np.ascontiguousarray(pa[1], np.float32)
@@ -274,7 +276,7 @@ cdef class DirectPlan:
             ofv = self.offset
             j.offset = &ofv[0, 0]
         j.bias = &biv[0]
-        j.lo, j.hi, j.hswish = self.lo, self.hi, self.hswish
+        j.lo, j.hi, j.tail = self.lo, self.hi, self.tail
         j.pa_s = j.pa_t = NULL
         if self.pa_s is not None:
             pasv, patv = self.pa_s, self.pa_t

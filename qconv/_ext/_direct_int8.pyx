@@ -11,6 +11,8 @@ GEMM path) are in ``qconv_direct_int8.h``.
 """
 import numpy as np
 
+from .._validate import tail_code
+
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
 from ._cpu cimport _parallel_for
 
@@ -29,7 +31,7 @@ cdef extern from "qconv_direct_int8.h" nogil:
         const float *offset
         const float *bias
         float lo, hi
-        int32_t hswish
+        int32_t tail
         const float *pa_s
         const float *pa_t
         const float *x
@@ -153,7 +155,7 @@ cdef class DirectInt8Plan:
             j.pa_s, j.pa_t = &self.pas[0], &self.pat[0]
         act = spec.activation
         j.lo, j.hi = (0.0, 6.0) if act == "relu6" else (0.0, np.inf) if act == "relu" else (-np.inf, np.inf)
-        j.hswish = act == "hardswish"
+        j.tail = tail_code(act)
         j.C, j.O, j.KH, j.KW, j.sh, j.sw, j.dh, j.dw, j.pt, j.pl = w.in_channels, o, kh, kw, sh, sw, dh, dw, ph, pw
         j.quads, j.kg, j.steps, j.otiles = layout.quads, layout.kg, layout.steps, layout.oc_tiles
         j.nblocks, j.bq, j.spb, j.planes = nb, layout.block_quads, layout.block_steps, layout.quads_padded

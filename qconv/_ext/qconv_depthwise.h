@@ -21,7 +21,7 @@
  *   epilogue, per output: the GEMM kernels' formula and order (bitwise the same results):
  *          F = fma(scale, I, offset*S) [* dx_pixel];  y = clamp(fma(dx, F, bias), lo, hi)
  *          (the scalar variant: F = scale*I; F += offset*S; ...; y = dx*F + bias, as qc_gemm_scalar).
- *          then hardswish and post_affine (the engine's float32 operations, in registers in the AVX2 code);
+ *          then the tail activation (hardswish, silu) and post_affine (the engine's float32 operations, in registers in the AVX2 code);
  *          int8 output: clip(roundf(y/oscale) + ozp, -128, 127) (qc_requant of qconv_kernels.h).
  *
  * Float activations (kind 3) into NCHW float outputs with symmetric weights run instead in blocks of 8 channels
@@ -60,7 +60,7 @@ typedef struct {
     const float *offset;          /* (C*M,) or NULL (symmetric weights) */
     const float *bias;            /* (C*M,) */
     float lo, hi;                 /* activation clamp */
-    int32_t hswish;               /* 1: activation="hardswish" after the clamp (qc_hardswish) */
+    int32_t tail;                 /* the activation after the clamp (qc_tail_scalar's codes; 0: none) */
     const float *pa_s, *pa_t;     /* (C*M,) post_affine scale and shift after the activation, or NULL */
     int32_t out_nc4hw4, out_int8, ozp;
     float oscale;
@@ -255,13 +255,13 @@ QC_DW_TGT static void qc_dw_mac_avx2(const float *const *src, const float *w, in
  * vector of 8 channels' results with each channel's scale, bias and post_affine in its lane */
 typedef struct {
     __m256 sc, dx, bias, lo, hi, ps, pt;
-    int hswish, pa;
+    int tail, pa;
 } qc_dw_epi_regs;
 
 QC_DW_TGT static inline __m256 qc_dw_epi_vec(const qc_dw_epi_regs *e, __m256 v)
 {
     const __m256 f = _mm256_fmadd_ps(e->dx, _mm256_fmadd_ps(e->sc, v, _mm256_setzero_ps()), e->bias);
-    return qc_hswish_affine_avx2(_mm256_min_ps(_mm256_max_ps(f, e->lo), e->hi), e->hswish, e->pa, e->ps, e->pt);
+    return qc_tail_affine_avx2(_mm256_min_ps(_mm256_max_ps(f, e->lo), e->hi), e->tail, e->pa, e->ps, e->pt);
 }
 
 QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t ro, int64_t K, int64_t n, float *qs,
@@ -303,10 +303,11 @@ QC_DW_TGT static int64_t qc_dw_blockq_avx2(const float *const *src, int64_t ro, 
 }
 
 /* the GEMM kernels' epilogue: F = fma(scale, I, offset*S) [* dxp]; y = min(max(fma(dx, F, bias), lo), hi); then
- * hardswish and post_affine (*pas, *pat) in registers, the float32 operations of qc_hardswish and qc_affine_run.
+ * the tail activation and post_affine (*pas, *pat) in registers, the float32 operations of qc_tail_scalar and
+ * qc_affine_run.
  * I, S and dxp rows are read 8 lanes at a time up to QC_DW_UP(n); only y[0:n] is written. */
 QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float *dxp, float sc, float of, float dx,
-                                     float bias, float lo, float hi, int hswish, const float *pas, const float *pat,
+                                     float bias, float lo, float hi, int tail, const float *pas, const float *pat,
                                      int64_t n, float *y)
 {
     const __m256 scv = _mm256_set1_ps(sc), ofv = _mm256_set1_ps(of), dxv = _mm256_set1_ps(dx);
@@ -320,7 +321,7 @@ QC_DW_TGT static void qc_dw_epi_avx2(const float *I, const float *S, const float
             __asm__("" : "+x"(f));
         }
         f = _mm256_fmadd_ps(dxv, f, bv);
-        f = qc_hswish_affine_avx2(_mm256_min_ps(_mm256_max_ps(f, lov), hiv), hswish, pas != NULL, ps, pt);
+        f = qc_tail_affine_avx2(_mm256_min_ps(_mm256_max_ps(f, lov), hiv), tail, pas != NULL, ps, pt);
         if (n - i >= 8) {
             _mm256_storeu_ps(y + i, f);
             continue;
@@ -601,7 +602,7 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
         e.hi = _mm256_set1_ps(j->hi);
         e.ps = _mm256_loadu_ps(psv);
         e.pt = _mm256_loadu_ps(ptv);
-        e.hswish = j->hswish;
+        e.tail = j->tail;
         e.pa = j->pa_s != NULL;
         float *y = (float *)j->y + (n * j->C * M + c0 * M + m) * OHW;   /* lane c: y + c*M*OHW */
         for (int64_t oy = oy0; oy < oy1; ++oy) {
@@ -715,13 +716,13 @@ static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const fl
                 const float *dxpix = j->kind == 2 ? dxp + r * ow : NULL;
 #ifdef QC_DW_X86
                 if (j->vec)
-                    qc_dw_epi_avx2(accI + r * ow, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, j->hswish,
+                    qc_dw_epi_avx2(accI + r * ow, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, j->tail,
                                    j->pa_s ? j->pa_s + o : NULL, j->pa_s ? j->pa_t + o : NULL, OW, yo);
                 else
 #endif
                 {
                     qc_dw_epi_c(accI + r * ow, S, dxpix, j->scale[o], of, dxn, j->bias[o], j->lo, j->hi, OW, yo);
-                    if (j->hswish) qc_hardswish_scalar(yo, OW);
+                    if (j->tail) qc_tail_scalar(yo, OW, j->tail);
                     if (j->pa_s) qc_affine_run(yo, OW, j->pa_s[o], j->pa_t[o]);
                 }
                 if (direct) continue;

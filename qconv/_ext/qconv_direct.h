@@ -25,7 +25,7 @@
  * the chunks); they match the oracle within
  * its float tolerance (float32 sums of dequantized weights), not bitwise the GEMM path.
  * Epilogue, one pass a row (qc_direct_epilogue_avx2): v = acc + bias; v = min(max(v, lo), hi); then the engine's
- * hardswish and post_affine (qc_hardswish, qc_affine_run), stored straight to NCHW when the row is one run.
+ * the tail activation and post_affine (qc_tail_scalar, qc_affine_run), stored straight to NCHW when the row is one run.
  *
  * vec = 1 runs the AVX2 + FMA code (target attributes, picked at run time by the caller), vec = 0 portable C.
  */
@@ -65,7 +65,7 @@ typedef struct {
     const float *offset;             /* (O, NB), or NULL (symmetric) */
     const float *bias;               /* (O,) */
     float lo, hi;                    /* activation clamp */
-    int32_t hswish;                  /* 1: hardswish after the clamp */
+    int32_t tail;                    /* the activation after the clamp (qc_tail_scalar's codes; 0: none) */
     const float *pa_s, *pa_t;        /* (O,) post_affine, or NULL */
     const float *x;                  /* NCHW (N, C, H, W), or NC4HW4 (ceil(C/4), N, H, W, 4) */
     int32_t in_nc4hw4, out_nc4hw4;
@@ -397,22 +397,22 @@ QC_TGT_AVX2 static int qc_direct_copy_row_avx2(float *dst, const float *src)
     return _mm256_movemask_ps(_mm256_cmp_ps(s, s, _CMP_UNORD_Q)) != 0;
 }
 
-/* the epilogue of 8 results: post(hswish(min(max(v + b, lo), hi))), the float32 operations of qc_direct_bias_clamp,
- * qc_hardswish and qc_affine_run (max / min return their second operand on NaN: the value goes second) */
-QC_TGT_AVX2 static inline __m256 qc_direct_post_avx2(__m256 v, __m256 b, __m256 lo, __m256 hi, int hswish, int pa,
+/* the epilogue of 8 results: post(tail(min(max(v + b, lo), hi))), the float32 operations of qc_direct_bias_clamp,
+ * qc_tail_scalar and qc_affine_run (max / min return their second operand on NaN: the value goes second) */
+QC_TGT_AVX2 static inline __m256 qc_direct_post_avx2(__m256 v, __m256 b, __m256 lo, __m256 hi, int tail, int pa,
                                                      __m256 ps, __m256 pt)
 {
-    return qc_hswish_affine_avx2(_mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_add_ps(v, b))), hswish, pa, ps, pt);
+    return qc_tail_affine_avx2(_mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_add_ps(v, b))), tail, pa, ps, pt);
 }
 
 /* the epilogue of one channel's row of NP results into dst (dst may be a) */
-QC_TGT_AVX2 static void qc_direct_epilogue_avx2(const float *a, float bias, float lo, float hi, int hswish,
+QC_TGT_AVX2 static void qc_direct_epilogue_avx2(const float *a, float bias, float lo, float hi, int tail,
                                                 const float *pa_s, const float *pa_t, float *dst)
 {
     const __m256 b = _mm256_set1_ps(bias), l = _mm256_set1_ps(lo), h = _mm256_set1_ps(hi);
     const __m256 ps = _mm256_set1_ps(pa_s ? *pa_s : 1.0f), pt = _mm256_set1_ps(pa_s ? *pa_t : 0.0f);
     for (int t = 0; t < QC_DIRECT_NP; t += 8)
-        _mm256_storeu_ps(dst + t, qc_direct_post_avx2(_mm256_loadu_ps(a + t), b, l, h, hswish, pa_s != NULL, ps, pt));
+        _mm256_storeu_ps(dst + t, qc_direct_post_avx2(_mm256_loadu_ps(a + t), b, l, h, tail, pa_s != NULL, ps, pt));
 }
 #endif
 
@@ -493,17 +493,17 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
                     float *a = acc + ((st - s0) * QC_DIRECT_OG + ocb - g0) * AB + i * NP;
                     const int64_t ys = j->out_nc4hw4 ? 4 : 1;
                     const int64_t ybase = j->out_nc4hw4 ? ((o / 4) * j->N + n) * ohw * 4 + o % 4 : (n * j->O + o) * ohw;
-                    /* the engine's epilogue, in place on the strip's row: bias and clamp, hardswish, post_affine */
+                    /* the engine's epilogue, in place on the strip's row: bias and clamp, tail activation, post_affine */
 #ifdef QC_HAVE_X86
                     if (j->vec) {
-                        qc_direct_epilogue_avx2(a, j->bias[o], j->lo, j->hi, j->hswish, j->pa_s ? j->pa_s + o : NULL,
+                        qc_direct_epilogue_avx2(a, j->bias[o], j->lo, j->hi, j->tail, j->pa_s ? j->pa_s + o : NULL,
                                                 j->pa_s ? j->pa_t + o : NULL, contiguous ? j->y + ybase + p0 : a);
                         if (contiguous) continue;
                     } else
 #endif
                     {
                         qc_direct_bias_clamp(a, j->bias[o], j->lo, j->hi);
-                        if (j->hswish) qc_hardswish_scalar(a, np);
+                        if (j->tail) qc_tail_scalar(a, np, j->tail);
                         if (j->pa_s) qc_affine_run(a, np, j->pa_s[o], j->pa_t[o]);
                         if (contiguous) {
                             memcpy(j->y + ybase + p0, a, NP * sizeof(float));

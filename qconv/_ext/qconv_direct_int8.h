@@ -4,9 +4,9 @@
  *   I = sum over c, ky, kx of q[o][c][ky][kx] * u[c][oy*sh - pt + ky*dh][ox*sw - pl + kx*dw]   (exact int32)
  *   S = the sum of the same u                       (u = xq - z, 0 outside the input; xq = clip(round(x*qs) + z,
  *                                                    qlo, qhi), the tensor quantization of the tiled GEMM path)
- *   y[n][o][oy][ox] = clamp(dx * fma(s[o], I, off[o] * S) + bias[o], lo, hi), then hardswish and v * ps + pt
+ *   y[n][o][oy][ox] = clamp(dx * fma(s[o], I, off[o] * S) + bias[o], lo, hi), then the tail activation (hardswish, silu) and v * ps + pt
  * with the float operations, in the order, of the VNNI kernel's epilogue (qc_vnni_facc, qc_vnni_fin) and of the
- * store's hardswish / post-affine: the results are bitwise those of the tiled GEMM path.
+ * store's tail activation / post-affine: the results are bitwise those of the tiled GEMM path.
  * Scope: any stride, kernel size, dilation and padding, one group, weights per channel or in blocks of a multiple
  * of 4 channels (symmetric or with offsets; several blocks: each block's integer sums I_b, S_b and the float sum
  * F = sum over b of fma(s_b, I_b, off_b * S_b) in the GEMM's order, then dx * F + bias), int8 or int4 weights,
@@ -61,7 +61,7 @@ typedef struct {
     const int32_t *wsx;
     const float *scale, *offset, *bias;   /* offset NULL: symmetric weights (no pixel sums) */
     float lo, hi;
-    int32_t hswish;
+    int32_t tail;
     const float *pa_s, *pa_t;     /* post-affine per channel, or NULL */
     /* per call */
     const float *x;
@@ -230,8 +230,31 @@ static inline void qc_di8_segments(const qc_di8_job *j, int64_t v0, qc_di8_segs 
     }
 }
 
+/* exp of 16 floats: qc_exp_scalar's float32 operations (the tail activation silu), so that the AVX-512 epilogue
+ * gives the bits of the AVX2 and scalar ones */
+QC_TGT_VNNI static inline __m512 qc_exp512(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(QC_EXP_LO)), _mm512_set1_ps(QC_EXP_HI));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    __asm__("" : "+v"(y));   /* the product as it is: silu adds 1 to it */
+    return y;
+}
+
 /* epilogue of one 16 x 16 accumulator tile (channels 16*ot.., virtual pixels v0..) into y of sample n; has_off,
- * hs, pa are constants in each of qc_di8_epi's calls, so every combination compiles to a branch-free row loop */
+ * hs (the tail activation's code, 0: none) and pa are constants in each of qc_di8_epi's calls, so every
+ * combination compiles to a branch-free row loop */
 QC_TGT_VNNI static inline __attribute__((always_inline))
 void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, const int32_t *cbuf, int64_t k,
                      float *part, const qc_di8_segs *sg, const int has_off, const int hs, const int pa)
@@ -266,8 +289,10 @@ void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, con
         if (!last) { _mm512_store_ps(part + 16 * m, f); continue; }
         f = _mm512_fmadd_ps(dx, f, _mm512_set1_ps(bias[m]));
         f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
-        if (hs)
+        if (hs == QC_ACT_HARDSWISH)
             f = _mm512_div_ps(_mm512_mul_ps(f, _mm512_min_ps(six, _mm512_max_ps(zero, _mm512_add_ps(f, three)))), six);
+        else if (hs == QC_ACT_SILU)
+            f = _mm512_div_ps(f, _mm512_add_ps(_mm512_set1_ps(1.0f), qc_exp512(_mm512_sub_ps(zero, f))));
         if (pa) {
             f = _mm512_mul_ps(f, _mm512_set1_ps(pas[m]));
             __asm__("" : "+v"(f));   /* keep the float32 product: no fused multiply-add */
@@ -286,15 +311,20 @@ QC_TGT_VNNI static void qc_di8_epi_block(const qc_di8_job *j, int64_t n, int64_t
     qc_di8_segs sg;
     qc_di8_segments(j, v0, &sg);
     if (sg.n == 0) return;
-    switch ((j->offset != NULL) | (j->hswish != 0) << 1 | (j->pa_s != NULL) << 2) {
+    const int hs = QC_ACT_HARDSWISH, si = QC_ACT_SILU;
+    switch ((j->offset != NULL) | (j->pa_s != NULL) << 1 | (j->tail == hs) << 2 | (j->tail == si) << 3) {
     case 0: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, 0, 0); break;
     case 1: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, 0, 0); break;
-    case 2: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, 1, 0); break;
-    case 3: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, 1, 0); break;
-    case 4: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, 0, 1); break;
-    case 5: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, 0, 1); break;
-    case 6: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, 1, 1); break;
-    default: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, 1, 1); break;
+    case 2: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, 0, 1); break;
+    case 3: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, 0, 1); break;
+    case 4: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, hs, 0); break;
+    case 5: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, hs, 0); break;
+    case 6: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, hs, 1); break;
+    case 7: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, hs, 1); break;
+    case 8: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, si, 0); break;
+    case 9: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, si, 0); break;
+    case 10: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 0, si, 1); break;
+    default: qc_di8_epi_rows(j, n, ot, v0, cbuf, k, part, &sg, 1, si, 1); break;
     }
 }
 

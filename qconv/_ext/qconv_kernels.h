@@ -1203,30 +1203,103 @@ static inline void qc_requant(float *v, int64_t n, float scale, int32_t zp, int 
     qc_requant_scalar(v, n, scale, zp);
 }
 
-/* ---- activation="hardswish", in place: v[i] <- (v[i] * min(max(v[i] + 3, 0), 6)) / 6, the float32 operations of
- * PyTorch's x * relu6(x + 3) / 6 in that order (NaN stays NaN, as numpy's clip keeps it) ---- */
-static void qc_hardswish_scalar(float *v, int64_t n)
+/* ---- the activation after the clamp (the "tail"; relu and relu6 act through the clamp): codes of
+ * qconv._validate.ACTIVATION_CODES, 0 where the clamp is all ----
+ * hardswish: (v * min(max(v + 3, 0), 6)) / 6, the float32 operations of PyTorch's x * relu6(x + 3) / 6 in that
+ *            order (NaN stays NaN, as numpy's clip keeps it);
+ * silu:      v / (1 + exp(-v)), exp by qc_exp_*: Cephes' expf (range reduction by ln 2 in two parts, a degree-7
+ *            polynomial) in the same float32 operations, fused multiply-adds included, in every variant, so that
+ *            every kernel gives the same bits; within 2 ulp of exp, the oracle uses numpy's. */
+#define QC_ACT_HARDSWISH 3
+#define QC_ACT_SILU 4
+#define QC_EXP_LO (-87.0f)
+#define QC_EXP_HI 88.0f
+/* keep a float32 product as it is: the compiler may not fuse it into a following add (-ffp-contract=fast is GCC's
+ * default where the target has FMA, e.g. a scalar function inlined into an AVX2 one) */
+#define QC_FP_KEEP(v) __asm__("" : "+m"(v))
+
+static inline float qc_exp_scalar(float x)
 {
-    for (int64_t i = 0; i < n; ++i) {
-        float t = v[i] + 3.0f;
-        t = t < 0.0f ? 0.0f : t;
-        t = t > 6.0f ? 6.0f : t;
-        v[i] = (v[i] * t) / 6.0f;
+    x = x > QC_EXP_LO ? x : QC_EXP_LO;   /* max / min as the vector forms: the bound on NaN */
+    x = x < QC_EXP_HI ? x : QC_EXP_HI;
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
+    union { int32_t i; float f; } e;
+    e.i = ((int32_t)n + 127) << 23;
+    return p * e.f;
+}
+
+static inline float qc_silu_scalar1(float v)
+{
+    float e = qc_exp_scalar(-v);
+    QC_FP_KEEP(e);
+    return v / (1.0f + e);
+}
+
+static void qc_tail_scalar(float *v, int64_t n, int tail)
+{
+    if (tail == QC_ACT_HARDSWISH) {
+        for (int64_t i = 0; i < n; ++i) {
+            float t = v[i] + 3.0f;
+            t = t < 0.0f ? 0.0f : t;
+            t = t > 6.0f ? 6.0f : t;
+            v[i] = (v[i] * t) / 6.0f;
+        }
+    } else if (tail == QC_ACT_SILU) {
+        for (int64_t i = 0; i < n; ++i) v[i] = qc_silu_scalar1(v[i]);
     }
 }
 
 #ifdef QC_HAVE_X86
-QC_TGT_AVX2 static void qc_hardswish_avx2(float *v, int64_t n)
+QC_TGT_AVX2 static inline __m256 qc_exp_avx2(__m256 x)
 {
-    const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 x = _mm256_loadu_ps(v + i);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(QC_EXP_LO)), _mm256_set1_ps(QC_EXP_HI));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    __asm__("" : "+x"(y));   /* the product as it is: silu adds 1 to it */
+    return y;
+}
+
+/* 8 values in registers: the tail activation (code ``tail``), the float32 operations of qc_tail_scalar */
+QC_TGT_AVX2 static inline __m256 qc_tail_avx2_v(__m256 v, int tail)
+{
+    if (tail == QC_ACT_HARDSWISH) {
+        const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
         /* max/min return the second operand when one is NaN: the value goes second, so NaN propagates */
-        const __m256 t = _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(x, three)));
-        _mm256_storeu_ps(v + i, _mm256_div_ps(_mm256_mul_ps(x, t), six));
+        return _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
     }
-    qc_hardswish_scalar(v + i, n - i);
+    if (tail == QC_ACT_SILU) {
+        const __m256 d = _mm256_add_ps(_mm256_set1_ps(1.0f), qc_exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), v)));
+        return _mm256_div_ps(v, d);
+    }
+    return v;
+}
+
+QC_TGT_AVX2 static void qc_tail_avx2(float *v, int64_t n, int tail)
+{
+    if (tail != QC_ACT_HARDSWISH && tail != QC_ACT_SILU) return;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, qc_tail_avx2_v(_mm256_loadu_ps(v + i), tail));
+    qc_tail_scalar(v + i, n - i, tail);
 }
 #endif
 
@@ -1241,14 +1314,11 @@ QC_TGT_AVX2 static inline __m256 qc_odd_avx2(__m256 a, __m256 b)
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
 }
 
-/* 8 values in registers: hardswish (when hswish), then v * ps + pt (when pa): the float32 operations of
- * qc_hardswish_avx2 and qc_affine_run (max / min return their second operand on NaN: the value goes second) */
-QC_TGT_AVX2 static inline __m256 qc_hswish_affine_avx2(__m256 v, int hswish, int pa, __m256 ps, __m256 pt)
+/* 8 values in registers: the tail activation (code ``tail``, 0: none), then v * ps + pt (when pa): the float32
+ * operations of qc_tail_scalar and qc_affine_run */
+QC_TGT_AVX2 static inline __m256 qc_tail_affine_avx2(__m256 v, int tail, int pa, __m256 ps, __m256 pt)
 {
-    if (hswish) {
-        const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
-        v = _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
-    }
+    if (tail) v = qc_tail_avx2_v(v, tail);
     if (pa) {
         v = _mm256_mul_ps(v, ps);
         __asm__("" : "+x"(v));   /* keep the float32 product: no fused multiply-add */
@@ -1258,13 +1328,14 @@ QC_TGT_AVX2 static inline __m256 qc_hswish_affine_avx2(__m256 v, int hswish, int
 }
 #endif
 
-static inline void qc_hardswish(float *v, int64_t n, int variant)
+/* the tail activation in place over v[0:n] (no-op for code 0 / relu / relu6) */
+static inline void qc_tail(float *v, int64_t n, int tail, int variant)
 {
 #ifdef QC_HAVE_X86
-    if (variant >= QC_KERNEL_AVX2) { qc_hardswish_avx2(v, n); return; }
+    if (variant >= QC_KERNEL_AVX2) { qc_tail_avx2(v, n, tail); return; }
 #endif
     (void)variant;
-    qc_hardswish_scalar(v, n);
+    qc_tail_scalar(v, n, tail);
 }
 
 /* ---- post_affine, in place: v[e*ld + i] <- v[e*ld + i] * s[i] + t[i] for i < n, rows e < rows: two float32

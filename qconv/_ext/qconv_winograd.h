@@ -186,7 +186,7 @@ QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float 
                                          _mm256_sub_ps(_mm256_sub_ps(r1[1], r1[2]), r1[3])};
                     for (int q = 0; q < 4; ++q)
                         _mm256_storeu_ps(Y + q * NP + t,
-                                         qc_direct_post_avx2(y[q], b, lo, hi, j->hswish, j->pa_s != NULL, ps, pt));
+                                         qc_direct_post_avx2(y[q], b, lo, hi, j->tail, j->pa_s != NULL, ps, pt));
                 }
                 /* tile t -> outputs (2ty + dy, 2tx + dx): Y[2dy + dx] */
                 float *yo = j->y + (n * j->O + o) * j->OH * j->OW;

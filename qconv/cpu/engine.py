@@ -432,7 +432,7 @@ class CpuEngine:
             tile_cols=self.tile_cols, w_tile_stride=lay.oc_tile_stride, w_block_stride=lay.block_stride,
             w_group_stride=lay.group_stride, lo=lo, hi=hi, block_mode=int(self._block_mode),
             act_block=spec.act_block if self._block_mode else 0, signed_input=int(self._sign_form(w)),
-            hardswish=int(act == "hardswish"), float_act=int(self._float_act))
+            tail=V.tail_code(act), float_act=int(self._float_act))
         self.geometry = geo
         self._plan = _cpu.ConvPlan(self._w, self._wsx, self._scale, self._offset, self._bias, self._oidx,
                                    self._chpos, geo, _cpu.KERNELS[self.kernel])

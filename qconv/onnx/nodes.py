@@ -6,7 +6,7 @@ Domain ``ai.qconv`` (opset 1), two operators:
   ``X`` float32 NCHW ``(N, C, H, W)``; ``Y`` float32 ``(N, O, OH, OW)``. Attributes: ``strides``, ``pads``
   (ONNX order ``[top, left, bottom, right]``, asymmetric allowed), ``dilations``, ``group``, ``bits``,
   ``block_size`` (input channels per block, 0 = per channel), ``activation`` (``""``, ``"relu"``,
-  ``"relu6"``, ``"hardswish"``: a fused Relu / Clip / hardswish), ``post_scale`` / ``post_shift`` (floats, one per
+  ``"relu6"``, ``"hardswish"``, ``"silu"``: a fused Relu / Clip / hardswish / x * Sigmoid(x)), ``post_scale`` / ``post_shift`` (floats, one per
   output channel or one for all, optional: the layer's ``post_affine``, ``y * scale + shift`` after the activation: the per-channel
   Mul / Add after a fused activation), ``scheme`` (the label it was quantized with, informative).
 ``QMatMul(X, q, scales, offsets?, B?) -> Y``
@@ -36,7 +36,7 @@ OPSET = 1
 QCONV = "QConv"
 QMATMUL = "QMatMul"
 OPS = (QCONV, QMATMUL)
-ACTIVATIONS = ("", "relu", "relu6", "hardswish")
+ACTIVATIONS = ("", "relu", "relu6", "hardswish", "silu")
 
 
 @dataclass
@@ -47,7 +47,7 @@ class QNode:
     op: str                      # QCONV or QMATMUL
     weight: QuantizedWeight
     bias: np.ndarray | None
-    activation: str | None       # None, "relu", "relu6", "hardswish"
+    activation: str | None       # None, "relu", "relu6", "hardswish", "silu"
     input_name: str
     output_name: str
     stride: tuple[int, int] = (1, 1)

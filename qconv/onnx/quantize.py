@@ -12,7 +12,7 @@ per-channel constant (``(O, 1, 1)`` / ``(1, O, 1, 1)`` after a Conv, ``(O,)`` / 
 (``a*(W x + b0) + b = (a W) x + (a b0 + b)``; per-channel and blockwise quantization scale with ``a``, so the codes
 are those of the unfolded weight); then ``Relu`` -> ``activation="relu"``; ``Clip(0, 6)`` -> ``"relu6"``;
 ``Clip(0, none)`` -> ``"relu"``; ``HardSwish``, or the pattern ``x * Clip(x + 3, 0, 6) / 6`` (either order of the
-product and the division) -> ``"hardswish"``; then, after a fused activation, another chain of such affine ops ->
+product and the division) -> ``"hardswish"``; ``Mul(x, Sigmoid(x))`` -> ``"silu"``; then, after a fused activation, another chain of such affine ops ->
 the node's ``post_affine`` (``y * scale + shift``). ``qconv.summary`` lists each layer's ``folded`` and ``post``
 ops.
 
@@ -90,6 +90,9 @@ def _qdq_nodes(layer, qw, bias, activation, post_affine, out_name: str, pads, la
         nodes.append(helper.make_node("Clip", [y, f"{p}/lo", f"{p}/hi"], [f"{p}/act"], name=f"{p}/clip"))
     elif activation == "hardswish":
         nodes.append(helper.make_node("HardSwish", [y], [f"{p}/act"], name=f"{p}/hardswish"))
+    elif activation == "silu":
+        nodes += [helper.make_node("Sigmoid", [y], [f"{p}/sigmoid"], name=f"{p}/sigmoid"),
+                  helper.make_node("Mul", [y, f"{p}/sigmoid"], [f"{p}/act"], name=f"{p}/silu")]
     y = f"{p}/act" if activation else y
     if post_affine is not None:
         scale, shift = (np.broadcast_to(np.asarray(v, np.float32), (o,)).reshape(shape) for v in post_affine)
@@ -216,6 +219,21 @@ def _hardswish_after(produced: str, nodes, consumers, consts, graph_outputs):
     if not div6(div, t) or sorted(nodes[mul].input) != sorted([produced, nodes[div].output[0]]):
         return None
     return (nodes[mul].output[0], [add, clip, div, mul]) if only_user(nodes[div].output[0], "Mul") == mul else None
+
+
+def _silu_after(produced: str, nodes, consumers, graph_outputs):
+    """``(output name, node indices)`` when ``produced`` (``x``) feeds only a SiLU, ``Mul(x, Sigmoid(x))`` (either
+    operand order; YOLO's and PyTorch's export of ``nn.SiLU``), the Sigmoid's output used by that Mul alone; else
+    None."""
+    users = consumers.get(produced, [])
+    if produced in graph_outputs or sorted(nodes[i].op_type for i in users) != ["Mul", "Sigmoid"]:
+        return None
+    mul, sig = sorted(users, key=lambda i: nodes[i].op_type)
+    s = nodes[sig].output[0]
+    if (sorted(nodes[mul].input) != sorted([produced, s]) or consumers.get(s) != [mul] or s in graph_outputs
+            or len(nodes[sig].output) != 1):
+        return None
+    return nodes[mul].output[0], [sig, mul]
 
 
 def _channel_vector(c, n_out: int, linear: bool):
@@ -669,12 +687,16 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
                 bias = b.astype(np.float32)
             act = _activation_of(nxt, consts) if nxt is not None else None
             hsw = _hardswish_after(out_name, nodes, consumers, consts, graph_outputs)
+            silu = _silu_after(out_name, nodes, consumers, graph_outputs) if act is None and hsw is None else None
             if act is not None:
                 activation, out_name = act, nxt.output[0]
                 fused.append(idx)
             elif hsw is not None:
                 activation, out_name = "hardswish", hsw[0]
                 fused += hsw[1]
+            elif silu is not None:
+                activation, out_name = "silu", silu[0]
+                fused += silu[1]
             if activation is not None:   # per-channel affine ops after the activation: the node's post_affine
                 pa = np.ones(n_out), np.zeros(n_out)
                 nxt, idx = single_consumer(out_name)

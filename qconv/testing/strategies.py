@@ -178,13 +178,13 @@ def activations(draw, shape, outliers: bool | None = None, constant: bool | None
 def conv_problems(draw, max_channels: int = 20, max_out_channels: int = 40, **geometry_kwargs):
     """``(geometry, weight, x, bias, activation)``: a whole conv problem for engine tests — a
     :func:`conv_geometries` draw (grouped included, spatial up to 10), its :func:`quantized_weights`, NCHW
-    :func:`activations`, a float32 ``(O,)`` bias or None, and ``activation`` None / ``"relu"`` / ``"relu6"`` / ``"hardswish"``."""
+    :func:`activations`, a float32 ``(O,)`` bias or None, and ``activation`` None / ``"relu"`` / ``"relu6"`` / ``"hardswish"`` / ``"silu"``."""
     geo = draw(conv_geometries(groups=True, max_spatial=10, max_channels=max_channels,
                                max_out_channels=max_out_channels, **geometry_kwargs))
     weight = draw(quantized_weights(geo))
     x = draw(activations((geo.n, geo.c, geo.h, geo.w)))
     bias = _rng(draw).standard_normal(geo.o).astype(np.float32) if draw(st.booleans()) else None
-    return geo, weight, x, bias, draw(st.sampled_from([None, "relu", "relu6", "hardswish"]))
+    return geo, weight, x, bias, draw(st.sampled_from([None, "relu", "relu6", "hardswish", "silu"]))
 
 
 @st.composite

@@ -6,8 +6,8 @@
  *   ASYM             offsets present (w = q*s + a), else symmetric (w = q*s)
  *   NBLK1            one block per output channel (per-channel scales)
  *   BLOCK_CH=b       input channels per block (blockwise; a block = b channels x all taps)
- *   HAS_BIAS, ACT=0|1|2|3 (none, relu, relu6, hardswish: (v * clamp(v + 3, 0, 6)) / 6); codes from
- *   qconv._validate.ACTIVATION_CODES
+ *   HAS_BIAS, ACT=0|1|2|3|4 (none, relu, relu6, hardswish: (v * clamp(v + 3, 0, 6)) / 6, silu: v / (1 + exp(-v)));
+ *   codes from qconv._validate.ACTIVATION_CODES
  *   IN_NCHW / OUT_NCHW  activations in NCHW, else NC4HW4 [ceil(C/4)][N][H][W][4]
  * Geometry constants are kernel arguments; an option G_<NAME>=v turns one into a compile-time
  * constant (specialisation: lets the compiler unroll the tap loops).
@@ -35,6 +35,8 @@
 #define ACTIVATE(v) clamp((v), 0.0f, 6.0f)
 #elif ACT == 3
 #define ACTIVATE(v) (((v) * clamp((v) + 3.0f, 0.0f, 6.0f)) / 6.0f)
+#elif ACT == 4
+#define ACTIVATE(v) ((v) / (1.0f + exp(-(v))))
 #else
 #define ACTIVATE(v) (v)
 #endif
