@@ -15,8 +15,12 @@ Rows per model:
   first; it still refuses some models);
 * ``mnn-int8`` / ``mnn-int4-b32``: ``mnnconvert --weightQuantBits 8`` / ``4 --weightQuantAsymmetric
   --weightQuantBlock 32``, run with ``memory=low``;
-* ``qconv-default``: ``quantize_model(path)`` (the default scheme) in a session with its default activations;
-* ``qconv-a8``: the same file with ``act_quant="tensor"`` (per-tensor dynamic int8 activations, integer GEMM);
+* ``qconv-default``: ``quantize_model(path, calibration=<4 rendered pictures>)`` (the default scheme, smoothing and
+  the activation search: int8 activations on the nodes that keep the output within 3 dB of float activations on
+  those pictures) in a session with its default activations (``act_quant="auto"``);
+* ``qconv-nocalib``: ``quantize_model(path)`` without calibration inputs (float activations on every conv);
+* ``qconv-a8``: the ``qconv-nocalib`` file with ``act_quant="tensor"`` (per-tensor dynamic int8 activations on every
+  node, depthwise included);
 * ``qconv-int4-b32-mse``: int4-b32-asym-mse weights;
 * ``qconv-target30``: ``quantize_model(path, target_sqnr=30, calibration=<6 rendered pictures>)`` (accuracy
   control; made in the parent, minutes for det).
@@ -49,8 +53,9 @@ import numpy as np
 from qconv._timing import peak_rss_mb  # VmHWM: ru_maxrss carries the parent's peak through exec
 
 ROWS = ("ort-float", "ov-float", "ov-nncf-int8", "ort-qdq", "ort-dynamic-int8", "mnn-int8", "mnn-int4-b32", "qconv-default",
-        "qconv-a8", "qconv-int4-b32-mse", "qconv-target30")
-QCONV_SCHEMES = {"qconv-default": None, "qconv-a8": None, "qconv-int4-b32-mse": "int4-b32-asym-mse"}
+        "qconv-nocalib", "qconv-a8", "qconv-int4-b32-mse", "qconv-target30")
+QCONV_SCHEMES = {"qconv-default": None, "qconv-nocalib": None, "qconv-a8": None, "qconv-int4-b32-mse": "int4-b32-asym-mse"}
+CALIBRATED_ROWS = {"qconv-default": 4}                     # rendered calibration pictures (never the evaluation input)
 SESSION_OPTIONS = {"qconv-a8": dict(act_quant="tensor")}   # int8 activations (the default: float for convs)
 TARGET_ROWS = {"qconv-target30": 30.0}                     # accuracy control on rendered calibration pictures
 
@@ -133,14 +138,16 @@ def make_artifact(row: str, path: str, x: np.ndarray, work: str):
     import qconv.onnx as qo
 
     out = os.path.join(work, f"{name}.{row}.onnx")
-    if row in TARGET_ROWS:
-        from qconv import zoo
+    from qconv import zoo
 
-        zname = next(n for n, m in zoo.ZOO.items() if os.path.basename(m.file) == os.path.basename(path))
+    zname = next(n for n, m in zoo.ZOO.items() if os.path.basename(m.file) == os.path.basename(path))
+    if row in TARGET_ROWS:
         q = qo.quantize_model(path, target_sqnr=TARGET_ROWS[row], calibration=zoo.calibration_feeds(zname, 6),
                               measure=False, progress=True)
     else:
         kw = {} if QCONV_SCHEMES[row] is None else dict(scheme=QCONV_SCHEMES[row])
+        if row in CALIBRATED_ROWS:
+            kw["calibration"] = zoo.calibration_feeds(zname, CALIBRATED_ROWS[row])
         q = qo.quantize_model(path, measure=False, **kw)
     onnx.save(q, out)
     return out, None

@@ -12,10 +12,20 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import qconv.onnx as qo  # noqa: E402
 from qconv.onnx import smooth  # noqa: E402
 from qconv.onnx.accuracy import measure_model, search_act_modes  # noqa: E402
+from qconv.onnx.kernels import INT8_FAST_KERNELS, auto_act_quant, cpu_kernel  # noqa: E402
 from qconv.onnx.quantize import model_summary  # noqa: E402
 from qconv.onnx_model import capture, model_layers  # noqa: E402
 
 SHAPE = (1, 6, 12, 10)
+
+
+@pytest.fixture
+def int8_auto(monkeypatch):
+    """act_quant="auto" runs allowed nodes int8 on this machine's kernel too (on CPUs without VNNI or AMX it keeps
+    them float, kernels.INT8_FAST_KERNELS): the tests of what a session runs then hold on every CI machine."""
+    from qconv.onnx import kernels
+
+    monkeypatch.setattr(kernels, "INT8_FAST_KERNELS", tuple(INT8_FAST_KERNELS) + (cpu_kernel(),))
 
 
 def outlier_model(seed: int = 3, outlier: float = 40.0):
@@ -110,7 +120,7 @@ def test_an_unfoldable_smoothing_is_dropped():
     assert model_summary(q)["smooth"]["not_folded"] >= 1
 
 
-def test_the_search_keeps_the_goal_and_the_session_runs_what_it_recorded():
+def test_the_search_keeps_the_goal_and_the_session_runs_what_it_recorded(int8_auto):
     """The recorded SQNR is what a default session gives on the calibration feeds and is >= the goal; the
     session's act_modes are the recorded ones; depthwise convs are never int8 under "auto"."""
     m, cal = outlier_model(), feeds(3, 1)
@@ -125,7 +135,19 @@ def test_the_search_keeps_the_goal_and_the_session_runs_what_it_recorded():
     for name, e in s["layers"].items():
         assert sess.act_modes[name] == ("tensor" if "tensor" in e["act_allowed"] else "float"), name
     assert s["layers"]["dw3"]["act_allowed"] == ["float"] and sess.act_modes["dw3"] == "float"
-    assert rec["int8_nodes"] == sum(v == "tensor" for v in sess.act_modes.values())
+    assert rec["int8_nodes"] == sum("tensor" in e["act_allowed"] for e in s["layers"].values())
+    assert qo.InferenceSession(q, device="reference").act_modes == sess.act_modes
+
+
+def test_auto_runs_int8_only_where_allowed_on_one_group_convs_of_a_fast_kernel():
+    """A session on a kernel outside INT8_FAST_KERNELS (here: "scalar") keeps every conv float."""
+    q = qo.quantize_model(outlier_model(), calibration=feeds(2, 1), measure=False, act_budget=200.0)
+    assert set(qo.InferenceSession(q, kernel="scalar").act_modes.values()) == {"float"}
+    allowed = ["float", "tensor"]
+    assert auto_act_quant(allowed, 1, "amx") == auto_act_quant(allowed, 1, "avx512vnni") == "tensor"
+    for args in ((allowed, 1, "avx2"), (allowed, 1, "scalar"), (allowed, 4, "amx"), (["float"], 1, "amx"),
+                 (None, 1, "amx")):
+        assert auto_act_quant(*args) is None, args
 
 
 def test_the_budget_decides_how_many_nodes_run_int8():
@@ -134,7 +156,7 @@ def test_the_budget_decides_how_many_nodes_run_int8():
     m, cal = outlier_model(), feeds(2, 1)
     convs = {"conv1", "conv2", "conv4", "conv5"}
     q = qo.quantize_model(m, calibration=cal, measure=False, act_budget=200.0)
-    assert {n for n, v in qo.InferenceSession(q).act_modes.items() if v == "tensor"} == convs
+    assert {n for n, e in model_summary(q)["layers"].items() if "tensor" in e["act_allowed"]} == convs
     plain = qo.quantize_model(m, calibration=cal, measure=False, act_budget=None)
     found = search_act_modes(m, plain, cal, budget_db=0.0, enough_db=float("inf"))
     assert set(found.refused) == convs and all(a == ["float"] for a in found.allowed.values())
@@ -175,6 +197,7 @@ def test_the_measured_accuracy_is_the_default_sessions_and_float_activations_bes
     m, cal, ev = outlier_model(), feeds(2, 1), feeds(2, 2)
     q = qo.quantize_model(m, calibration=cal, eval=ev, act_budget=200.0)
     acc = model_summary(q)["accuracy"]
+    assert acc["cpu_kernel"] == cpu_kernel()
     assert acc["sqnr_db"] == pytest.approx(measure_model(m, q, ev)["sqnr_db"], abs=0.011)
     assert acc["float_act_sqnr_db"] == pytest.approx(measure_model(m, q, ev, act_quant="none")["sqnr_db"], abs=0.011)
 

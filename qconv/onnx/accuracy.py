@@ -452,12 +452,14 @@ def search_act_modes(float_model, quantized_model, feeds, *, budget_db: float = 
         raise ValueError("search_act_modes needs at least one feed")
     if not budget_db >= 0:
         raise ValueError(f"budget_db must be >= 0, got {budget_db!r}")
-    # "auto" over a model without a finished search: convs float, QMatMul nodes their own default (per-row int8)
-    sess = InferenceSession(quantized_model, threads=threads, act_quant="auto")
-    if any(k.act_quant is not None for k in sess.kernels if isinstance(k, ConvKernel)):
-        sess.close()
+    from .quantize import model_summary
+
+    recorded = model_summary(_bytes(quantized_model))
+    if "act_search" in recorded or recorded.get("act_quant"):
         raise ValueError("search_act_modes: the model already records activation modes (act_search or act_quant in "
                          "qconv.summary); search on the model before they are recorded")
+    # "auto" over a model without a finished search: convs float, QMatMul nodes their own default (per-row int8)
+    sess = InferenceSession(quantized_model, threads=threads, act_quant="auto")
     try:
         so = ort.SessionOptions()
         so.intra_op_num_threads = sess.threads

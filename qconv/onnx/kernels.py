@@ -27,15 +27,30 @@ _INSTALLED = False
 SESSION_CONV_ACT_QUANT = None
 #: The integer activation mode ``act_quant="auto"`` gives a QConv node whose ``act_allowed`` lists it.
 INT8_ACT_QUANT = "tensor"
+#: The CPU kernels on which it is faster than float activations (the direct int8 conv). With ``"avx2"`` the int8
+#: GEMM is slower than the direct float path on the zoo (2026-12-05, AMX Xeon with ``QCONV_CPU_KERNEL=avx2``, 2
+#: threads: PP-OCRv4 det 60 ms against 45, ddddocr 58 against 51), so ``"auto"`` keeps float there.
+INT8_FAST_KERNELS = ("amx", "avx512vnni")
 
 
-def auto_act_quant(allowed, groups: int):
+def auto_act_quant(allowed, groups: int, kernel: str):
     """The activation mode of a QConv node under ``act_quant="auto"`` on the CPU: :data:`INT8_ACT_QUANT` where the
-    node's measured ``allowed`` modes (``qconv.summary``'s ``act_allowed``, None when not recorded) list it and the
-    conv has one group, else float (None). Depthwise and grouped convs stay float: memory-bound, their float path
-    is faster, and one range for all channels of a depthwise input is what costs most accuracy (PP-OCRv4 det,
-    ``qconv/onnx/README.md``)."""
-    return INT8_ACT_QUANT if allowed and INT8_ACT_QUANT in allowed and groups == 1 else SESSION_CONV_ACT_QUANT
+    node's measured ``allowed`` modes (``qconv.summary``'s ``act_allowed``, None when not recorded) list it, the
+    conv has one group and ``kernel`` (the CPU micro-kernel it runs on) is in :data:`INT8_FAST_KERNELS`, else
+    float (None). Depthwise and grouped convs stay float: memory-bound, their float path is faster, and one range
+    for all channels of a depthwise input is what costs most accuracy (PP-OCRv4 det, ``qconv/onnx/README.md``)."""
+    ok = allowed and INT8_ACT_QUANT in allowed and groups == 1 and kernel in INT8_FAST_KERNELS
+    return INT8_ACT_QUANT if ok else SESSION_CONV_ACT_QUANT
+
+
+def cpu_kernel(kernel=None) -> str:
+    """The CPU micro-kernel a layer given engine option ``kernel`` runs (``$QCONV_CPU_KERNEL``, else the best this
+    CPU has; ``"scalar"`` without the built extension)."""
+    try:
+        from ..cpu.engine import select_kernel
+    except ImportError:   # pragma: no cover - without the extension only the reference runs
+        return "scalar"
+    return select_kernel(kernel)
 
 
 class ConvKernel:
@@ -50,8 +65,8 @@ class ConvKernel:
         self.name = qnode.name
         self.extra_pad = qnode.extra_pad
         pa, self.host_affine = _post_affine(qnode, device, (1, -1, 1, 1))
-        if act_quant == "auto" and device in ("cpu", "reference"):
-            act_quant = auto_act_quant(act_allowed, qnode.weight.groups)
+        if act_quant == "auto" and device in ("cpu", "reference"):   # the reference runs what the CPU would
+            act_quant = auto_act_quant(act_allowed, qnode.weight.groups, cpu_kernel(options.get("kernel")))
 
         def build(mode):
             return qconv.Conv2d(qnode.weight, qnode.bias, qnode.stride, qnode.padding, qnode.dilation,

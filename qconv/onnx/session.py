@@ -6,12 +6,15 @@ weight is made), and onnxruntime gets the graph with those nodes reduced to ``X 
 (:mod:`qconv.onnx.kernels`), without the weight initializers; the parsed model is then dropped (bytes or a
 ``ModelProto`` given are kept as bytes for pickling: a pickled session re-creates itself from them).
 
-Activations: ``act_quant="auto"`` (the default) is, on the CPU, float activations for convs (weight-only
-quantization: :data:`qconv.onnx.kernels.SESSION_CONV_ACT_QUANT`; on real vision models they are both more
-accurate and faster than dynamic int8 on CPUs without VNNI: the direct float path reads and writes NCHW as it is)
-and per-row symmetric int8 for QMatMul (``qconv.Linear``: a row's result never depends on the other rows of the
-batch, e.g. on the sequence length); other engines keep their own default (OpenCL: float). ``act_quant="tensor"``
-runs convs on the integer GEMM with per-tensor dynamic int8, as ``qconv.Conv2d`` does by default.
+Activations: ``act_quant="auto"`` (the default) is, on the CPU, per node what ``quantize_model`` measured: a conv
+whose ``act_allowed`` (``qconv.summary``, from the activation search of a model quantized with calibration
+inputs) lists ``"tensor"`` runs per-tensor dynamic int8 where that is faster (the direct int8 conv of AMX / AVX-512
+VNNI CPUs; with the AVX2 kernel float is faster, and kept), every other conv
+float activations (weight-only quantization; depthwise and grouped convs always:
+:func:`qconv.onnx.kernels.auto_act_quant`); QMatMul nodes per-row symmetric int8 (``qconv.Linear``: a row's result
+never depends on the other rows of the batch, e.g. on the sequence length). ``session.act_modes`` says what each
+node runs. Other engines keep their own default (OpenCL: float). ``act_quant="tensor"`` runs every conv with
+per-tensor dynamic int8, as ``qconv.Conv2d`` does by default; ``"none"`` every node float.
 """
 from __future__ import annotations
 
