@@ -11,7 +11,8 @@
 Needs ``onnx`` and ``onnxruntime`` (``pip install qconv[onnx]``).
 :mod:`qconv.onnx.nodes` describes the custom nodes, :mod:`qconv.onnx.quantize` the rewrite,
 :mod:`qconv.onnx.session` the session and its activation default, :mod:`qconv.onnx.accuracy` the
-model-level measurement and accuracy control, :mod:`qconv.onnx.kernels` the prepared kernels behind the native operators (:mod:`qconv._ext._ortops`), :mod:`qconv.onnx.wire` the ONNX bytes a session reads without
+model-level measurement, accuracy control and the activation search, :mod:`qconv.onnx.smooth` the activation
+smoothing folded into the weights, :mod:`qconv.onnx.kernels` the prepared kernels behind the native operators (:mod:`qconv._ext._ortops`), :mod:`qconv.onnx.wire` the ONNX bytes a session reads without
 importing ``onnx``.
 """
 from .accuracy import measure_model
