@@ -97,3 +97,23 @@ def test_quantize_with_bias_correction_and_block_activations(float_model, tmp_pa
     capsys.readouterr()
     assert main(["quantize", str(float_model), str(out), "--act-block", "4"]) == 2  # a user error: one line
     assert "act_quant='block'" in capsys.readouterr().err
+
+
+def test_quantize_with_calibration_searches_int8_activations_unless_told(float_model, tmp_path, capsys):
+    """``--calibration`` runs the smoothing and the activation search and says what it found; ``--act-budget -1
+    --smooth -1`` records neither; a budget of 200 dB lets every conv run int8."""
+    import qconv.onnx as qo
+
+    rng = np.random.default_rng(2)
+    np.save(tmp_path / "c.npy", (rng.standard_normal((1, 3, 16, 16)) + 1).astype(np.float32))
+    out = tmp_path / "q.onnx"
+    assert main(["quantize", str(float_model), str(out), "--calibration", str(tmp_path / "c.npy"),
+                 "--act-budget", "200", "--no-progress"]) == 0
+    assert "int8 activations allowed on 2 of 2 nodes" in capsys.readouterr().out
+    s = qo.model_summary(onnx.load(out))
+    assert s["act_search"]["budget_db"] == 200 and s["smooth"]["smoothed"] == 1
+    assert main(["quantize", str(float_model), str(out), "--calibration", str(tmp_path / "c.npy"),
+                 "--act-budget", "-1", "--smooth", "-1", "--no-progress"]) == 0
+    assert "int8 activations" not in capsys.readouterr().out
+    s = qo.model_summary(onnx.load(out))
+    assert "act_search" not in s and "smooth" not in s

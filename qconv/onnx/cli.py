@@ -1,6 +1,6 @@
 """``python -m qconv quantize`` and ``python -m qconv run``: whole ONNX models from the command line.
 
-``quantize MODEL.onnx OUT.onnx (--scheme S | --plan PLAN.json) [--calibration INPUT ...] [--act-quant MODE
+``quantize MODEL.onnx OUT.onnx (--scheme S | --plan PLAN.json) [--calibration INPUT ... [--act-budget DB]] [--act-quant MODE
 [--act-block N]]`` writes the quantized model and prints what became of each layer and the weight bytes.
 ``run MODEL.onnx --input INPUT [--reference FLOAT.onnx] [--repeat N] [--json OUT]`` runs it through
 :class:`qconv.onnx.InferenceSession` and prints the latency per run (median, p90), the peak RSS, the weight
@@ -19,7 +19,8 @@ import numpy as np
 
 from .._progress import bar
 from .._timing import peak_rss_mb
-from .accuracy import DEFAULT_SCHEME, MIN_SQNR_DB
+from .accuracy import ACT_BUDGET_DB, DEFAULT_SCHEME, MIN_SQNR_DB
+from .smooth import DEFAULT_ALPHA as SMOOTH_ALPHA
 
 
 def _floats(text):
@@ -96,7 +97,9 @@ def quantize_main(args) -> int:
                            calibration=calib, eval=evals, target_sqnr=args.target_sqnr,
                            min_sqnr=None if args.min_sqnr < 0 else args.min_sqnr, progress=not args.no_progress,
                            threads=args.threads, fuse=not args.no_fuse, act_quant=args.act_quant,
-                           act_block=args.act_block, min_weights=args.min_weights, format=args.format)
+                           act_block=args.act_block, min_weights=args.min_weights, format=args.format,
+                           act_budget=None if args.act_budget < 0 else args.act_budget,
+                           smooth=None if args.smooth < 0 else args.smooth)
     for w in caught:
         if not issubclass(w.category, LowAccuracyWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -120,6 +123,12 @@ def quantize_main(args) -> int:
     if s.get("act_quant"):
         blocks = sorted({e["act_block"] for e in s["layers"].values() if "act_block" in e})
         print(f"activations: {s['act_quant']}" + (f", blocks of {blocks} input channels" if blocks else ""))
+    if "act_search" in s:
+        r, sm = s["act_search"], s.get("smooth", {})
+        print(f"int8 activations allowed on {r['int8_nodes']} of {r['int8_nodes'] + r['float_nodes']} nodes "
+              f"(output within {r['budget_db']:g} dB of float activations on {r['on']}: {_db(r['sqnr_db'])} against "
+              f"{_db(r['float_sqnr_db'])} dB; {sm.get('smoothed', 0)} inputs smoothed); {r['evaluations']} model runs "
+              f"in {r['seconds']:g} s")
     if "search" in s:
         r = s["search"]
         print(f"accuracy control: target {r['target_sqnr_db']:g} dB on {r['on']}: {_db(r['sqnr_db'])} dB at "
@@ -230,6 +239,12 @@ def add_subcommands(sub) -> None:
     q.add_argument("--no-progress", action="store_true", help="no progress bars")
     q.add_argument("--act-quant", choices=("tensor", "row", "block"),
                    help="activation mode recorded in the model for `run` (default: the plan's, else the session's)")
+    q.add_argument("--act-budget", type=float, default=ACT_BUDGET_DB, metavar="DB",
+                   help=f"with --calibration: the convs whose int8 activations keep the output within DB of float "
+                        f"activations on those inputs run int8 (default {ACT_BUDGET_DB:g}; -1: none, all float)")
+    q.add_argument("--smooth", type=float, default=SMOOTH_ALPHA, metavar="ALPHA",
+                   help=f"with --calibration: move activation ranges into the weights, SmoothQuant's alpha (default "
+                        f"{SMOOTH_ALPHA:g}; -1: off)")
     q.add_argument("--act-block", type=int, default=0,
                    help="with --act-quant block: input channels per activation block (per layer the largest divisor "
                         "of its weight block <= N; default: the weight's block)")
