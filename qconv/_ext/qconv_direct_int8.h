@@ -235,16 +235,16 @@ static inline void qc_di8_segments(const qc_di8_job *j, int64_t v0, qc_di8_segs 
 QC_TGT_VNNI static inline __m512 qc_exp512(__m512 x)
 {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(QC_EXP_LO)), _mm512_set1_ps(QC_EXP_HI));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(QC_EXP_LOG2E)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(QC_EXP_LN2_HI), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(QC_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(QC_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P5));
     p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));

@@ -1214,6 +1214,15 @@ static inline void qc_requant(float *v, int64_t n, float scale, int32_t zp, int 
 #define QC_ACT_SILU 4
 #define QC_EXP_LO (-87.0f)
 #define QC_EXP_HI 88.0f
+#define QC_EXP_LOG2E 1.44269504088896341f
+#define QC_EXP_LN2_HI (-0.693359375f)      /* -ln 2 in two parts: n * hi is exact */
+#define QC_EXP_LN2_LO 2.12194440e-4f
+#define QC_EXP_P0 1.9875691500e-4f         /* Cephes' expf polynomial, highest degree first */
+#define QC_EXP_P1 1.3981999507e-3f
+#define QC_EXP_P2 8.3334519073e-3f
+#define QC_EXP_P3 4.1665795894e-2f
+#define QC_EXP_P4 1.6666665459e-1f
+#define QC_EXP_P5 5.0000001201e-1f
 /* keep a float32 product as it is: the compiler may not fuse it into a following add (-ffp-contract=fast is GCC's
  * default where the target has FMA, e.g. a scalar function inlined into an AVX2 one) */
 #define QC_FP_KEEP(v) __asm__("" : "+m"(v))
@@ -1222,15 +1231,15 @@ static inline float qc_exp_scalar(float x)
 {
     x = x > QC_EXP_LO ? x : QC_EXP_LO;   /* max / min as the vector forms: the bound on NaN */
     x = x < QC_EXP_HI ? x : QC_EXP_HI;
-    const float n = nearbyintf(x * 1.44269504088896341f);
-    float r = fmaf(n, -0.693359375f, x);
-    r = fmaf(n, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
+    const float n = nearbyintf(x * QC_EXP_LOG2E);
+    float r = fmaf(n, QC_EXP_LN2_HI, x);
+    r = fmaf(n, QC_EXP_LN2_LO, r);
+    float p = QC_EXP_P0;
+    p = fmaf(p, r, QC_EXP_P1);
+    p = fmaf(p, r, QC_EXP_P2);
+    p = fmaf(p, r, QC_EXP_P3);
+    p = fmaf(p, r, QC_EXP_P4);
+    p = fmaf(p, r, QC_EXP_P5);
     p = fmaf(p, r * r, r) + 1.0f;
     union { int32_t i; float f; } e;
     e.i = ((int32_t)n + 127) << 23;
@@ -1262,16 +1271,16 @@ static void qc_tail_scalar(float *v, int64_t n, int tail)
 QC_TGT_AVX2 static inline __m256 qc_exp_avx2(__m256 x)
 {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(QC_EXP_LO)), _mm256_set1_ps(QC_EXP_HI));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(QC_EXP_LOG2E)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693359375f), x);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(QC_EXP_LN2_HI), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(QC_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(QC_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QC_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QC_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QC_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QC_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(QC_EXP_P5));
     p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
