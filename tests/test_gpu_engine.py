@@ -62,7 +62,7 @@ def _draw_layer(data, geo, **weight_opts):
     weight = data.draw(quantized_weights(geo, **weight_opts))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     bias = rng.standard_normal(geo.o).astype(np.float32) if data.draw(st.booleans()) else None
-    return weight, bias, data.draw(st.sampled_from([None, "relu", "relu6"]))
+    return weight, bias, data.draw(st.sampled_from([None, "relu", "relu6", "hardswish", "silu"]))
 
 
 @_PROP
