@@ -109,7 +109,7 @@ def test_quantize_with_calibration_searches_int8_activations_unless_told(float_m
     out = tmp_path / "q.onnx"
     assert main(["quantize", str(float_model), str(out), "--calibration", str(tmp_path / "c.npy"),
                  "--act-budget", "200", "--no-progress"]) == 0
-    assert "int8 activations allowed on 2 of 2 nodes" in capsys.readouterr().out
+    assert "int8 activations allowed on 2 of 2 one-group convs" in capsys.readouterr().out
     s = qo.model_summary(onnx.load(out))
     assert s["act_search"]["budget_db"] == 200 and s["smooth"]["smoothed"] == 1
     assert main(["quantize", str(float_model), str(out), "--calibration", str(tmp_path / "c.npy"),

@@ -401,13 +401,15 @@ ACT_ENOUGH_DB = 35.0
 class ActSearch:
     """Result of :func:`search_act_modes`: ``allowed`` ``{node name: [modes]}`` (``"float"`` first, then the
     integer mode where it holds), the output SQNR with float activations and with the allowed modes (calibration
-    feeds), the goal, the candidates refused (kept float: int8 there broke the goal), and the cost."""
+    feeds), the goal, the candidates refused (kept float: int8 there broke the goal), the number of candidates
+    (one-group convs), and the cost."""
 
     allowed: dict
     float_sqnr_db: float
     sqnr_db: float
     goal_db: float
     refused: list
+    candidates: int
     evaluations: int
     seconds: float
 
@@ -417,7 +419,7 @@ class ActSearch:
         int8 = sorted(n for n, a in self.allowed.items() if len(a) > 1)
         return dict(mode=_INT8, float_sqnr_db=r(self.float_sqnr_db),
                     goal_db=r(self.goal_db), sqnr_db=r(self.sqnr_db), int8_nodes=len(int8),
-                    float_nodes=len(self.allowed) - len(int8), refused=list(self.refused),
+                    candidates=self.candidates, refused=list(self.refused),
                     evaluations=self.evaluations, seconds=round(self.seconds, 1))
 
 
@@ -506,6 +508,6 @@ def search_act_modes(float_model, quantized_model, feeds, *, budget_db: float = 
         allowed = {n: ["float"] for n in nodes}
         for n in int8:
             allowed[n] = ["float", _INT8]
-        return ActSearch(allowed, s_float, s, goal, rejected, evaluations, time.perf_counter() - t0)
+        return ActSearch(allowed, s_float, s, goal, rejected, len(cands), evaluations, time.perf_counter() - t0)
     finally:
         sess.close()

@@ -125,7 +125,7 @@ def quantize_main(args) -> int:
         print(f"activations: {s['act_quant']}" + (f", blocks of {blocks} input channels" if blocks else ""))
     if "act_search" in s:
         r, sm = s["act_search"], s.get("smooth", {})
-        print(f"int8 activations allowed on {r['int8_nodes']} of {r['int8_nodes'] + r['float_nodes']} nodes "
+        print(f"int8 activations allowed on {r['int8_nodes']} of {r['candidates']} one-group convs "
               f"(output within {r['budget_db']:g} dB of float activations on {r['on']}: {_db(r['sqnr_db'])} against "
               f"{_db(r['float_sqnr_db'])} dB; {sm.get('smoothed', 0)} inputs smoothed); {r['evaluations']} model runs "
               f"in {r['seconds']:g} s")
