@@ -119,6 +119,24 @@ def test_depthwise_float_activations(kernel, case, layout, tail, affine):
     assert np.array_equal(one.forward(x).view(np.uint32), y.view(np.uint32)), "1 vs 2 threads differ"
 
 
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k != "scalar"])
+@pytest.mark.parametrize("kw, stride_h, dil_h, w", [(5, 1, 1, 80), (5, 2, 1, 37), (3, 1, 2, 19), (3, 1, 1, 8),
+                                                    (5, 1, 3, 5)])
+def test_depthwise_rows_of_taps_keep_the_bits(kernel, kw, stride_h, dil_h, w):
+    """Stride-1, width-dilation-1 rows of 3 or 5 taps (qc_dw_c8_mac_row: each input pixel loaded once per kernel
+    row): the same bits as the planes (NC4HW4 output) and within the oracle's tolerance, widths below, at and past
+    one 8-pixel step."""
+    rng = np.random.default_rng(kw * 100 + w)
+    c = 19
+    weight = qconv.quantize_weight(rng.standard_normal((c, 1, 5, kw)).astype(np.float32), groups=c)
+    x = rng.standard_normal((2, c, 11, w)).astype(np.float32)
+    spec = ConvSpec(weight, None, (stride_h, 1), (2, kw // 2), (dil_h, 1), "hardswish", None)
+    dw = CpuEngine(spec, threads=2, kernel=kernel)
+    y = _run(dw, x, "nchw", c)
+    assert np.array_equal(_run(dw, x, "nc4hw4", c).view(np.uint32), y.view(np.uint32))
+    assert_matches_reference(y, x, weight, None, (stride_h, 1), (2, kw // 2), (dil_h, 1), "hardswish", None)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 @given(case=dw_cases())
 @settings(deadline=None)
