@@ -89,10 +89,6 @@ class ConvKernel:
         self.layer = self._layers[mode]
         self._forward = _engine_forward(self.layer)
 
-    def release_unused(self) -> None:
-        """Drop the layers of the modes the node does not run now."""
-        self._layers = {k: v for k, v in self._layers.items() if v is self.layer}
-
     def macs(self) -> int:
         """Multiply-adds of the node's last call (0 before its first): what its activation mode weighs."""
         shape = self.last_shape
