@@ -76,11 +76,6 @@ class ConvKernel:
         self._build, self._layers, self.last_shape = build, {}, None
         self.set_act_quant(act_quant)
 
-    @property
-    def act_quant(self):
-        """The activation mode the node runs with (None: float)."""
-        return self.layer.spec.act_quant
-
     def set_act_quant(self, mode) -> None:
         """Run the node with activation mode ``mode`` from now on (layers built once per mode and kept: the
         activation search of :mod:`qconv.onnx.accuracy` switches nodes of one session between runs)."""
