@@ -393,6 +393,30 @@ static inline int64_t qc_di8_amx_items(const qc_di8_job *j)
  * (consecutive items share the pair's weights). Per item: K chunks of the (tap, step) sequence outside, run pairs
  * inside. Tiles: C 0..3 (16 x 64 bytes), A (weights) 4, 5 (16 x 4kg), B (pixels) 6, 7 (kg x 64). The configuration
  * is loaded and released here, on the calling thread. */
+/* an AMX compute item (sample n, channel tiles ot and ot + 1 when two_o, run pairs rp0 .. rp1-1): its sample's
+ * planes xs and its tile pair's weights wo */
+typedef struct {
+    int64_t n, ot, rp0, rp1;
+    int two_o;
+    const uint8_t *xs;
+    const int8_t *wo;
+} qc_di8_amx_item;
+
+static inline void qc_di8_amx_decode(const qc_di8_job *j, int64_t item, qc_di8_amx_item *it)
+{
+    const int64_t opairs = (j->otiles + 1) / 2, rpairs = (j->runs + 1) / 2;
+    const int64_t rblocks = (rpairs + j->rb - 1) / j->rb;
+    const int64_t ostride = (int64_t)j->KH * j->KW * j->steps * 64 * (int64_t)j->kg;
+    const int64_t rem = item % (opairs * rblocks);
+    it->n = item / (opairs * rblocks);
+    it->ot = 2 * (rem / rblocks);
+    it->rp0 = (rem % rblocks) * j->rb;
+    it->rp1 = it->rp0 + j->rb < rpairs ? it->rp0 + j->rb : rpairs;
+    it->two_o = it->ot + 1 < j->otiles;
+    it->xs = j->xq + it->n * j->sample_bytes;
+    it->wo = j->wa + it->ot * ostride;
+}
+
 QC_TGT_AMX static void qc_di8_amx_run_blocks(const qc_di8_job *j, int64_t i0, int64_t i1);
 
 QC_TGT_AMX static void qc_di8_amx_run(const qc_di8_job *j, int64_t i0, int64_t i1)
@@ -401,19 +425,18 @@ QC_TGT_AMX static void qc_di8_amx_run(const qc_di8_job *j, int64_t i0, int64_t i
     int32_t cbuf[4 * 256] __attribute__((aligned(64)));
     int32_t part[QC_DI8_RB][4 * 256] __attribute__((aligned(64)));
     qc_di8_amx_config(j);
-    const int64_t opairs = (j->otiles + 1) / 2, rpairs = (j->runs + 1) / 2;
-    const int64_t rblocks = (rpairs + j->rb - 1) / j->rb, taps = (int64_t)j->KH * j->KW;
-    const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;
+    const int64_t taps = (int64_t)j->KH * j->KW, astride = 4 * (int64_t)j->kg, rpairs = (j->runs + 1) / 2;
+    const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb;
     const int64_t bstep = (int64_t)j->kg * j->plane, plane = j->plane, steps = j->steps;
     const int64_t ksteps = taps * steps;
     const int64_t kchunk = j->kchunk;
     for (int64_t item = i0; item < i1; ++item) {
-        const int64_t n = item / (opairs * rblocks), rem = item % (opairs * rblocks);
-        const int64_t ot = 2 * (rem / rblocks), rp0 = (rem % rblocks) * j->rb;
-        const int64_t rp1 = rp0 + j->rb < rpairs ? rp0 + j->rb : rpairs;
-        const int two_o = ot + 1 < j->otiles;
-        const uint8_t *xs = j->xq + n * j->sample_bytes;
-        const int8_t *wo = j->wa + ot * ostride;
+        qc_di8_amx_item it;
+        qc_di8_amx_decode(j, item, &it);
+        const int64_t n = it.n, ot = it.ot, rp0 = it.rp0, rp1 = it.rp1;
+        const int two_o = it.two_o;
+        const uint8_t *xs = it.xs;
+        const int8_t *wo = it.wo;
         for (int64_t k0 = 0; k0 < ksteps; k0 += kchunk) {
             const int64_t k1 = k0 + kchunk < ksteps ? k0 + kchunk : ksteps;
             for (int64_t rp = rp0; rp < rp1; ++rp) {
@@ -456,17 +479,16 @@ QC_TGT_AMX static void qc_di8_amx_run_blocks(const qc_di8_job *j, int64_t i0, in
     int32_t cbuf[4 * 256] __attribute__((aligned(64)));
     float part[4 * 256] __attribute__((aligned(64)));
     qc_di8_amx_config(j);
-    const int64_t opairs = (j->otiles + 1) / 2, rpairs = (j->runs + 1) / 2;
-    const int64_t rblocks = (rpairs + j->rb - 1) / j->rb, taps = (int64_t)j->KH * j->KW;
-    const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;
+    const int64_t taps = (int64_t)j->KH * j->KW, astride = 4 * (int64_t)j->kg;
+    const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb;
     const int64_t plane = j->plane, steps = j->steps, spb = j->spb, bq = j->bq, kg = j->kg;
     for (int64_t item = i0; item < i1; ++item) {
-        const int64_t n = item / (opairs * rblocks), rem = item % (opairs * rblocks);
-        const int64_t ot = 2 * (rem / rblocks), rp0 = (rem % rblocks) * j->rb;
-        const int64_t rp1 = rp0 + j->rb < rpairs ? rp0 + j->rb : rpairs;
-        const int two_o = ot + 1 < j->otiles;
-        const uint8_t *xs = j->xq + n * j->sample_bytes;
-        const int8_t *wo = j->wa + ot * ostride;
+        qc_di8_amx_item it;
+        qc_di8_amx_decode(j, item, &it);
+        const int64_t n = it.n, ot = it.ot, rp0 = it.rp0, rp1 = it.rp1;
+        const int two_o = it.two_o;
+        const uint8_t *xs = it.xs;
+        const int8_t *wo = it.wo;
         for (int64_t rp = rp0; rp < rp1; ++rp) {
             const int64_t r = 2 * rp, v0 = 16 * r;
             const int two_r = r + 1 < j->runs;
