@@ -250,19 +250,45 @@ def test_dispatch_option_and_env(monkeypatch):
 
 
 def test_many_planes_run_threaded():
-    """A depthwise call under SERIAL_MACS runs on one thread only with fewer than DW_SERIAL_PLANES (sample, channel)
-    planes: each plane's set-up is work too. Both give the same bits."""
+    """A depthwise call of planes (here int8 activations) under SERIAL_MACS runs on one thread only with fewer than
+    DW_SERIAL_PLANES (sample, channel) planes: each plane's set-up is work too. Both give the same bits."""
     from qconv.cpu.engine import DW_SERIAL_PLANES
 
     rng = np.random.default_rng(3)
     for c, threads in ((DW_SERIAL_PLANES - 1, 1), (DW_SERIAL_PLANES, 2)):
         w = qconv.quantize_weight(rng.standard_normal((c, 1, 3, 3)).astype(np.float32), groups=c)
-        eng = CpuEngine(ConvSpec(w, None, 2, 1, act_quant=None), threads=2)
+        eng = CpuEngine(ConvSpec(w, None, 2, 1, act_quant="tensor"), threads=2)
+        assert not eng._dw.channel_blocks(0)
         x = rng.standard_normal((1, c, 12, 12)).astype(np.float32)
         with serial_thresholds(macs=1 << 21):
             y = eng.forward(x)
         assert eng.last_call["gemm_threads"] == threads
-        np.testing.assert_array_equal(y, CpuEngine(ConvSpec(w, None, 2, 1, act_quant=None), threads=1).forward(x))
+        np.testing.assert_array_equal(y, CpuEngine(ConvSpec(w, None, 2, 1, act_quant="tensor"), threads=1).forward(x))
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k != "scalar"])
+def test_channel_blocks_run_threaded_from_few_channels(kernel):
+    """Channel blocks (float activations into NCHW) have no per-plane set-up: a call runs on one thread only under
+    SERIAL_MACS // DW_BLOCK_SERIAL_DIV multiply-adds, however few its channels (16 at 112x112 ran serially before);
+    NC4HW4 outputs (planes) keep the plane rule. The same bits either way."""
+    from qconv.cpu.engine import DW_BLOCK_SERIAL_DIV, DW_SERIAL_PLANES
+
+    rng = np.random.default_rng(4)
+    c, macs = 16, 1 << 21
+    w = qconv.quantize_weight(rng.standard_normal((c, 1, 3, 3)).astype(np.float32), groups=c)
+    spec = ConvSpec(w, None, 1, 1, act_quant=None)
+    eng = CpuEngine(spec, threads=2, kernel=kernel)
+    assert eng._dw.channel_blocks(0) and not eng._dw.channel_blocks(1) and c < DW_SERIAL_PLANES
+    one = CpuEngine(spec, threads=1, kernel=kernel)
+    for hw, threads in ((40, 2), (8, 1)):   # 16*40*40*9 = 230K multiply-adds; 16*8*8*9 = 9K
+        assert (c * hw * hw * 9 >= macs // DW_BLOCK_SERIAL_DIV) == (threads == 2)
+        x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
+        with serial_thresholds(macs=macs):
+            y = eng.forward(x)
+            assert eng.last_call["gemm_threads"] == threads
+            eng.forward(P4.pack_array(x), "nc4hw4")
+            assert eng.last_call["gemm_threads"] == 1   # planes: under SERIAL_MACS with 16 planes
+        np.testing.assert_array_equal(y, one.forward(x))
 
 
 def test_last_call_reports_threads():

@@ -164,7 +164,7 @@ cdef class DepthwisePlan:
     cdef readonly int M, variant, vec
     cdef object wq, scale, offset, bias, input_qparams, output_qparams, pa_s, pa_t
     cdef object qs, z, dx, _shape_key, _shape_val
-    cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp, tail_act
+    cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp, tail_act, kind
     cdef float lo, hi, oscale
     # (quantization threads, conv threads) of the last forward call; quantization threads always 0: no separate
     # quantization pass runs (each conv thread quantizes the input rows it reads)
@@ -185,6 +185,7 @@ cdef class DepthwisePlan:
         self.mode = "static" if input_qparams is not None else spec.act_quant or "float"
         if self.mode not in ("static", "tensor", "row", "block", "float"):
             raise ValueError(f"act_quant {spec.act_quant!r} is not supported by the depthwise path")
+        self.kind = {"static": 1, "block": 2, "float": 3}.get(self.mode, 0)   # qc_dw_job.kind
         o = w.out_channels
         self.M = o // w.in_channels
         if self.mode == "float" and w.offsets is not None:
@@ -289,6 +290,17 @@ cdef class DepthwisePlan:
             band = max(1, -(-oh // -(-4 * threads // planes)))
         return int(min(band, oh))
 
+    def channel_blocks(self, int nc4hw4_output):
+        """Whether a call into NC4HW4 (``nc4hw4_output`` 1) or NCHW output runs in blocks of 8 channels
+        (``qc_dw_c8``) rather than one channel's planes at a time."""
+        cdef qc_dw_job j
+        j.vec = self.vec
+        j.kind = self.kind
+        j.out_nc4hw4 = nc4hw4_output
+        j.out_int8 = self.out_int8
+        j.offset = NULL if self.offset is None else &j.lo   # only tested against NULL
+        return qc_dw_c8(&j) != 0
+
     def forward(self, x, int nchw_input, y, int nc4hw4_output, int threads, int param_threads=1):
         """Run the layer. ``x``: float32 (int8 on the static path) C-contiguous NCHW ``(N, C, H, W)`` or NC4HW4
         ``(ceil(C/4), N, H, W, 4)`` (its padding lanes ignored), validated by the engine; ``y``: the output array
@@ -344,7 +356,7 @@ cdef class DepthwisePlan:
         j.out_int8, j.oscale, j.ozp = self.out_int8, self.oscale, self.ozp
         j.y = <void *> &yb[0]
         j.vec = self.vec
-        j.kind = {"static": 1, "block": 2, "float": 3}.get(self.mode, 0)
+        j.kind = self.kind
         j.x = <const void *> &xb[0]
         if not band:
             band = self.band_rows(N, H, W, threads, qc_dw_c8(&j))
