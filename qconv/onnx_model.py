@@ -165,7 +165,8 @@ def model_layers(model, skipped: dict | None = None) -> list[ModelLayer]:
             elif node.op_type in ("MatMul", "Gemm"):
                 layer = _linear_layer(node, consts)
             elif node.op_type == "ConvTranspose":
-                layer = "not supported by qconv (it stays an onnxruntime float op)"
+                layer = ("stays an onnxruntime float op (quantize_model takes those whose kernel equals their stride, "
+                         "without padding or groups, as a 1x1 conv and a DepthToSpace)")
             else:
                 continue
         except UnsupportedLayer as exc:

@@ -56,6 +56,7 @@ cdef extern from "qconv_kernels.h" nogil:
                        int32_t flip, int32_t *ps, int variant)
     void qc_minmax(const float *x, int64_t n, float *lo, float *hi, int variant)
     float qc_absmax(const float *x, int64_t n, int variant)
+    void qc_depth_to_space_row(const float *x, float *y, int64_t b, int64_t W, int64_t hw, int variant)
     void qc_transpose_u8(const uint8_t *src, int64_t rows, int64_t cols, int64_t src_stride, uint8_t *dst,
                          int64_t dst_stride)
     void qc_requant(float *v, int64_t n, float scale, int32_t zp, int variant)

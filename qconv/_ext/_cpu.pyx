@@ -1336,6 +1336,45 @@ cdef int _fill_rows(const float *x, int64_t A, int64_t N, int64_t M, int tail_la
     return 1
 
 
+cdef struct _D2SCtx:
+    const float *x
+    float *y
+    int64_t C, H, W, b
+    int variant
+
+
+cdef int64_t _d2s_rows(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body of :func:`depth_to_space`: items are (sample, output channel, input row)."""
+    cdef _D2SCtx *r = <_D2SCtx *> ctx
+    cdef int64_t item, nc, h, hw = r.H * r.W, bb = r.b * r.b
+    for item in range(i0, i1):
+        nc, h = item // r.H, item % r.H
+        qc_depth_to_space_row(r.x + (nc * bb * r.H + h) * r.W, r.y + (nc * r.H + h) * r.b * r.b * r.W,
+                              r.b, r.W, hw, r.variant)
+    return 0
+
+
+def depth_to_space(const float[:, :, :, ::1] x, float[:, :, :, ::1] y, int block, int threads=1,
+                   str kernel="scalar"):
+    """ONNX ``DepthToSpace`` in mode ``CRD`` (a pixel shuffle): ``x`` float32 ``(N, C*b*b, H, W)`` into ``y``
+    float32 ``(N, C, H*b, W*b)``, ``y[n, c, h*b + i, w*b + j] = x[n, (c*b + i)*b + j, h, w]`` (values copied:
+    the same bits on every kernel and thread count); returns ``y``."""
+    cdef _D2SCtx r
+    cdef int64_t N = x.shape[0], C, H = x.shape[2], W = x.shape[3]
+    if block < 1 or x.shape[1] % (block * block):
+        raise ValueError(f"depth_to_space: {x.shape[1]} channels do not split into blocks of {block}x{block}")
+    C = x.shape[1] // (block * block)
+    if (y.shape[0], y.shape[1], y.shape[2], y.shape[3]) != (N, C, H * block, W * block):
+        raise ValueError(f"depth_to_space: y must have shape {(N, C, H * block, W * block)}, got "
+                         f"{(y.shape[0], y.shape[1], y.shape[2], y.shape[3])}")
+    if N * C * H * W == 0:
+        return y
+    r.x, r.y, r.C, r.H, r.W, r.b, r.variant = &x[0, 0, 0, 0], &y[0, 0, 0, 0], C, H, W, block, KERNELS[kernel]
+    with nogil:
+        _parallel_for(N * C * H, 16, _d2s_rows, &r, threads)
+    return y
+
+
 def fill_tensor_params(const float[::1] x, int threads, str kernel, float[::1] qs, int32_t[::1] z, float[::1] dx):
     """``act_quant="tensor"``: fill every entry of ``qs``/``z``/``dx`` with the per-tensor parameters of ``x``
     (the arithmetic of :func:`qconv.cpu.engine.tensor_qparams`, in float32); False when ``x`` has NaN/inf."""

@@ -1489,4 +1489,48 @@ static inline void qc_gemm(const qc_gemm_args *g, int variant)
     qc_gemm_scalar(g);
 }
 
+/* ---- depth to space (ONNX DepthToSpace, mode CRD; a pixel shuffle): the b output rows h*b .. h*b+b-1 of
+ * channel c from input row h of channels c*b*b .. c*b*b + b*b - 1:
+ *   y[n, c, h*b + i, w*b + j] = x[n, (c*b + i)*b + j, h, w]
+ * x points at (n, c*b*b, h, 0), y at (n, c, h*b, 0); hw: H*W (the input's channel stride), W: the input width.
+ * Values are copied, never computed: the same bits on every path. ---- */
+static void qc_depth_to_space_row_scalar(const float *x, float *y, int64_t b, int64_t W, int64_t hw)
+{
+    for (int64_t i = 0; i < b; ++i)
+        for (int64_t j = 0; j < b; ++j) {
+            const float *s = x + (i * b + j) * hw;
+            float *d = y + i * W * b + j;
+            for (int64_t w = 0; w < W; ++w) d[w * b] = s[w];
+        }
+}
+#ifdef QC_HAVE_X86
+/* b == 2: two input rows interleaved 8 values a step (unpack, then the 128-bit halves in order) */
+QC_TGT_AVX2 static void qc_depth_to_space_row2_avx2(const float *x, float *y, int64_t W, int64_t hw)
+{
+    for (int64_t i = 0; i < 2; ++i) {
+        const float *s0 = x + 2 * i * hw, *s1 = s0 + hw;
+        float *d = y + i * W * 2;
+        int64_t w = 0;
+        for (; w + 8 <= W; w += 8) {
+            const __m256 a = _mm256_loadu_ps(s0 + w), c = _mm256_loadu_ps(s1 + w);
+            const __m256 lo = _mm256_unpacklo_ps(a, c), hi = _mm256_unpackhi_ps(a, c);
+            _mm256_storeu_ps(d + 2 * w, _mm256_permute2f128_ps(lo, hi, 0x20));
+            _mm256_storeu_ps(d + 2 * w + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+        }
+        for (; w < W; ++w) {
+            d[2 * w] = s0[w];
+            d[2 * w + 1] = s1[w];
+        }
+    }
+}
+#endif
+static inline void qc_depth_to_space_row(const float *x, float *y, int64_t b, int64_t W, int64_t hw, int variant)
+{
+#ifdef QC_HAVE_X86
+    if (b == 2 && variant >= QC_KERNEL_AVX2) { qc_depth_to_space_row2_avx2(x, y, W, hw); return; }
+#endif
+    (void)variant;
+    qc_depth_to_space_row_scalar(x, y, b, W, hw);
+}
+
 #endif /* QCONV_KERNELS_H */

@@ -64,6 +64,14 @@ class ConvKernel:
 
         self.name = qnode.name
         self.extra_pad = qnode.extra_pad
+        self.block = qnode.depth_to_space
+        if self.block > 1:   # the shuffle runs on the host (numpy outputs) whatever the device
+            from .._ext import _cpu
+            from ..cpu import engine, scratch
+
+            nt, kernel = threads or engine.default_threads(), cpu_kernel(options.get("kernel"))
+            self._scratch = scratch.arena
+            self._shuffle = lambda src, dst: _cpu.depth_to_space(src, dst, self.block, nt, kernel)
         pa, self.host_affine = _post_affine(qnode, device, (1, -1, 1, 1))
         if act_quant == "auto" and device in ("cpu", "reference"):   # the reference runs what the CPU would
             act_quant = auto_act_quant(act_allowed, qnode.weight.groups, cpu_kernel(options.get("kernel")))
@@ -100,19 +108,35 @@ class ConvKernel:
         if shape[1] != self.layer.in_channels:
             raise ValueError(f"qconv node {self.name!r}: the input has {shape[1]} channels, the weight takes "
                              f"{self.layer.in_channels} (input shape {tuple(shape)})")
+        return self._shuffled(self._conv_shape(shape))
+
+    def _conv_shape(self, shape) -> tuple:
         t, b, l, r = self.extra_pad
         return (shape[0], self.layer.out_channels) + self.layer.spec.out_hw(shape[2] + t + b, shape[3] + l + r)
 
+    def _shuffled(self, shape) -> tuple:
+        """The shape after the node's ``depth_to_space`` (block b: ``(N, O/b^2, OH*b, OW*b)``)."""
+        b = self.block
+        return shape if b == 1 else (shape[0], shape[1] // (b * b), shape[2] * b, shape[3] * b)
+
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Writes the result into ``y``, a float32 array of ``out_shape(x.shape)``; returns it."""
+        """Writes the result into ``y``, a float32 array of ``out_shape(x.shape)``; returns it. With
+        ``depth_to_space`` the conv writes into the thread's scratch arena, shuffled into ``y`` after."""
+        out = y
+        if self.block > 1:
+            shape = self._conv_shape(x.shape)
+            out = self._scratch().take("depth_to_space", int(np.prod(shape)), np.float32).reshape(shape)
         if any(self.extra_pad):
             t, b, l, r = self.extra_pad
             x = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
         if self._forward is not None and x.size:
-            self._forward(x, "nchw", y)
+            self._forward(x, "nchw", out)
         else:
-            self.layer(x, out=y)
-        return _apply(y, self.host_affine)
+            self.layer(x, out=out)
+        _apply(out, self.host_affine)
+        if self.block > 1:
+            self._shuffle(out, y)
+        return y
 
 
 class MatMulKernel:

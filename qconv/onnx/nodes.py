@@ -8,7 +8,11 @@ Domain ``ai.qconv`` (opset 1), two operators:
   ``block_size`` (input channels per block, 0 = per channel), ``activation`` (``""``, ``"relu"``,
   ``"relu6"``, ``"hardswish"``, ``"silu"``: a fused Relu / Clip / hardswish / x * Sigmoid(x)), ``post_scale`` / ``post_shift`` (floats, one per
   output channel or one for all, optional: the layer's ``post_affine``, ``y * scale + shift`` after the activation: the per-channel
-  Mul / Add after a fused activation), ``scheme`` (the label it was quantized with, informative).
+  Mul / Add after a fused activation), ``depth_to_space`` (int ``b`` >= 2, optional: the output then goes through
+  ONNX ``DepthToSpace`` in mode ``CRD``, ``Y`` is ``(N, O/b^2, OH*b, OW*b)`` and
+  ``Y[n, c, h*b + i, w*b + j]`` is conv output channel ``(c*b + i)*b + j`` at ``(h, w)``: a ``ConvTranspose``
+  whose kernel equals its stride is this of a 1x1 conv), ``scheme`` (the label it was quantized with,
+  informative).
 ``QMatMul(X, q, scales, offsets?, B?) -> Y``
   ``Y = X @ W.T + B`` over the last axis: ``X`` float32 ``(..., K)``, ``Y`` float32 ``(..., N)`` (a MatMul with a
   constant ``[K, N]`` weight, or a Gemm, ``alpha``/``beta`` folded in). Attributes ``bits``, ``block_size``,
@@ -55,6 +59,7 @@ class QNode:
     dilation: tuple[int, int] = (1, 1)
     scheme: str = ""
     post_affine: tuple | None = None   # (scale, shift) float32 (O,) each, after the activation
+    depth_to_space: int = 1            # b > 1: the output through DepthToSpace (CRD) of block b
 
     @property
     def padding(self) -> tuple[int, int]:
@@ -75,12 +80,14 @@ def is_qnode(node) -> bool:
 
 
 def make_qnode(name: str, op: str, qw: QuantizedWeight, bias, activation, input_name: str, output_name: str,
-               *, stride=(1, 1), pads=(0, 0, 0, 0), dilation=(1, 1), scheme: str = "", post_affine=None):
+               *, stride=(1, 1), pads=(0, 0, 0, 0), dilation=(1, 1), scheme: str = "", post_affine=None,
+               depth_to_space: int = 1):
     """``(NodeProto, [TensorProto])``: a qconv node and its initializers (named ``name + ".q"`` etc.)."""
     import onnx
 
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    _check_depth_to_space(name, op, depth_to_space, qw.out_channels)
     activation = activation or ""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -103,8 +110,20 @@ def make_qnode(name: str, op: str, qw: QuantizedWeight, bias, activation, input_
             attrs[key] = [float(x) for x in (v[:1] if (v == v[0]).all() else v)]
     if op == QCONV:
         attrs.update(strides=list(stride), pads=list(pads), dilations=list(dilation), group=qw.groups)
+    if depth_to_space > 1:
+        attrs["depth_to_space"] = int(depth_to_space)
     node = onnx.helper.make_node(op, names, [output_name], name=name, domain=DOMAIN, **attrs)
     return node, inits
+
+
+def _check_depth_to_space(name: str, op: str, b, out_channels: int) -> int:
+    """``b`` as an int, or ValueError when a node of ``op`` with ``out_channels`` cannot take it."""
+    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+        raise ValueError(f"qconv node {name!r}: depth_to_space must be an int >= 1, got {b!r}")
+    if b > 1 and (op != QCONV or out_channels % (b * b)):
+        raise ValueError(f"qconv node {name!r}: depth_to_space={b} needs a QConv whose output channels "
+                         f"({out_channels}) split into blocks of {b}x{b}")
+    return int(b)
 
 
 def read_qnode(node, initializers: dict) -> QNode:
@@ -143,6 +162,9 @@ def read_qnode(node, initializers: dict) -> QNode:
     if node.op_type == QCONV:
         extra.update(stride=tuple(a.get("strides", (1, 1))), pads=tuple(a.get("pads", (0, 0, 0, 0))),
                      dilation=tuple(a.get("dilations", (1, 1))))
+    if "depth_to_space" in a:
+        extra["depth_to_space"] = _check_depth_to_space(node.name, node.op_type, a["depth_to_space"],
+                                                        qw.out_channels)
     return QNode(node.name or node.output[0], node.op_type, qw, None if bias is None else bias.astype(np.float32),
                  a.get("activation", "") or None, node.input[0], node.output[0], scheme=a.get("scheme", ""), **extra)
 

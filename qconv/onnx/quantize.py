@@ -291,6 +291,94 @@ def _affine_of(node, produced: str, consts, n_out: int, linear: bool):
     return (1.0 / c, zero) if np.all(c != 0) else None
 
 
+def _depth_to_space_of(node) -> int:
+    """The block ``b`` of a ``DepthToSpace`` node in mode ``CRD`` (the one a QConv node fuses), else 0."""
+    import onnx
+
+    if node.op_type != "DepthToSpace" or node.domain not in ("", "ai.onnx") or len(node.input) != 1:
+        return 0
+    a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+    mode = a.get("mode", b"DCR")
+    return int(a.get("blocksize", 0)) if (mode.decode() if isinstance(mode, bytes) else mode) == "CRD" else 0
+
+
+def _transposed_convs(m) -> int:
+    """Rewrite, in place, every ``ConvTranspose`` of ``m`` that is a 1x1 conv and a pixel shuffle -- one group,
+    kernel (s, s) = stride, s >= 2, no padding, dilation 1, no ``output_padding`` / ``output_shape``, constant
+    float32 weight ``(C, O, s, s)`` and bias -- as ``Conv`` 1x1 ``C -> O*s*s`` (output channel ``(o*s + i)*s + j``
+    takes ``weight[:, o, i, j]``) and ``DepthToSpace(blocksize=s, mode="CRD")``, which puts that channel at
+    ``(h*s + i, w*s + j)``: the same sums as the ConvTranspose, whose windows never overlap. The per-channel affine
+    ops after it (its bias ``Add``, ``BatchNormalization``, ...) fold into the conv, and a ``Relu`` / ``Clip(0, 6)``
+    after them moves before the DepthToSpace (elementwise: they commute), so the conv quantizes as any other and
+    its node fuses the DepthToSpace (PP-OCRv4 det's head: two 2x2 stride-2 ConvTranspose). Needs opset 11
+    (DepthToSpace's mode); returns the number rewritten."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from ..onnx_model import _attrs, _constants
+
+    if max((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), default=0) < 11:
+        return 0
+    graph = m.graph
+    consts = _constants(m)
+    consumers = _consumers(graph)
+    outputs = {o.name for o in graph.output}
+    nodes = list(graph.node)
+
+    def single(name):
+        users = consumers.get(name, [])
+        return users[0] if len(users) == 1 and name not in outputs else None
+
+    placed, removed, inits = {}, set(), []
+    for k, node in enumerate(nodes):
+        if node.op_type != "ConvTranspose" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        w, a = consts.get(node.input[1]), _attrs(node)
+        if w is None or w.dtype != np.float32 or w.ndim != 4 or w.shape[2] != w.shape[3] or w.shape[2] < 2:
+            continue
+        c, o, s = w.shape[0], w.shape[1], w.shape[2]
+        pad = a.get("auto_pad", b"NOTSET")
+        if (int(a.get("group", 1)) != 1 or list(a.get("strides", [1, 1])) != [s, s]
+                or list(a.get("kernel_shape", [s, s])) != [s, s] or any(a.get("pads", [0]))
+                or list(a.get("dilations", [1, 1])) != [1, 1] or any(a.get("output_padding", [0]))
+                or "output_shape" in a or (pad.decode() if isinstance(pad, bytes) else pad) != "NOTSET"):
+            continue
+        bias = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(o, np.float32)
+        if bias is None or bias.dtype != np.float32 or bias.shape != (o,):
+            continue
+        ga, gb, chain, out = np.ones(o), bias.astype(np.float64), [k], node.output[0]
+        while (j := single(out)) is not None and (ab := _affine_of(nodes[j], out, consts, o, False)) is not None:
+            ga, gb = ga * ab[0], gb * ab[0] + ab[1]
+            chain.append(j)
+            out = nodes[j].output[0]
+        act = single(out)
+        act = act if act is not None and _activation_of(nodes[act], consts) is not None else None
+        p = f"qconv.convtranspose/{node.name or node.output[0]}"
+        rows = (w.astype(np.float64) * ga[None, :, None, None]).transpose(1, 2, 3, 0).reshape(o * s * s, c, 1, 1)
+        inits += [numpy_helper.from_array(rows.astype(np.float32), p + "/w"),
+                  numpy_helper.from_array(np.repeat(gb, s * s).astype(np.float32), p + "/b")]
+        y = p + "/y"
+        new = [helper.make_node("Conv", [node.input[0], p + "/w", p + "/b"], [y], name=node.name or p,
+                                kernel_shape=[1, 1])]
+        if act is not None:   # after the chain's last node: a Clip's bounds may come from Constant nodes
+            chain.append(act)
+            moved = onnx.NodeProto()
+            moved.CopyFrom(nodes[act])
+            moved.input[0], moved.output[0] = y, p + "/act"
+            y = moved.output[0]
+            new.append(moved)
+        new.append(helper.make_node("DepthToSpace", [y], [nodes[chain[-1]].output[0]], name=p + "/d2s",
+                                    blocksize=s, mode="CRD"))
+        removed.update(chain)
+        placed[chain[-1]] = new   # where the chain's output was made: every input exists by then
+    if placed:
+        kept = [x for i, n in enumerate(nodes) for x in (placed[i] if i in placed else [] if i in removed else [n])]
+        del graph.node[:]
+        graph.node.extend(kept)
+        graph.initializer.extend(inits)
+    return len(placed)
+
+
 def _calibration_feeds(model, calibration):
     """``calibration``: None, a feed dict, an array (the first input), or a list of those -> list of feeds."""
     if calibration is None:
@@ -614,6 +702,7 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
     if act_block and act_quant != "block":
         raise ValueError(f"act_block={act_block} needs act_quant='block' (got {act_quant!r})")
     skipped: dict = {}
+    transposed = _transposed_convs(m) if fuse else 0
     layers = model_layers(m, skipped)
     if not layers:
         why = f" ({len(skipped)} skipped: {skipped})" if skipped else ""
@@ -672,7 +761,7 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
             continue
         kw = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation)
         weight, bias, activation, out_name, fused, folded = layer.weight, layer.bias, None, layer.output_name, [], []
-        post, post_affine = [], None
+        post, post_affine, depth_to_space = [], None, 1
         if fuse:
             # per-channel affine ops after the layer (Mul / Add / Sub / Div by constants, BatchNormalization)
             # fold into its float weight and bias before quantization: y = a*(W x + b0) + b = (a W) x + (a b0 + b)
@@ -711,6 +800,12 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
                     nxt, idx = single_consumer(out_name)
                 if post:
                     post_affine = (pa[0].astype(np.float32), pa[1].astype(np.float32))
+            nxt, idx = single_consumer(out_name)
+            b = _depth_to_space_of(nxt) if nxt is not None and format == "qconv" and not layer.is_linear else 0
+            if b > 1 and n_out % (b * b) == 0:   # the node writes the DepthToSpace's output
+                depth_to_space, out_name = b, nxt.output[0]
+                fused.append(idx)
+                post.append("DepthToSpace")
         fit = calib.get(layer.name)
         if fit is not None and sch.method == "gptq" and search is not None:   # as the search fitted it
             fit = fit[GPTQ_FIT]
@@ -736,7 +831,8 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
         else:
             node, inits = make_qnode(layer.name, QMATMUL if layer.is_linear else QCONV, qw, bias, activation,
                                      layer.input_name, out_name, stride=layer.stride, pads=pads,
-                                     dilation=layer.dilation, scheme=sch.label, post_affine=post_affine)
+                                     dilation=layer.dilation, scheme=sch.label, post_affine=post_affine,
+                                     depth_to_space=depth_to_space)
         removed.update([layer.node_index] + fused)
         replacement[layer.node_index] = node
         new_inits += inits
@@ -783,6 +879,8 @@ def quantize_model(model, scheme: str | None = DEFAULT_SCHEME, plan: Plan | str 
         summary["bias_correction"] = bc_source
     if smooth_record is not None:
         summary["smooth"] = smooth_record
+    if transposed:
+        summary["convtranspose_as_conv"] = transposed
     for entry in summary["layers"].values():
         entry["act_allowed"] = ["float"]
     summary["format"] = format
