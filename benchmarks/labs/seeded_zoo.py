@@ -1,13 +1,20 @@
-"""A model nobody tuned for: a seeded ResNet-18 (Conv + BatchNormalization + Relu, residual Adds, MaxPool, a 1000-way
-MatMul head) at 224x224, built with ``onnx.helper`` (torchvision does not import beside the CPU torch wheel), timed in
-onnxruntime float, OpenVINO float and qconv sessions, each runtime in its own process, the same threads and input.
+"""Models nobody tuned for: seeded torchvision architectures at 224x224 built with ``onnx.helper`` (torchvision does
+not import beside the CPU torch wheel), as torchvision's ONNX export writes them (Conv + BatchNormalization, ReLU /
+ReLU6 as Clip(0, 6) / SiLU as x * Sigmoid(x), residual Adds, squeeze-excitation as GlobalAveragePool -> 1x1 convs ->
+Sigmoid -> Mul, a MatMul head), timed in onnxruntime float, OpenVINO float and qconv sessions, each runtime in its
+own process, the same threads and input:
+
+* ``resnet18``: 3x3 convs, a 7x7 stem, MaxPool;
+* ``mobilenet_v2``: inverted residuals (1x1 expand, 3x3 depthwise, 1x1 project), ReLU6;
+* ``efficientnet_b0``: MBConv blocks (3x3 and 5x5 depthwise, squeeze-excitation), SiLU.
 
 qconv rows: ``qconv-nocalib`` is ``quantize_model(path)`` (float activations); ``qconv-default`` is
 ``quantize_model(path, calibration=<4 seeded pictures>)`` (smoothing and the activation search). The input is
 another seeded picture (blocky noise in an ImageNet-normalised range); the SQNR against onnxruntime float says
 little about real accuracy (random weights), but the speed is the architecture's. Public API only::
 
-    taskset -c 0,1 .venv/bin/python -m benchmarks.labs.seeded_resnet [--threads 2] [--repeat 20]
+    taskset -c 0,1 .venv/bin/python -m benchmarks.labs.seeded_zoo [--arch resnet18,mobilenet_v2,efficientnet_b0]
+        [--threads 2] [--repeat 20]
 """
 from __future__ import annotations
 
@@ -23,45 +30,109 @@ import numpy as np
 ROWS = ("ort-float", "ov-float", "qconv-nocalib", "qconv-default")
 
 
-def build(path: str, seed: int = 0) -> None:
-    """Write the seeded ResNet-18 to ``path``."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+class _Graph:
+    """Seeded nodes and initializers (each conv followed by its BatchNormalization, as torchvision exports)."""
 
-    rng = np.random.default_rng(seed)
-    nodes, inits = [], []
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.n = [], [], 0
 
-    def conv(x, cin, cout, k, s, name, relu=True):
-        arrays = dict(w=rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k)),
-                      b=rng.standard_normal(cout) * 0.05, g=1 + 0.1 * rng.standard_normal(cout),
-                      be=0.1 * rng.standard_normal(cout), mu=0.1 * rng.standard_normal(cout),
-                      var=1 + 0.1 * rng.random(cout))
-        inits.extend(numpy_helper.from_array(v.astype(np.float32), f"{name}.{k_}") for k_, v in arrays.items())
-        nodes.append(helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [f"{name}.c"], name=name,
-                                      strides=[s, s], pads=[k // 2] * 4))
-        nodes.append(helper.make_node("BatchNormalization", [f"{name}.c"] + [f"{name}.{k_}" for k_ in
-                                                                           ("g", "be", "mu", "var")], [f"{name}.n"]))
-        if not relu:
-            return f"{name}.n"
-        nodes.append(helper.make_node("Relu", [f"{name}.n"], [f"{name}.r"]))
-        return f"{name}.r"
+    def node(self, op, ins, **attrs):
+        self.n += 1
+        out = f"{op.lower()}{self.n}"
+        from onnx import helper
 
-    x = conv("x", 3, 64, 7, 2, "stem")
-    nodes.append(helper.make_node("MaxPool", [x], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
-    x, cin = "pool", 64
-    for stage, (cout, s) in enumerate([(64, 1), (128, 2), (256, 2), (512, 2)]):
+        self.nodes.append(helper.make_node(op, ins, [out], name=out, **attrs))
+        return out
+
+    def const(self, name, value):
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def conv(self, x, cin, cout, k, s=1, groups=1, act="relu", bn=True):
+        """Conv (+ BatchNormalization) (+ activation: relu, relu6, silu, sigmoid or None)."""
+        r = self.rng
+        p = f"w{self.n + 1}"
+        w = self.const(p + ".w", r.standard_normal((cout, cin // groups, k, k)) * np.sqrt(2.0 / (cin // groups * k * k)))
+        b = self.const(p + ".b", r.standard_normal(cout) * 0.05)
+        y = self.node("Conv", [x, w, b], strides=[s, s], pads=[k // 2] * 4, group=groups)
+        if bn:
+            y = self.node("BatchNormalization", [y] + [self.const(f"{p}.{n}", v) for n, v in (
+                ("g", 1 + 0.1 * r.standard_normal(cout)), ("be", 0.1 * r.standard_normal(cout)),
+                ("mu", 0.1 * r.standard_normal(cout)), ("var", 1 + 0.1 * r.random(cout)))])
+        return self.act(y, act)
+
+    def act(self, y, act):
+        if act == "relu":
+            return self.node("Relu", [y])
+        if act == "relu6":
+            return self.node("Clip", [y, self.const(f"c{self.n}.lo", 0.0), self.const(f"c{self.n}.hi", 6.0)])
+        if act == "silu":
+            return self.node("Mul", [y, self.node("Sigmoid", [y])])
+        if act == "sigmoid":
+            return self.node("Sigmoid", [y])
+        return y
+
+    def head(self, x, cin):
+        f = self.node("Flatten", [self.node("GlobalAveragePool", [x])])
+        return self.node("MatMul", [f, self.const("fc.w", self.rng.standard_normal((cin, 1000)) * 0.03)])
+
+    def save(self, path, y, name):
+        import onnx
+        from onnx import TensorProto, helper
+
+        g = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 224, 224])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], self.inits)
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+
+
+def _resnet18(g: _Graph) -> str:
+    x = g.conv("x", 3, 64, 7, 2)
+    x, cin = g.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), 64
+    for cout, s in [(64, 1), (128, 2), (256, 2), (512, 2)]:
         for blk in range(2):
-            st, nm = (s if blk == 0 else 1), f"l{stage}b{blk}"
-            y = conv(conv(x, cin, cout, 3, st, nm + "c1"), cout, cout, 3, 1, nm + "c2", relu=False)
-            sc = conv(x, cin, cout, 1, st, nm + "ds", relu=False) if (st != 1 or cin != cout) else x
-            nodes += [helper.make_node("Add", [y, sc], [nm + ".a"]), helper.make_node("Relu", [nm + ".a"], [nm + ".o"])]
-            x, cin = nm + ".o", cout
-    nodes += [helper.make_node("GlobalAveragePool", [x], ["gap"]), helper.make_node("Flatten", ["gap"], ["f"]),
-              helper.make_node("MatMul", ["f", "fc.w"], ["y"], name="fc")]
-    inits.append(numpy_helper.from_array((rng.standard_normal((512, 1000)) * 0.03).astype(np.float32), "fc.w"))
-    g = helper.make_graph(nodes, "resnet18", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 224, 224])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+            st = s if blk == 0 else 1
+            y = g.conv(g.conv(x, cin, cout, 3, st), cout, cout, 3, act=None)
+            sc = g.conv(x, cin, cout, 1, st, act=None) if (st != 1 or cin != cout) else x
+            x, cin = g.node("Relu", [g.node("Add", [y, sc])]), cout
+    return g.head(x, cin)
+
+
+def _inverted_residuals(g: _Graph, stem: int, blocks, last: int, act: str, se: bool) -> str:
+    """MobileNetV2 / EfficientNet blocks: ``blocks`` rows of (expansion t, kernel k, stride s, channels c, repeats n)."""
+    x, cin = g.conv("x", 3, stem, 3, 2, act=act), stem
+    for t, k, s, c, n in blocks:
+        for i in range(n):
+            st, hid = (s if i == 0 else 1), cin * t
+            y = g.conv(x, cin, hid, 1, act=act) if t != 1 else x
+            y = g.conv(y, hid, hid, k, st, groups=hid, act=act)
+            if se:   # squeeze-excitation: a quarter of the block's input channels
+                sq = max(1, cin // 4)
+                z = g.conv(g.node("GlobalAveragePool", [y]), hid, sq, 1, act=act, bn=False)
+                y = g.node("Mul", [y, g.conv(z, sq, hid, 1, act="sigmoid", bn=False)])
+            y = g.conv(y, hid, c, 1, act=None)
+            x = g.node("Add", [y, x]) if st == 1 and cin == c else y
+            cin = c
+    return g.head(g.conv(x, cin, last, 1, act=act), last)
+
+
+ARCHS = {
+    "resnet18": _resnet18,
+    "mobilenet_v2": lambda g: _inverted_residuals(
+        g, 32, [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 3, 2, 32, 3), (6, 3, 2, 64, 4), (6, 3, 1, 96, 3),
+                (6, 3, 2, 160, 3), (6, 3, 1, 320, 1)], 1280, "relu6", se=False),
+    "efficientnet_b0": lambda g: _inverted_residuals(
+        g, 32, [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3), (6, 5, 1, 112, 3),
+                (6, 5, 2, 192, 4), (6, 3, 1, 320, 1)], 1280, "silu", se=True),
+}
+
+
+def build(arch: str, path: str, seed: int = 0) -> None:
+    """Write the seeded ``arch`` (a key of :data:`ARCHS`) to ``path``."""
+    g = _Graph(seed)
+    g.save(path, ARCHS[arch](g), arch)
 
 
 def picture(seed: int) -> np.ndarray:
@@ -114,6 +185,7 @@ def run_row(row: str, path: str, threads: int, repeat: int) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", default=",".join(ARCHS), help="comma-separated: " + ", ".join(ARCHS))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--row", help=argparse.SUPPRESS)
@@ -122,18 +194,19 @@ def main(argv=None) -> int:
     if a.row:
         print(run_row(a.row, a.model, a.threads, a.repeat))
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "resnet18.onnx")
-        build(path)
-        results = {}
-        for row in ROWS:
-            out = subprocess.run([sys.executable, "-m", "benchmarks.labs.seeded_resnet", "--row", row, "--model", path,
-                                  "--threads", str(a.threads), "--repeat", str(a.repeat)],
-                                 capture_output=True, text=True, check=True).stdout.split()
-            results[row] = float(out[-2]), float(out[-1])
-    fast = min(results["ort-float"][0], results["ov-float"][0])
-    for row, (ms, db) in results.items():
-        print(f"{row:15s} {ms:8.2f} ms ({ms / fast:.2f}x the faster float runtime)  SQNR {db:.1f} dB")
+    for arch in a.arch.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, f"{arch}.onnx")
+            build(arch, path)
+            results = {}
+            for row in ROWS:
+                out = subprocess.run([sys.executable, "-m", "benchmarks.labs.seeded_zoo", "--row", row, "--model",
+                                      path, "--threads", str(a.threads), "--repeat", str(a.repeat)],
+                                     capture_output=True, text=True, check=True).stdout.split()
+                results[row] = float(out[-2]), float(out[-1])
+        fast = min(results["ort-float"][0], results["ov-float"][0])
+        for row, (ms, db) in results.items():
+            print(f"{arch:16s} {row:15s} {ms:8.2f} ms ({ms / fast:.2f}x the faster float runtime)  SQNR {db:.1f} dB")
     return 0
 
 
