@@ -93,9 +93,9 @@ def test_depthwise_matches_oracle_and_general_path(kernel, case, aq, layout):
 @settings(deadline=None)
 def test_depthwise_float_activations(kernel, case, layout, tail, affine):
     """act_quant=None on the depthwise path: float32 sums of the input as it is (kind 3), within the oracle's
-    tolerance like the general path's float kernel, and the same bits on 1 and 2 threads. NCHW float outputs of
-    symmetric weights run in blocks of 8 channels (qc_dw_item_c8), NC4HW4 outputs one channel's planes at a time:
-    the same bits."""
+    tolerance like the general path's float kernel, and the same bits on 1 and 2 threads. Symmetric weights run in
+    blocks of 8 channels (qc_dw_item_c8: NCHW outputs transposed back, NC4HW4 ones stored pixel by pixel when the
+    channel multiplier is 1), other NC4HW4 outputs one channel's planes at a time: the same bits."""
     geo, weight, x, bias, act = case
     act = tail or act
     rng = np.random.default_rng(geo.c)
@@ -106,7 +106,7 @@ def test_depthwise_float_activations(kernel, case, layout, tail, affine):
     assert "depthwise" in dw.describe()
     y = _run(dw, x, layout, geo.o)
     other = _run(dw, x, "nc4hw4" if layout == "nchw" else "nchw", geo.o)
-    assert np.array_equal(other.view(np.uint32), y.view(np.uint32)), "channel blocks and planes differ"
+    assert np.array_equal(other.view(np.uint32), y.view(np.uint32)), "NCHW and NC4HW4 outputs differ"
     if affine:   # the oracle has no post_affine: y * scale, then + shift, in float32 after the plain layer
         plain = _run(CpuEngine(_spec(geo, weight, bias, act, None), threads=2, kernel=kernel), x, layout, geo.o)
         want = (plain * pa[0][:, None, None]).astype(np.float32) + pa[1][:, None, None]

@@ -24,9 +24,9 @@
  *          then the tail activation (hardswish, silu) and post_affine (the engine's float32 operations, in registers in the AVX2 code);
  *          int8 output: clip(roundf(y/oscale) + ozp, -128, 127) (qc_requant of qconv_kernels.h).
  *
- * Float activations (kind 3) into NCHW float outputs with symmetric weights run instead in blocks of 8 channels
- * (qc_dw_c8, qc_dw_item_c8: the channels in the vector lanes, a work item a block and a band), AVX2 only: the same
- * float32 operations in the same order for every output, so the same bits as the planes. Stride-1 rows of 3 or 5
+ * Float activations (kind 3) into float outputs (NCHW; NC4HW4 when M == 1) with symmetric weights run instead in
+ * blocks of 8 channels (qc_dw_c8, qc_dw_item_c8: the channels in the vector lanes, a work item a block and a band),
+ * AVX2 only: the same float32 operations in the same order for every output, so the same bits as the planes. Stride-1 rows of 3 or 5
  * taps load each input pixel once per kernel row (qc_dw_c8_mac_row; 5x5 layers of PP-OCRv4 rec and det 0.79-0.88x
  * the time, 2026-12-05, AMX Xeon, 2 threads, A/B).
  *
@@ -80,7 +80,7 @@ static inline int64_t qc_dw_bands(const qc_dw_job *j) { return (j->OH + j->band 
 static inline int qc_dw_c8(const qc_dw_job *j)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    return j->vec && j->kind == 3 && !j->out_nc4hw4 && !j->out_int8 && !j->offset;
+    return j->vec && j->kind == 3 && (!j->out_nc4hw4 || j->M == 1) && !j->out_int8 && !j->offset;
 #else
     return 0;
 #endif
@@ -640,6 +640,10 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
         e.tail = j->tail;
         e.pa = j->pa_s != NULL;
         float *y = (float *)j->y + (n * j->C * M + c0 * M + m) * OHW;   /* lane c: y + c*M*OHW */
+        /* NC4HW4 output (M == 1): lanes 0-3 at pixel p of quad c0/4's plane, lanes 4-7 of the next quad's */
+        float *y4 = (float *)j->y + ((c0 / 4) * j->N + n) * OHW * 4, *y4b = y4 + j->N * OHW * 4;
+        const __m128i m4 = _mm_cmpgt_epi32(_mm_set1_epi32(nc), _mm_setr_epi32(0, 1, 2, 3));
+        const __m128i m4b = _mm_cmpgt_epi32(_mm_set1_epi32(nc - 4), _mm_setr_epi32(0, 1, 2, 3));
         for (int64_t oy = oy0; oy < oy1; ++oy) {
             const float *base = blk + (oy - oy0) * j->sh * wp * 8;
             for (int64_t ox = 0; ox < OW; ox += 8) {
@@ -649,6 +653,17 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
                 else if (ps == 8) qc_dw_c8_mac(base + ox * 8, wv, to, K, 8, a);   /* stride 1: constant offsets */
                 else qc_dw_c8_mac(base + ox * ps, wv, to, K, ps, a);
                 for (int q = 0; q < 8; ++q) a[q] = qc_dw_epi_vec(&e, a[q]);
+                if (j->out_nc4hw4) {   /* pixel-major already: two 4-channel halves a pixel, no transpose */
+                    const int64_t cnt = OW - ox < 8 ? OW - ox : 8;
+                    for (int64_t q = 0; q < cnt; ++q) {
+                        const int64_t p = (oy * OW + ox + q) * 4;
+                        if (nc >= 4) _mm_storeu_ps(y4 + p, _mm256_castps256_ps128(a[q]));
+                        else _mm_maskstore_ps(y4 + p, m4, _mm256_castps256_ps128(a[q]));
+                        if (nc == 8) _mm_storeu_ps(y4b + p, _mm256_extractf128_ps(a[q], 1));
+                        else if (nc > 4) _mm_maskstore_ps(y4b + p, m4b, _mm256_extractf128_ps(a[q], 1));
+                    }
+                    continue;
+                }
                 qc_tr8(a);   /* a[c]: output channel of lane c, pixels ox .. ox+7 */
                 const int64_t left = OW - ox;
                 for (int c = 0; c < nc; ++c) {
