@@ -12,9 +12,9 @@ to a 32-channel tile and a 4-value reduction step, and runs one tiny GEMM per gr
    quantizer ``qc_quant``: one pass over the input, no quantized copy of it; the static int8 path reads its int8
    input, ``act_quant="block"`` its float input, quantized per output window), exact integer sums, the GEMM kernels' float epilogue (bitwise
    the general path's results), stored to NCHW / NC4HW4, float32 or int8 (static ``output_qparams``). Float
-   activations into NCHW float outputs run on AVX2 in blocks of 8 channels instead (items: sample, block, band; the
-   channels in the vector lanes), with the same bits; with float activations an asymmetric weight is prepared
-   dequantized (``q*s + a``, scale 1), so it runs as a symmetric one.
+   activations into NCHW float outputs (NC4HW4 too with channel multiplier 1) run on AVX2 in blocks of 8 channels
+   instead (items: sample, block, band; the channels in the vector lanes), with the same bits; with float
+   activations an asymmetric weight is prepared dequantized (``q*s + a``, scale 1), so it runs as a symmetric one.
 
 Results do not depend on the thread count or the band size.
 """

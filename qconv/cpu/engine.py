@@ -120,7 +120,7 @@ SERIAL_MACS = 1 << 21
 # multiply-adds. Two threads took 0.59-0.65x the time of one on stride-2 3x3 layers of 1.4M / 0.7M / 0.35M
 # multiply-adds and 96 / 192 / 384 channels (2026-12-02, AVX2, float activations).
 DW_SERIAL_PLANES = 64
-# Depthwise calls in channel blocks (float activations into NCHW float outputs: no per-plane set-up) run on one
+# Depthwise calls in channel blocks (float activations into float outputs: no per-plane set-up) run on one
 # thread only under SERIAL_MACS / DW_BLOCK_SERIAL_DIV multiply-adds. Two threads took 0.5-0.74x the time of one from
 # 0.11M multiply-adds up (16@112x112 and 32@112x112 s2 3x3, 64@28 s2, 128@7 5x5; even at 56K), where the plane rule
 # had kept MobileNet-style layers of 16-32 channels at 112x112 on one thread (2026-12-05, AMX Xeon, 2 threads).
