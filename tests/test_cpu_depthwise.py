@@ -268,9 +268,10 @@ def test_many_planes_run_threaded():
 
 @pytest.mark.parametrize("kernel", [k for k in KERNELS if k != "scalar"])
 def test_channel_blocks_run_threaded_from_few_channels(kernel):
-    """Channel blocks (float activations into NCHW) have no per-plane set-up: a call runs on one thread only under
-    SERIAL_MACS // DW_BLOCK_SERIAL_DIV multiply-adds, however few its channels (16 at 112x112 ran serially before);
-    NC4HW4 outputs (planes) keep the plane rule. The same bits either way."""
+    """Channel blocks (float activations into NCHW, or NC4HW4 with channel multiplier 1) have no per-plane set-up:
+    a call runs on one thread only under SERIAL_MACS // DW_BLOCK_SERIAL_DIV multiply-adds, however few its channels
+    (16 at 112x112 ran serially before); planes (here NC4HW4 outputs of multiplier 2) keep the plane rule. The same
+    bits either way."""
     from qconv.cpu.engine import DW_BLOCK_SERIAL_DIV, DW_SERIAL_PLANES
 
     rng = np.random.default_rng(4)
@@ -278,17 +279,23 @@ def test_channel_blocks_run_threaded_from_few_channels(kernel):
     w = qconv.quantize_weight(rng.standard_normal((c, 1, 3, 3)).astype(np.float32), groups=c)
     spec = ConvSpec(w, None, 1, 1, act_quant=None)
     eng = CpuEngine(spec, threads=2, kernel=kernel)
-    assert eng._dw.channel_blocks(0) and not eng._dw.channel_blocks(1) and c < DW_SERIAL_PLANES
+    assert eng._dw.channel_blocks(0) and eng._dw.channel_blocks(1) and c < DW_SERIAL_PLANES
     one = CpuEngine(spec, threads=1, kernel=kernel)
+    w2 = qconv.quantize_weight(rng.standard_normal((2 * c, 1, 3, 3)).astype(np.float32), groups=c)
+    eng2 = CpuEngine(ConvSpec(w2, None, 1, 1, act_quant=None), threads=2, kernel=kernel)
+    assert eng2._dw.channel_blocks(0) and not eng2._dw.channel_blocks(1)
     for hw, threads in ((40, 2), (8, 1)):   # 16*40*40*9 = 230K multiply-adds; 16*8*8*9 = 9K
         assert (c * hw * hw * 9 >= macs // DW_BLOCK_SERIAL_DIV) == (threads == 2)
         x = rng.standard_normal((1, c, hw, hw)).astype(np.float32)
         with serial_thresholds(macs=macs):
             y = eng.forward(x)
             assert eng.last_call["gemm_threads"] == threads
-            eng.forward(P4.pack_array(x), "nc4hw4")
-            assert eng.last_call["gemm_threads"] == 1   # planes: under SERIAL_MACS with 16 planes
+            y4 = eng.forward(P4.pack_array(x), "nc4hw4")
+            assert eng.last_call["gemm_threads"] == threads
+            eng2.forward(P4.pack_array(x), "nc4hw4")
+            assert eng2.last_call["gemm_threads"] == 1   # planes: under SERIAL_MACS with 16 planes
         np.testing.assert_array_equal(y, one.forward(x))
+        np.testing.assert_array_equal(P4.unpack_array(y4, c), y)
 
 
 def test_last_call_reports_threads():

@@ -24,6 +24,7 @@ from .._validate import tail_code
 
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
 from libc.stdlib cimport malloc, calloc, free
+from libc.string cimport memset
 
 from . import _cpu
 from ._cpu cimport _parallel_for
@@ -294,8 +295,8 @@ cdef class DepthwisePlan:
         """Whether a call into NC4HW4 (``nc4hw4_output`` 1) or NCHW output runs in blocks of 8 channels
         (``qc_dw_c8``) rather than one channel's planes at a time."""
         cdef qc_dw_job j
-        j.vec = self.vec
-        j.kind = self.kind
+        memset(&j, 0, sizeof(j))
+        j.vec, j.kind, j.M = self.vec, self.kind, self.M
         j.out_nc4hw4 = nc4hw4_output
         j.out_int8 = self.out_int8
         j.offset = NULL if self.offset is None else &j.lo   # only tested against NULL
