@@ -67,3 +67,21 @@ def test_nc4hw4_empty_round_trips(shape):
     # Zero channels or an empty batch pack and unpack like any other shape (numpy's empty-array behaviour).
     for p in (4, 8, 16, 32):
         assert_layout_roundtrip(NC4HW4(p), np.zeros(shape, np.float32))
+
+
+def test_depth_to_space_index_map():
+    """DepthToSpace(b): y[n, c, h*b + i, w*b + j] = x[n, (c*b + i)*b + j, h, w] (ONNX's CRD mode), element by
+    element; channels that do not split into b*b blocks are refused."""
+    from qconv.layouts import DepthToSpace
+
+    b, n, c, h, w = 3, 2, 2, 3, 4
+    x = np.arange(n * c * b * b * h * w, dtype=np.float32).reshape(n, c * b * b, h, w)
+    y = DepthToSpace(b).pack_array(x)
+    assert y.shape == (n, c, h * b, w * b)
+    for idx in np.ndindex(n, c, b, b, h, w):
+        nn, cc, i, j, hh, ww = idx
+        assert y[nn, cc, hh * b + i, ww * b + j] == x[nn, (cc * b + i) * b + j, hh, ww]
+    with pytest.raises(ValueError, match="blocks of 3x3"):
+        DepthToSpace(3).pack_array(np.zeros((1, 8, 2, 2), np.float32))
+    with pytest.raises(ValueError, match="block must be"):
+        DepthToSpace(0)

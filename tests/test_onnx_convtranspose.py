@@ -3,7 +3,8 @@
 ``quantize_model`` rewrites such a ConvTranspose as a 1x1 conv and ``DepthToSpace(mode="CRD")`` (the affine ops
 after it folded, a Relu / Clip moved before the shuffle), and a QConv node absorbs a CRD DepthToSpace after it
 (``depth_to_space``: the session's kernel shuffles the conv's output with ``_cpu.depth_to_space``). Checked
-against onnxruntime running the float model, and the shuffle against numpy.
+against onnxruntime running the float model, and the shuffle against the layout spec
+(:class:`qconv.layouts.DepthToSpace`).
 """
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import qconv.onnx as qo  # noqa: E402
 from qconv._ext import _cpu  # noqa: E402
+from qconv.layouts import DepthToSpace  # noqa: E402
 from qconv.onnx import wire  # noqa: E402
 from qconv.onnx.nodes import read_qnode  # noqa: E402
 from qconv.testing.asserts import sqnr_db  # noqa: E402
@@ -37,11 +39,6 @@ def _run(model, x):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
 
 
-def _numpy_d2s(x, b):
-    n, cbb, h, w = x.shape
-    return x.reshape(n, cbb // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(n, -1, h * b, w * b)
-
-
 @pytest.mark.parametrize("kernel", KERNELS)
 @given(b=st.integers(1, 3), n=st.integers(1, 2), c=st.integers(1, 5), h=st.integers(1, 4), w=st.integers(1, 21),
        threads=st.integers(1, 2))
@@ -50,7 +47,7 @@ def test_depth_to_space_is_onnx_crd(kernel, b, n, c, h, w, threads):
     x = np.random.default_rng(w).standard_normal((n, c * b * b, h, w)).astype(np.float32)
     y = np.full((n, c, h * b, w * b), np.nan, np.float32)
     _cpu.depth_to_space(x, y, b, threads, kernel)
-    np.testing.assert_array_equal(y, _numpy_d2s(x, b))
+    np.testing.assert_array_equal(y, DepthToSpace(b).pack_array(x))
 
 
 def test_depth_to_space_rejects_bad_shapes():

@@ -1356,9 +1356,10 @@ cdef int64_t _d2s_rows(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogi
 
 def depth_to_space(const float[:, :, :, ::1] x, float[:, :, :, ::1] y, int block, int threads=1,
                    str kernel="scalar"):
-    """ONNX ``DepthToSpace`` in mode ``CRD`` (a pixel shuffle): ``x`` float32 ``(N, C*b*b, H, W)`` into ``y``
-    float32 ``(N, C, H*b, W*b)``, ``y[n, c, h*b + i, w*b + j] = x[n, (c*b + i)*b + j, h, w]`` (values copied:
-    the same bits on every kernel and thread count); returns ``y``."""
+    """ONNX ``DepthToSpace`` in mode ``CRD`` (a pixel shuffle, :class:`qconv.layouts.DepthToSpace`'s
+    ``pack_array``): ``x`` float32 ``(N, C*b*b, H, W)`` into ``y`` float32 ``(N, C, H*b, W*b)``,
+    ``y[n, c, h*b + i, w*b + j] = x[n, (c*b + i)*b + j, h, w]`` (values copied: the same bits on every kernel and
+    thread count); returns ``y``."""
     cdef _D2SCtx r
     cdef int64_t N = x.shape[0], C, H = x.shape[2], W = x.shape[3]
     if block < 1 or x.shape[1] % (block * block):

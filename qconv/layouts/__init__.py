@@ -9,6 +9,7 @@ constants (tile sizes, strides, build options) from properties of these specs, n
 spec                     layout                                        module
 =======================  ============================================  ==============================
 ``NC4HW4(pack)``         activations ``[ceil(C/P)][N][H][W][P]``       :mod:`qconv.layouts.nc4hw4`
+``DepthToSpace(block)``  a pixel shuffle (ONNX DepthToSpace, CRD)      :mod:`qconv.layouts.pixel_shuffle`
 ``Int4Packing``          two nibbles a byte (MNN / ONNX / GGUF)        :mod:`qconv.layouts.int4`
 ``TiledWeightLayout``    CPU int8 GEMM weight tiles                    :mod:`qconv.layouts.gemm_tiles`
 ``AmxWeightLayout``      CPU AMX-INT8 weight tiles (K/4 x 16 x 4)      :mod:`qconv.layouts.amx`
@@ -24,6 +25,7 @@ and ``docs/DESIGN.md`` from them (``tests/test_docs.py`` checks that the committ
 """
 from .int4 import GGUF_Q4, MNN_INT4, ONNX_INT4, ONNX_UINT4, Int4Packing
 from .nc4hw4 import NC4HW4
+from .pixel_shuffle import DepthToSpace
 
 
 def pack(spec, x):
@@ -38,7 +40,7 @@ def unpack(spec, packed, shape):
 
 def all_specs():
     """Every layout spec class of qconv (for property tests and tools)."""
-    specs = [NC4HW4, Int4Packing]
+    specs = [NC4HW4, DepthToSpace, Int4Packing]
     try:
         from .gemm_tiles import TiledWeightLayout
         specs.append(TiledWeightLayout)
@@ -83,5 +85,5 @@ def markdown_table(link_root: str = "") -> str:
     return "\n".join(rows)
 
 
-__all__ = ["NC4HW4", "Int4Packing", "MNN_INT4", "ONNX_INT4", "ONNX_UINT4", "GGUF_Q4", "pack", "unpack",
+__all__ = ["NC4HW4", "DepthToSpace", "Int4Packing", "MNN_INT4", "ONNX_INT4", "ONNX_UINT4", "GGUF_Q4", "pack", "unpack",
            "all_specs", "markdown_table"]

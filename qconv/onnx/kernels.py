@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 
+from ..layouts import DepthToSpace
 from .nodes import QCONV, QNode
 
 KERNELS: dict = {}
@@ -65,6 +66,7 @@ class ConvKernel:
         self.name = qnode.name
         self.extra_pad = qnode.extra_pad
         self.block = qnode.depth_to_space
+        self._d2s = DepthToSpace(self.block)
         if self.block > 1:   # the shuffle runs on the host (numpy outputs) whatever the device
             from .._ext import _cpu
             from ..cpu import engine, scratch
@@ -115,9 +117,8 @@ class ConvKernel:
         return (shape[0], self.layer.out_channels) + self.layer.spec.out_hw(shape[2] + t + b, shape[3] + l + r)
 
     def _shuffled(self, shape) -> tuple:
-        """The shape after the node's ``depth_to_space`` (block b: ``(N, O/b^2, OH*b, OW*b)``)."""
-        b = self.block
-        return shape if b == 1 else (shape[0], shape[1] // (b * b), shape[2] * b, shape[3] * b)
+        """The shape after the node's ``depth_to_space`` (:class:`~qconv.layouts.DepthToSpace`)."""
+        return shape if self.block == 1 else self._d2s.packed_shape(shape)
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Writes the result into ``y``, a float32 array of ``out_shape(x.shape)``; returns it. With

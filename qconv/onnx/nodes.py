@@ -10,7 +10,8 @@ Domain ``ai.qconv`` (opset 1), two operators:
   output channel or one for all, optional: the layer's ``post_affine``, ``y * scale + shift`` after the activation: the per-channel
   Mul / Add after a fused activation), ``depth_to_space`` (int ``b`` >= 2, optional: the output then goes through
   ONNX ``DepthToSpace`` in mode ``CRD``, ``Y`` is ``(N, O/b^2, OH*b, OW*b)`` and
-  ``Y[n, c, h*b + i, w*b + j]`` is conv output channel ``(c*b + i)*b + j`` at ``(h, w)``: a ``ConvTranspose``
+  ``Y[n, c, h*b + i, w*b + j]`` is conv output channel ``(c*b + i)*b + j`` at ``(h, w)``
+  (:class:`~qconv.layouts.DepthToSpace`): a ``ConvTranspose``
   whose kernel equals its stride is this of a 1x1 conv), ``scheme`` (the label it was quantized with,
   informative).
 ``QMatMul(X, q, scales, offsets?, B?) -> Y``
