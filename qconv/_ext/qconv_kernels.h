@@ -1504,19 +1504,23 @@ static void qc_depth_to_space_row_scalar(const float *x, float *y, int64_t b, in
         }
 }
 #ifdef QC_HAVE_X86
-/* b == 2: two input rows interleaved 8 values a step (unpack, then the 128-bit halves in order) */
+/* d[0:16] = a0 c0 a1 c1 ... a7 c7: two rows of 8 floats interleaved (unpack, then the 128-bit halves in order) */
+QC_TGT_AVX2 static inline void qc_interleave8_avx2(const float *a, const float *c, float *d)
+{
+    const __m256 va = _mm256_loadu_ps(a), vc = _mm256_loadu_ps(c);
+    const __m256 lo = _mm256_unpacklo_ps(va, vc), hi = _mm256_unpackhi_ps(va, vc);
+    _mm256_storeu_ps(d, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(d + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+/* b == 2: two input rows interleaved 8 values a step */
 QC_TGT_AVX2 static void qc_depth_to_space_row2_avx2(const float *x, float *y, int64_t W, int64_t hw)
 {
     for (int64_t i = 0; i < 2; ++i) {
         const float *s0 = x + 2 * i * hw, *s1 = s0 + hw;
         float *d = y + i * W * 2;
         int64_t w = 0;
-        for (; w + 8 <= W; w += 8) {
-            const __m256 a = _mm256_loadu_ps(s0 + w), c = _mm256_loadu_ps(s1 + w);
-            const __m256 lo = _mm256_unpacklo_ps(a, c), hi = _mm256_unpackhi_ps(a, c);
-            _mm256_storeu_ps(d + 2 * w, _mm256_permute2f128_ps(lo, hi, 0x20));
-            _mm256_storeu_ps(d + 2 * w + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
-        }
+        for (; w + 8 <= W; w += 8) qc_interleave8_avx2(s0 + w, s1 + w, d + 2 * w);
         for (; w < W; ++w) {
             d[2 * w] = s0[w];
             d[2 * w + 1] = s1[w];

@@ -196,12 +196,8 @@ QC_TGT_AVX2 static int qc_wino_item(const qc_direct_job *j, int64_t item, float 
                         float *d = yo + (2 * ty + dy) * j->OW + 2 * tx;
                         const float *e = Y + 2 * dy * NP + t, *f = Y + (2 * dy + 1) * NP + t;
                         int64_t u = 0;
-                        for (; u + 8 <= run && 2 * (tx + u) + 16 <= j->OW; u += 8) {
-                            const __m256 a = _mm256_loadu_ps(e + u), c = _mm256_loadu_ps(f + u);
-                            const __m256 l = _mm256_unpacklo_ps(a, c), h = _mm256_unpackhi_ps(a, c);
-                            _mm256_storeu_ps(d + 2 * u, _mm256_permute2f128_ps(l, h, 0x20));
-                            _mm256_storeu_ps(d + 2 * u + 8, _mm256_permute2f128_ps(l, h, 0x31));
-                        }
+                        for (; u + 8 <= run && 2 * (tx + u) + 16 <= j->OW; u += 8)
+                            qc_interleave8_avx2(e + u, f + u, d + 2 * u);
                         for (; u < run; ++u) {
                             d[2 * u] = e[u];
                             if (2 * (tx + u) + 1 < j->OW) d[2 * u + 1] = f[u];
