@@ -138,6 +138,30 @@ def _linear_layer(node, consts) -> ModelLayer | str | None:
                       (1, 1), (0, 0), (0, 0, 0, 0), (1, 1), 1, node.input[0], node.output[0])
 
 
+def transposed_block(node, consts) -> int:
+    """The stride ``s`` of a ``ConvTranspose`` that is a 1x1 conv and a pixel shuffle -- one group, kernel (s, s) =
+    stride, s >= 2, no padding, dilation 1, no ``output_padding`` / ``output_shape``, a constant float32 weight
+    ``(C, O, s, s)`` and a constant ``(O,)`` bias or none -- which ``quantize_model`` rewrites as a 1x1 conv and a
+    DepthToSpace; else 0."""
+    if node.op_type != "ConvTranspose" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        return 0
+    w, a = consts.get(node.input[1]), _attrs(node)
+    if w is None or w.dtype != np.float32 or w.ndim != 4 or w.shape[2] != w.shape[3] or w.shape[2] < 2:
+        return 0
+    s = int(w.shape[2])
+    pad = a.get("auto_pad", b"NOTSET")
+    if (int(a.get("group", 1)) != 1 or list(a.get("strides", [1, 1])) != [s, s]
+            or list(a.get("kernel_shape", [s, s])) != [s, s] or any(a.get("pads", [0]))
+            or list(a.get("dilations", [1, 1])) != [1, 1] or any(a.get("output_padding", [0]))
+            or "output_shape" in a or (pad.decode() if isinstance(pad, bytes) else pad) != "NOTSET"):
+        return 0
+    if len(node.input) > 2 and node.input[2]:
+        b = consts.get(node.input[2])
+        if b is None or b.dtype != np.float32 or b.shape != (w.shape[1],):
+            return 0
+    return s
+
+
 def load_model(path):
     """``onnx.ModelProto`` of the file at ``path`` (ValueError for a file that is not ONNX)."""
     onnx = _need("onnx")
@@ -165,8 +189,10 @@ def model_layers(model, skipped: dict | None = None) -> list[ModelLayer]:
             elif node.op_type in ("MatMul", "Gemm"):
                 layer = _linear_layer(node, consts)
             elif node.op_type == "ConvTranspose":
-                layer = ("stays an onnxruntime float op (quantize_model takes those whose kernel equals their stride, "
-                         "without padding or groups, as a 1x1 conv and a DepthToSpace)")
+                layer = ("quantize_model rewrites it as a 1x1 conv and a DepthToSpace (opset >= 11)"
+                         if transposed_block(node, consts)
+                         else "stays an onnxruntime float op (quantize_model takes those whose kernel equals their "
+                              "stride, without padding or groups)")
             else:
                 continue
         except UnsupportedLayer as exc:

@@ -117,3 +117,21 @@ def test_quantize_with_calibration_searches_int8_activations_unless_told(float_m
     assert "int8 activations" not in capsys.readouterr().out
     s = qo.model_summary(onnx.load(out))
     assert "act_search" not in s and "smooth" not in s
+
+
+def test_quantize_says_which_convtransposes_it_rewrote(tmp_path, capsys):
+    """A 2x2 stride-2 ConvTranspose becomes a QConv node (the CLI says so); a 3x3 one stays float, with its reason."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 2, 2)).astype(np.float32), "u"),
+             numpy_helper.from_array(rng.standard_normal((3, 2, 3, 3)).astype(np.float32), "v")]
+    nodes = [helper.make_node("ConvTranspose", ["x", "u"], ["t"], name="up2", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("ConvTranspose", ["t", "v"], ["y"], name="up3", kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path, out = tmp_path / "t.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    assert main(["quantize", str(path), str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "rewrote 1 ConvTranspose (kernel = stride)" in text
+    assert "float: up3: ConvTranspose: stays an onnxruntime float op" in text

@@ -124,10 +124,21 @@ def test_other_convtransposes_stay_float_and_right():
         model = _model(nodes, [1, 4, 5, 6], dict(inits, w2=rng.standard_normal((4, 4, 1, 1)).astype(np.float32)))
         q = qo.quantize_model(model, "int8-ch-sym", measure=False)
         assert [nd.op_type for nd in q.graph.node] == ["QConv", "ConvTranspose"]
-        assert "ConvTranspose" in qo.model_summary(q)["skipped"]["up"]
+        assert qo.model_summary(q)["skipped"]["up"].startswith("ConvTranspose: stays an onnxruntime float op")
         x = rng.standard_normal((1, 4, 5, 6)).astype(np.float32)
         with qo.InferenceSession(q) as sess:
             assert sqnr_db(sess.run(None, {"x": x})[0], _run(model, x)[0]) >= 30
+
+
+def test_the_layer_reader_tells_rewritten_convtransposes_apart():
+    """``model_layers`` (what ``inspect`` lists) reports the ConvTransposes ``quantize_model`` rewrites, by the same
+    rule (:func:`qconv.onnx_model.transposed_block`)."""
+    from qconv.onnx_model import model_layers
+
+    nodes, inits = _head(2, 3, 2, True, False, None)
+    skipped = {}
+    model_layers(_model(nodes, [1, 3, 4, 4], inits), skipped)
+    assert skipped["up"] == "ConvTranspose: quantize_model rewrites it as a 1x1 conv and a DepthToSpace (opset >= 11)"
 
 
 def test_depth_to_space_after_a_conv_fuses_in_crd_mode_only():

@@ -117,6 +117,9 @@ def quantize_main(args) -> int:
     fused = sum(1 for e in s["layers"].values() if e["activation"] or e["folded"])
     if fused:
         print(f"fused the activation or affine ops (bias Add, Mul, BatchNormalization) that follow {fused} of them")
+    if s.get("convtranspose_as_conv"):
+        print(f"rewrote {s['convtranspose_as_conv']} ConvTranspose (kernel = stride) as 1x1 convs whose nodes shuffle "
+              f"their output (depth_to_space)")
     if not args.layers:
         for name, why in list(s["float"].items()) + list(s["skipped"].items()):
             print(f"float: {name}: {why}")

@@ -303,9 +303,9 @@ def _depth_to_space_of(node) -> int:
 
 
 def _transposed_convs(m) -> int:
-    """Rewrite, in place, every ``ConvTranspose`` of ``m`` that is a 1x1 conv and a pixel shuffle -- one group,
-    kernel (s, s) = stride, s >= 2, no padding, dilation 1, no ``output_padding`` / ``output_shape``, constant
-    float32 weight ``(C, O, s, s)`` and bias -- as ``Conv`` 1x1 ``C -> O*s*s`` (output channel ``(o*s + i)*s + j``
+    """Rewrite, in place, every ``ConvTranspose`` of ``m`` that is a 1x1 conv and a pixel shuffle
+    (:func:`qconv.onnx_model.transposed_block`: kernel = stride s, one group, no padding, constant weight
+    ``(C, O, s, s)``) as ``Conv`` 1x1 ``C -> O*s*s`` (output channel ``(o*s + i)*s + j``
     takes ``weight[:, o, i, j]``) and ``DepthToSpace(blocksize=s, mode="CRD")``, which puts that channel at
     ``(h*s + i, w*s + j)``: the same sums as the ConvTranspose, whose windows never overlap. The per-channel affine
     ops after it (its bias ``Add``, ``BatchNormalization``, ...) fold into the conv, and a ``Relu`` / ``Clip(0, 6)``
@@ -315,7 +315,7 @@ def _transposed_convs(m) -> int:
     import onnx
     from onnx import helper, numpy_helper
 
-    from ..onnx_model import _attrs, _constants
+    from ..onnx_model import _constants, transposed_block
 
     if max((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), default=0) < 11:
         return 0
@@ -331,21 +331,12 @@ def _transposed_convs(m) -> int:
 
     placed, removed, inits = {}, set(), []
     for k, node in enumerate(nodes):
-        if node.op_type != "ConvTranspose" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        s = transposed_block(node, consts)
+        if not s:
             continue
-        w, a = consts.get(node.input[1]), _attrs(node)
-        if w is None or w.dtype != np.float32 or w.ndim != 4 or w.shape[2] != w.shape[3] or w.shape[2] < 2:
-            continue
-        c, o, s = w.shape[0], w.shape[1], w.shape[2]
-        pad = a.get("auto_pad", b"NOTSET")
-        if (int(a.get("group", 1)) != 1 or list(a.get("strides", [1, 1])) != [s, s]
-                or list(a.get("kernel_shape", [s, s])) != [s, s] or any(a.get("pads", [0]))
-                or list(a.get("dilations", [1, 1])) != [1, 1] or any(a.get("output_padding", [0]))
-                or "output_shape" in a or (pad.decode() if isinstance(pad, bytes) else pad) != "NOTSET"):
-            continue
-        bias = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(o, np.float32)
-        if bias is None or bias.dtype != np.float32 or bias.shape != (o,):
-            continue
+        w = consts[node.input[1]]
+        c, o = w.shape[:2]
+        bias = consts[node.input[2]] if len(node.input) > 2 and node.input[2] else np.zeros(o, np.float32)
         ga, gb, chain, out = np.ones(o), bias.astype(np.float64), [k], node.output[0]
         while (j := single(out)) is not None and (ab := _affine_of(nodes[j], out, consts, o, False)) is not None:
             ga, gb = ga * ab[0], gb * ab[0] + ab[1]
