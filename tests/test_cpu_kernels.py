@@ -1,5 +1,5 @@
 """The CPU engine's native pieces, each alone against numpy: reductions, quantization, im2col blit,
-the GEMM micro-kernels (every variant this CPU runs) and the output store."""
+the GEMM micro-kernels (every variant this CPU runs), the output store and the depth-to-space copy."""
 import numpy as np
 import pytest
 from hypothesis import assume, given
@@ -10,6 +10,7 @@ pytest.importorskip("qconv._ext._cpu")
 from qconv import reference  # noqa: E402
 from qconv._ext import _cpu, _cpu_probes, _cpu_testing  # noqa: E402
 from qconv.cpu import KERNEL_NAMES, row_qparams, tensor_qparams  # noqa: E402
+from qconv.layouts import DepthToSpace  # noqa: E402
 from qconv.weights import round_half_away  # noqa: E402
 
 KERNELS = [k for k in KERNEL_NAMES if _cpu.kernel_supported(k)]
@@ -410,3 +411,22 @@ def test_quantize_rounding_ties(kernel):
                                       np.arange(c, dtype=np.int32), c, 1, c, kernel, 1, abias)
         want = np.clip(round_half_away(vals), qlo, 127).astype(np.int64) + abias
         np.testing.assert_array_equal(Q[0].astype(np.int64), want & 255)
+
+
+# --- depth to space (a QConv node's depth_to_space) ----------------------------------------------------
+@pytest.mark.parametrize("kernel", [k for k in ("scalar", "avx2") if k in KERNELS])
+@given(b=st.integers(1, 3), n=st.integers(1, 2), c=st.integers(1, 5), h=st.integers(1, 4), w=st.integers(1, 21),
+       threads=st.integers(1, 2))
+def test_depth_to_space_is_onnx_crd(kernel, b, n, c, h, w, threads):
+    x = np.random.default_rng(w).standard_normal((n, c * b * b, h, w)).astype(np.float32)
+    y = np.full((n, c, h * b, w * b), np.nan, np.float32)
+    _cpu.depth_to_space(x, y, b, threads, kernel)
+    np.testing.assert_array_equal(y, DepthToSpace(b).pack_array(x))
+
+
+def test_depth_to_space_rejects_bad_shapes():
+    x = np.zeros((1, 8, 2, 2), np.float32)
+    with pytest.raises(ValueError, match="blocks of 3x3"):
+        _cpu.depth_to_space(x, np.zeros((1, 1, 6, 6), np.float32), 3)
+    with pytest.raises(ValueError, match="y must have shape"):
+        _cpu.depth_to_space(x, np.zeros((1, 2, 4, 5), np.float32), 2)

@@ -3,8 +3,7 @@
 ``quantize_model`` rewrites such a ConvTranspose as a 1x1 conv and ``DepthToSpace(mode="CRD")`` (the affine ops
 after it folded, a Relu / Clip moved before the shuffle), and a QConv node absorbs a CRD DepthToSpace after it
 (``depth_to_space``: the session's kernel shuffles the conv's output with ``_cpu.depth_to_space``). Checked
-against onnxruntime running the float model, and the shuffle against the layout spec
-(:class:`qconv.layouts.DepthToSpace`).
+against onnxruntime running the float model (the native shuffle alone: ``tests/test_cpu_kernels.py``).
 """
 import numpy as np
 import pytest
@@ -17,14 +16,9 @@ pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import qconv.onnx as qo  # noqa: E402
-from qconv._ext import _cpu  # noqa: E402
-from qconv.layouts import DepthToSpace  # noqa: E402
 from qconv.onnx import wire  # noqa: E402
 from qconv.onnx.nodes import read_qnode  # noqa: E402
 from qconv.testing.asserts import sqnr_db  # noqa: E402
-
-KERNELS = [k for k in ("scalar", "avx2") if _cpu.kernel_supported(k)]
-
 
 def _model(nodes, x_shape, inits, outputs=("y",), opset=13):
     g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
@@ -37,25 +31,6 @@ def _run(model, x):
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-@given(b=st.integers(1, 3), n=st.integers(1, 2), c=st.integers(1, 5), h=st.integers(1, 4), w=st.integers(1, 21),
-       threads=st.integers(1, 2))
-@settings(deadline=None, max_examples=30)
-def test_depth_to_space_is_onnx_crd(kernel, b, n, c, h, w, threads):
-    x = np.random.default_rng(w).standard_normal((n, c * b * b, h, w)).astype(np.float32)
-    y = np.full((n, c, h * b, w * b), np.nan, np.float32)
-    _cpu.depth_to_space(x, y, b, threads, kernel)
-    np.testing.assert_array_equal(y, DepthToSpace(b).pack_array(x))
-
-
-def test_depth_to_space_rejects_bad_shapes():
-    x = np.zeros((1, 8, 2, 2), np.float32)
-    with pytest.raises(ValueError, match="blocks of 3x3"):
-        _cpu.depth_to_space(x, np.zeros((1, 1, 6, 6), np.float32), 3)
-    with pytest.raises(ValueError, match="y must have shape"):
-        _cpu.depth_to_space(x, np.zeros((1, 2, 4, 5), np.float32), 2)
 
 
 def _head(s, c, o, bias, bn, act):
