@@ -69,7 +69,6 @@ def quantize_weight_calibrated(w, x, bits: int = 4, block_size: int = 0, symmetr
         cols = cols[np.linspace(0, cols.shape[0] - 1, max_columns).astype(np.int64)]
     k = ipg * w.shape[2] * w.shape[3]
     block_len = (block_size or ipg) * w.shape[2] * w.shape[3]
-    nb = k // block_len
     og = o // groups
     wg = w.reshape(groups, og, k).astype(np.float64)
     q, scales, offsets = in_param_form(

@@ -579,7 +579,7 @@ def _measure(float_bytes, q, layers, schemes, eval_feeds, calib_feeds, min_sqnr,
                         for k, v in acc["outputs"].items()}, min_sqnr=min_sqnr)
     out["below_floor"] = bool(min_sqnr is not None and acc["sqnr_db"] < min_sqnr)
     if act_quant is None and any(len(e.get("act_allowed", ())) > 1 for e in _summary_layers(q)):
-        from .kernels import INT8_FAST_KERNELS, cpu_kernel
+        from .kernels import cpu_kernel
 
         out["cpu_kernel"] = cpu_kernel()   # "auto" runs the allowed int8 nodes int8 only on INT8_FAST_KERNELS
         flt = measure_model(float_bytes, q, feeds, threads=threads, act_quant="none")
