@@ -30,20 +30,24 @@ def test_gemv_mma_matches_reference(cl_device, data):
     weight, bias, act = _draw_layer(data, geo, block_filter=lambda b: b in (16, 32) or b % 64 == 0)
     layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
     split = data.draw(st.sampled_from([None, 1, 2]))
+    variant = data.draw(st.sampled_from(sorted(gpu.GEMV_MMA_VARIANTS)))
     x = data.draw(activations((1, geo.c, 1, 1)))
     lws = None if split is None else (32, split, 1)
-    eng = _engine(weight, bias, activation=act, device=cl_device, image=False, variant="gemv_mma", local_size=lws)
+    eng = _engine(weight, bias, activation=act, device=cl_device, image=False, variant=variant, local_size=lws)
     y = _forward(eng, x, layout)
     assert eng.plans[(layout, 1, 1, 1)].cand.program == "gemv_mma"
     assert_matches_reference(y, x, weight, bias, activation=act, act_quant=None)
 
 
-@pytest.mark.parametrize("bits,block,sym", [(4, 0, True), (8, 0, False), (4, 32, False), (4, 128, True),
-                                            (8, 16, False), (8, 64, True)])
-def test_gemv_mma_many_tiles_and_ranges(cl_device, bits, block, sym):
+SCHEMES = [(4, 0, True), (8, 0, False), (4, 32, False), (8, 32, True), (4, 128, True), (8, 16, False), (8, 64, True)]
+
+
+@pytest.mark.parametrize("variant", sorted(gpu.GEMV_MMA_VARIANTS))
+@pytest.mark.parametrize("bits,block,sym", SCHEMES)
+def test_gemv_mma_many_tiles_and_ranges(cl_device, bits, block, sym, variant):
     """More 16-row tiles than work-groups, K over several warps and loads (blocks inside a load, loads
     inside a block), fp16 scales, and inputs whose range needs the 2^sh scaling: huge, tiny (down to
-    subnormal) and mixed magnitudes."""
+    subnormal) and mixed magnitudes; every variant (loads in flight, the next batch loaded ahead or not)."""
     rng = np.random.default_rng(bits + block)
     w = _weight(rng, 300, 512, 1, bits, block, sym)
     half = lambda a: None if a is None else a.astype(np.float16).astype(np.float32)  # noqa: E731
@@ -51,7 +55,7 @@ def test_gemv_mma_many_tiles_and_ranges(cl_device, bits, block, sym):
     bias = rng.standard_normal(300).astype(np.float32)
     x = rng.standard_normal((1, 512, 1, 1)).astype(np.float32)
     for split in (1, 2):
-        eng = _engine(w16, bias, device=cl_device, image=False, variant="gemv_mma", local_size=(32, split, 1))
+        eng = _engine(w16, bias, device=cl_device, image=False, variant=variant, local_size=(32, split, 1))
         assert eng.scale_layout.dtype == "float16"
         for xs in (x, x * np.float32(1e30), x * np.float32(1e-30), x * np.float32(1e-39),
                    x * np.logspace(-6, 6, 512, dtype=np.float32).reshape(1, 512, 1, 1), np.zeros_like(x)):

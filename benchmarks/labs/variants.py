@@ -68,6 +68,8 @@ def main(argv=None):
     ap.add_argument("--tune", default="fast", help="tuning of the unforced local sizes: none|fast|full")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--baselines", action="store_true", help="torch on CUDA in the same process, when importable")
+    ap.add_argument("--fp32-scales", action="store_true", help='scale_dtype="float32" weights (default: '
+                    "quantize_weight's float16 scales, as bench_gpu.py)")
     args = ap.parse_args(argv)
     variants = [v for name in args.variants.split(",") for v in FAMILIES.get(name.strip(), [name.strip()])]
     sizes = [tuple(int(v) for v in t.split(",")) for t in args.local_sizes.split()] or [None]
@@ -83,7 +85,7 @@ def main(argv=None):
         if args.only and args.only not in name:
             continue
         for scheme in args.schemes.split(",") if args.schemes else schemes:
-            qw = bg.make_weight(rng, o, c, k, scheme, True)
+            qw = bg.make_weight(rng, o, c, k, scheme, args.fp32_scales)
             act_quant = "row" if scheme.endswith("+a8") else None
             spec = ConvSpec(qw, rng.standard_normal(o).astype(np.float32) * np.float32(0.1), s, p, 1, None, act_quant)
             x = rng.standard_normal((n, c, h, w)).astype(np.float32)

@@ -255,7 +255,7 @@ class OpenCLEngine:
                     raise ValueError(f"variant {variant!r} needs image weights, but image=False")
                 self.forced_variant = "buf" + variant[3:]  # image did not fit / no image support: buffer
         self.buffers = WeightBuffers(wq, ws, wo, bias)
-        self._other_weights: dict = {}  # layout spec -> buffer (weights_in)
+        self._other_weights: dict = {}  # layout spec -> buffer (weights_in, scales_in)
         self.base_options = layer_options(self)
         why = None if family is None else family.unsupported(self, None, self.forced_variant)
         if why:
@@ -315,6 +315,16 @@ class OpenCLEngine:
         buf = self._other_weights.get(layout)
         if buf is None:
             buf = self._other_weights[layout] = self._upload(layout.pack_array(self.spec.weight.q))
+        return buf
+
+    def scales_in(self, layout):
+        """The scales (with ``layout.asym``: stacked with the offsets, ``(2, O, n_blocks)``) packed in scale
+        layout spec ``layout``, uploaded at the first request."""
+        buf = self._other_weights.get(layout)
+        if buf is None:
+            w = self.spec.weight
+            values = np.stack([w.scales, w.offsets]) if layout.asym else w.scales
+            buf = self._other_weights[layout] = self._upload(layout.pack_array(values.astype(np.float32)))
         return buf
 
     def _mma_native(self) -> bool:

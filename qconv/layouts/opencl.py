@@ -20,6 +20,8 @@ spec                       layout (logical q is int8 ``(O, I, kh, kw)``)        
 ``OpenCLGemvMMALayout``     ``[ceil(O/16)][ceil(I/KT)][32][16]``, ``KT`` = 64     ``gemv_mma.cl``
                             (int4) or 32 (int8): lane ``l``'s 16 bytes are its
                             ``mma.m16n8k16`` A fragments
+``OpenCLGemvMMAScaleLayout``  ``[ceil(O/16)][n_blocks][8][2 or 4]``: rows ``g``,    ``gemv_mma.cl`` (blocks)
+                            ``g + 8`` of a tile's block (scales, then offsets)
 ``OpenCLScaleLayout``       scales/offsets ``(O, n_blocks)`` -> ``[n_blocks][ceil(O/4)*4]``  every kernel
                             float32 or float16 (``vload_half``)
 =========================  ===================================================  =========================
@@ -458,6 +460,8 @@ class OpenCLScaleLayout:
 # }}}
 
 
+
+
 # {{{ tensor-core (mma) weights
 
 @dataclass(frozen=True)
@@ -672,11 +676,103 @@ class OpenCLGemvMMALayout:
 
 # }}}
 
+@dataclass(frozen=True)
+class OpenCLGemvMMAScaleLayout:
+    """Block scales (and offsets) of the tensor-core GEMV's blockwise path (``gemv_mma.cl`` without
+    ``NBLK1``): ``[ceil(O/16)][n_blocks][8][2 or 4]``, the numbers lane ``l`` of a warp folds its block sums
+    with, next to each other, so that one 4- or 8-byte (float16; 8 or 16 bytes as float32) load per block
+    brings them.
+
+    Logical values: float32 ``(O, n_blocks)`` scales, or, with ``asym``, ``(2, O, n_blocks)``: scales then
+    offsets. Output channels go in tiles of 16 rows; for tile ``T``, block ``b`` and ``g = l // 4`` in
+    ``0..7`` the entry holds ``s[16T + g, b], s[16T + g + 8, b]`` (then ``o[16T + g, b], o[16T + g + 8, b]``
+    with ``asym``): the rows ``g`` and ``g + 8`` of ``mma.m16n8k32``'s C fragment. Rows ``>= O`` hold 0.
+    ``dtype``: ``"float32"`` or ``"float16"`` (read with ``vloada_half2`` / ``vloada_half4``).
+    """
+
+    dtype: str = "float16"
+    asym: bool = False
+
+    TILE_ROWS = 16
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype must be 'float32' or 'float16', got {self.dtype!r}")
+
+    @property
+    def per_lane(self) -> int:
+        """Numbers per (tile, block, g) entry: 2 (scales) or 4 (scales, offsets)."""
+        return 4 if self.asym else 2
+
+    @property
+    def build_options(self) -> tuple[str, ...]:
+        return ("-DSCALE_HALF",) if self.dtype == "float16" else ()
+
+    def _onb(self, shape) -> tuple[int, int]:
+        shape = tuple(int(s) for s in shape)
+        want = 3 if self.asym else 2
+        if len(shape) != want or (self.asym and shape[0] != 2):
+            form = "(2, O, n_blocks)" if self.asym else "(O, n_blocks)"
+            raise ValueError(f"gemv mma scales must be {form}, got shape {shape}")
+        return shape[-2:]
+
+    def packed_shape(self, shape) -> tuple[int, int, int, int]:
+        o, nb = self._onb(shape)
+        return (_cdiv(o, self.TILE_ROWS), nb, 8, self.per_lane)
+
+    def pack_array(self, values) -> np.ndarray:
+        """float32 ``(O, n_blocks)`` or ``(2, O, n_blocks)`` -> :attr:`dtype` :meth:`packed_shape`."""
+        v = np.asarray(values)
+        if v.dtype != np.float32:
+            raise ValueError(f"gemv mma scales must be float32, got {v.dtype}")
+        ot, nb, _, _ = self.packed_shape(v.shape)
+        o = v.shape[-2]
+        full = np.zeros((2 if self.asym else 1, ot * 16, nb), np.float32)
+        full[:, :o] = v.reshape(-1, o, nb)
+        t = full.reshape(-1, ot, 2, 8, nb)  # (value, tile, half of the tile's rows, g, block)
+        t = t.transpose(1, 4, 3, 0, 2).reshape(ot, nb, 8, self.per_lane)
+        with np.errstate(over="ignore"):
+            return np.ascontiguousarray(t.astype(self.dtype))
+
+    def unpack_array(self, packed, shape) -> np.ndarray:
+        """Inverse of :meth:`pack_array`; ``shape`` is the logical ``(O, n_blocks)`` or ``(2, O, n_blocks)``."""
+        o, nb = self._onb(shape)
+        want = self.packed_shape(shape)
+        packed = np.asarray(packed)
+        if packed.shape != want or packed.dtype != np.dtype(self.dtype):
+            raise ValueError(f"packed gemv mma scales must be {self.dtype} {want}, got {packed.dtype} "
+                             f"{packed.shape}")
+        ot = want[0]
+        t = packed.astype(np.float32).reshape(ot, nb, 8, -1, 2).transpose(3, 0, 4, 2, 1)
+        full = t.reshape(-1, ot * 16, nb)[:, :o]
+        return np.ascontiguousarray(full.reshape(tuple(int(s) for s in shape)))
+
+    @classmethod
+    def hypothesis_case(cls):
+        from hypothesis import strategies as st
+
+        @st.composite
+        def case(draw):
+            spec = cls(draw(st.sampled_from(["float32", "float16"])), draw(st.booleans()))
+            shape = (draw(st.integers(1, 40)), draw(st.integers(1, 6)))
+            if spec.asym:
+                shape = (2,) + shape
+            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+            v = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 1, shape)).astype(np.float32)
+            if spec.dtype == "float16":
+                v = v.astype(np.float16).astype(np.float32)
+            return spec, v
+
+        return case()
+
+# }}}
+
 
 SPECS = (OpenCLConvWeightLayout, OpenCL1x1BufferLayout, OpenCL1x1ImageLayout, OpenCLMMAWeightLayout,
-         OpenCLGemvMMALayout, OpenCLScaleLayout)
+         OpenCLGemvMMALayout, OpenCLGemvMMAScaleLayout, OpenCLScaleLayout)
 
 __all__ = ["OPENCL_INT4", "OpenCLConvWeightLayout", "OpenCL1x1BufferLayout", "OpenCL1x1ImageLayout",
-           "OpenCLMMAWeightLayout", "OpenCLGemvMMALayout", "OpenCLScaleLayout", "SPECS"]
+           "OpenCLMMAWeightLayout", "OpenCLGemvMMALayout", "OpenCLGemvMMAScaleLayout", "OpenCLScaleLayout",
+           "SPECS"]
 
 # vim: foldmethod=marker

@@ -76,8 +76,9 @@ class Layer(Protocol):
     ``act_row`` (``act_quant="row"``), ``tune`` (level), ``forced_variant``/``forced_lws`` (the user's, or
     None), ``specialize``, ``is_gpu``, ``nv_ptx`` (NVIDIA: inline PTX builds), ``mma_native`` (PTX
     ``mma.sync``: NVIDIA sm_80+), ``exact_division`` (correctly rounded float32 division),
-    ``base_options`` (:func:`layer_options`), ``buffers`` (:class:`WeightBuffers`) and ``weights_in(layout)``
-    (the weights packed in another layout spec, uploaded at the first request)."""
+    ``base_options`` (:func:`layer_options`), ``buffers`` (:class:`WeightBuffers`), ``weights_in(layout)``
+    (the weights packed in another layout spec, uploaded at the first request) and ``scales_in(layout)``
+    (the same for the scales, with the offsets where the spec holds them)."""
 
     spec: object
     ctx: object
@@ -99,6 +100,8 @@ class Layer(Protocol):
     buffers: WeightBuffers
 
     def weights_in(self, layout): ...
+
+    def scales_in(self, layout): ...
 
 
 class Family(Protocol):

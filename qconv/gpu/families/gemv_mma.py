@@ -1,18 +1,20 @@
 """``gemv_mma`` (``kernels/gemv_mma.cl``): with float activations, linear layers on one row on int8 tensor cores
 (PTX ``mma.sync`` m16n8k32 on NVIDIA sm_80+, offered to the tuner there; elsewhere only when forced, as an
 emulation): x as the four signed base-256 digits of ``rint(x * 2^sh)`` (``max |x| * 2^sh`` in ``[2^28, 2^29)``),
-weights in :class:`~qconv.layouts.opencl.OpenCLGemvMMALayout`, exact integer sums, one rounding per layer or
-scale block; local sizes ``(32, SPLIT, g)``."""
+weights in :class:`~qconv.layouts.opencl.OpenCLGemvMMALayout` (block scales and offsets in
+:class:`~qconv.layouts.opencl.OpenCLGemvMMAScaleLayout`), exact integer sums, one rounding per layer or scale
+block; local sizes ``(32, SPLIT, g)``."""
 from __future__ import annotations
 
-from ...layouts.opencl import OpenCLGemvMMALayout
+from ...layouts.opencl import OpenCLGemvMMALayout, OpenCLGemvMMAScaleLayout
 from ..launch import X, Y, Step, planned_candidate
 from .base import cdiv, common_options, scalars
 
 program = "gemv_mma"
-variants = GEMV_MMA_VARIANTS = {  # name -> U: 16-byte loads per lane in flight
-    "gemv_mma": 8,
-    "gemv_mma_u4": 4,
+variants = GEMV_MMA_VARIANTS = {  # name -> (U: a batch of 16-byte loads per lane, PIPE: the next batch in flight)
+    "gemv_mma": (8, False),
+    "gemv_mma_u4": (4, False),
+    "gemv_mma_p4": (4, True),
 }
 MAX_CHANNELS = 131071  # int32 column sums: each product 16 q d (or q d) is at most 2^14
 fixed_local_size = False
@@ -70,10 +72,13 @@ def local_sizes(layer) -> list:
 def _candidate(layer, problem, name):
     """gemv_mma (local (32, SPLIT), at most g * compute units work-groups over ceil(O/16) tiles)."""
     wt = layer.spec.weight
+    u, pipe = GEMV_MMA_VARIANTS[name]
     wlayout = OpenCLGemvMMALayout(wt.bits)
     wq = layer.weights_in(wlayout)
     opts = list(common_options(layer, scale_groups=False)) + list(wlayout.build_options)
-    opts.append(f"-DU={GEMV_MMA_VARIANTS[name]}")
+    opts.append(f"-DU={u}")
+    if pipe:
+        opts.append("-DPIPE")
     if not layer.specialize:  # local memory sized by IC (specialised: in the layer options)
         opts.append(f"-DG_IC={wt.q.shape[1]}")
     if problem.layout == "nchw":
@@ -83,12 +88,16 @@ def _candidate(layer, problem, name):
     opts = tuple(opts)
     scal = scalars(wt.q.shape[1], wt.out_channels)
     cus, tiles, b = int(layer.device.max_compute_units), cdiv(wt.out_channels, 16), layer.buffers
+    if wt.n_blocks > 1:  # both in one stream, in the order of the lanes' folds
+        ws = wo = layer.scales_in(OpenCLGemvMMAScaleLayout(layer.scale_layout.dtype, wt.offsets is not None))
+    else:
+        ws, wo = b.scales, b.offsets
 
     def steps(lws):
         _, split, g = lws
         groups = min(tiles, g * cus)
         return [Step(program, opts + (f"-DSPLIT={split}",), program,
-                     (X, wq, b.scales, b.offsets, b.bias, Y, *scal), (32 * groups, split), (32, split))]
+                     (X, wq, ws, wo, b.bias, Y, *scal), (32 * groups, split), (32, split))]
 
     return planned_candidate(layer.ctx, name, program, opts,
                              (cdiv(wt.out_channels, 4) * 4, 1, wt.q.shape[1], wt.out_channels),

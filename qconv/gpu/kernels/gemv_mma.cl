@@ -2,6 +2,10 @@
  *
  * y[o] = act(sum_k (q[o,k] s[o,b(k)] + a[o,b(k)]) x[k] + bias[o])   (b(k): k's scale block; one block: NBLK1)
  *
+ * Arguments: x float [IC]; wq uint4 (OpenCLGemvMMALayout); ws, wo: with NBLK1 the scales and offsets in
+ * OpenCLScaleLayout, else ws holds both in OpenCLGemvMMAScaleLayout (wo unused); bias float [ceil(OC/4)*4];
+ * y float [OC] (OUT_NCHW) or [ceil(OC/4)*4] (NC4HW4, N = H = W = 1); a_ic, a_oc: IC, OC when not built in.
+ *
  * x is turned into integers X[k] = rint(x[k] 2^sh), with 2^sh putting max |x| in [2^28, 2^29) (so every
  * element within 2^-5 of max |x| is exact and the others are off by at most 2^-30 max |x|), and X is written
  * as four signed base-256 digits, X = d0 2^24 + d1 2^16 + d2 2^8 + d3 (d1..d3 in [-128, 127], |d0| <= 32).
@@ -20,19 +24,28 @@
  * to the bytes 16 q (the two's-complement nibble q = (q + 8) ^ 8 under a byte's top half: one xor-and),
  * the factor 16 leaves with 2^sh.
  *
+ * Scale blocks (no NBLK1): the scales (and offsets) are in OpenCLGemvMMAScaleLayout, [ceil(O/16)][NBLK][8][2|4]:
+ * one 4- or 8-byte load per block brings a lane the numbers of its rows g and g + 8. Each fold starts its
+ * product from zero (FOLDM = 1: the products of a load are independent), turns lane t's two columns into one
+ * integer (c0 2^8 + c1: |.| < 2^28) and one float (the only rounding, as in the per-layer path), times the
+ * block's scale; lane t = 0's columns weigh 2^16 more (applied once, at the end); the offsets' terms are the
+ * offset times the block's sum of x (lanes t = 0).
+ *
  * NDRange: local (32, SPLIT) = SPLIT warps, G work-groups (the engine: at most the device's resident ones);
- * group g takes the tiles g, g + G, ...; warp lk takes loads kl = lk, lk + SPLIT, ... of the tile, U of them
- * in flight. Every group first reads x (and the first U loads of its first tile, so that they stream
+ * group g takes the tiles g, g + G, ...; warp lk takes loads kl = lk, lk + SPLIT, ... of the tile, a batch of
+ * U of them in flight. Every group first reads x (and the first batch of its first tile, so that it streams
  * while x is reduced), finds max |x| (a non-finite x makes every output NaN), writes the digits to local
  * memory (4 columns x KS/2 step pairs x 4 lanes x uint2 = 64 bytes per 16 channels) and then runs its tiles
- * (each tile's epilogue scale, offset and bias loads are issued at its start).
+ * (each tile's epilogue scale, offset and bias loads are issued at its start). A batch's successor (the next
+ * tile's first batch after the last one) is loaded before the batch's products (PIPE: 2U loads in flight) or
+ * after them (before the tile's sums are added).
  *
  * Without -DNV_PTX the mma is emulated through local memory (each lane writes its fragments, every lane
  * computes its four sums with dp4a), for devices without PTX (CI on PoCL): integer sums, so the emulation
  * gives the same bits as the tensor cores.
  *
  * Build options: QBITS, SCALE_HALF, ASYM, NBLK1 | BLOCK_CH (16, 32 or a multiple of 32), HAS_BIAS, ACT,
- * OUT_NCHW, G_IC, G_OC, SPLIT, U, NV_PTX.
+ * OUT_NCHW, G_IC, G_OC, SPLIT, U, PIPE, NV_PTX.
  */
 #ifndef QBITS
 #error "QBITS must be defined (4 or 8)"
@@ -70,11 +83,13 @@ inline uint prmt(uint a, uint b, uint sel) {
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
 }
-inline void mma_s8(int *d, uint a0, uint a1, uint a2, uint a3, uint2 b) {
+/* d = A B + c (volatile: never sunk into a branch, which would split the warp) */
+inline void mma_s8(int *d, const int *c, uint a0, uint a1, uint a2, uint a3, uint2 b) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
+                 "{%8, %9}, {%10, %11, %12, %13};"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y),
+                   "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
 }
 #else
 /* prmt.b32 (selector nibbles 0-7 pick bytes of {b, a}; no sign modes) */
@@ -85,9 +100,9 @@ inline uint prmt(uint a, uint b, uint sel) {
         d |= (uint)(ab >> (8 * ((sel >> (4 * i)) & 7u)) & 0xFFu) << (8 * i);
     return d;
 }
-/* mma.m16n8k32 s8 through the warp's local tiles As[16 rows][8 words], Bs[8 columns][8 words] */
-inline void mma_emul(int *d, uint a0, uint a1, uint a2, uint a3, uint2 b, __local uint *As, __local uint *Bs,
-                     int g, int t) {
+/* d = A B + c as mma.m16n8k32 s8, through the warp's local tiles As[16 rows][8 words], Bs[8 columns][8 words] */
+inline void mma_emul(int *d, const int *c, uint a0, uint a1, uint a2, uint a3, uint2 b, __local uint *As,
+                     __local uint *Bs, int g, int t) {
     As[g * 8 + t] = a0;
     As[(g + 8) * 8 + t] = a1;
     As[g * 8 + 4 + t] = a2;
@@ -97,8 +112,10 @@ inline void mma_emul(int *d, uint a0, uint a1, uint a2, uint a3, uint2 b, __loca
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int i = 0; i < 4; ++i) { /* d0, d1: row g, columns 2t, 2t + 1; d2, d3: row g + 8 */
         const int r = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        int acc = c[i];
         for (int w = 0; w < 8; ++w)
-            d[i] = dp4a_ss(As[r * 8 + w], Bs[col * 8 + w], d[i]);
+            acc = dp4a_ss(As[r * 8 + w], Bs[col * 8 + w], acc);
+        d[i] = acc;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -138,10 +155,61 @@ inline void decode_a(uint4 wv, int mm, uint *a) {
 #endif
 }
 
+#ifdef NV_PTX
+#define MMA(d, c, a, b) mma_s8(d, c, a[0], a[1], a[2], a[3], b)
+#else
+#define MMA(d, c, a, b) mma_emul(d, c, a[0], a[1], a[2], a[3], b, As, Bs, g, t)
+#endif
+
+#ifdef NBLK1
 /* this lane's columns (t = 0: digits d0, d1; t = 1: d2, d3) of rows g (r = 0) or g + 8 (r = 1) as one integer */
 inline long lane_sum(const int *c, int r, int t) {
     const int sh = t == 0 ? 16 : 0;
     return (((long)c[2 * r] << 8) + c[2 * r + 1]) << sh;
+}
+#define NFOLD 1
+typedef float fold_t; /* unused */
+#else
+/* a fold's numbers (OpenCLGemvMMAScaleLayout entry): scales of rows g, g + 8, then (ASYM) their offsets */
+#ifdef ASYM
+typedef float4 fold_t;
+#ifdef SCALE_HALF
+#define LOAD_FOLD(p, i) vloada_half4((i), (p))
+#else
+#define LOAD_FOLD(p, i) vload4((i), (p))
+#endif
+#else
+typedef float2 fold_t;
+#ifdef SCALE_HALF
+#define LOAD_FOLD(p, i) vloada_half2((i), (p))
+#else
+#define LOAD_FOLD(p, i) vload2((i), (p))
+#endif
+#endif
+#define NFOLD FPL
+#endif
+
+/* loads kl = base + lk + j SPLIT (clamped) of tile `tile` for j < U, and their folds' numbers */
+inline void load_batch(__global const uint4 *wq, __global const SCALE_T *ws, int tile, int base, int lk, int lane,
+                       uint4 *wv, fold_t *sv) {
+#ifdef NBLK1
+    (void)ws;
+    (void)sv;
+#else
+    const int g = lane >> 2;
+#endif
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+        const int klc = min(base + lk + j * SPLIT, KL - 1);
+        wv[j] = wq[((size_t)tile * KL + klc) * 32 + lane];
+#ifndef NBLK1
+#pragma unroll
+        for (int f = 0; f < FPL; ++f) {
+            const int blk = min(HALVES ? klc * FPL + f : (klc * NMMA + f * FOLDM) / MPB, NBLK - 1);
+            sv[j * FPL + f] = LOAD_FOLD(ws, ((size_t)tile * NBLK + blk) * 8 + g);
+        }
+#endif
+    }
 }
 
 __kernel __attribute__((reqd_work_group_size(32, SPLIT, 1)))
@@ -155,8 +223,10 @@ void gemv_mma(__global const float *x,
     const int lane = get_local_id(0), lk = get_local_id(1);
     const int lin = lk * 32 + lane;
     const int g = lane >> 2, t = lane & 3;
-    const int OCP = CDIV(OC, 4) * 4; /* the scale layout's rows; the output's in NC4HW4 */
+    const int OCP = CDIV(OC, 4) * 4; /* the output's channels in NC4HW4 (and the per-layer scales' rows) */
     const int OT = CDIV(OC, 16);
+    const int NG = get_num_groups(0);
+    const int zero[4] = {0, 0, 0, 0};
 
     __local uint2 xb[4 * (KS / 2) * 4]; /* [digit column][step pair][t]: the B fragments (b0, b1) */
 #ifdef ASYM
@@ -169,7 +239,7 @@ void gemv_mma(__global const float *x,
     __local uint *As = emu + lk * 192, *Bs = As + 128;
 #endif
 
-    /* x, then the first loads of the first tile (they stream while x is reduced) */
+    /* x, then the first batch of the first tile (it streams while x is reduced) */
     float4 xv[XREG ? NPQ : 1];
     float m = 0.0f;
 #pragma unroll
@@ -182,10 +252,9 @@ void gemv_mma(__global const float *x,
         m = all(isfinite(v)) ? m : INFINITY;
     }
     const int tile0 = get_group_id(0);
-    uint4 wfirst[U];
-#pragma unroll
-    for (int j = 0; j < U; ++j)
-        wfirst[j] = wq[((size_t)min(tile0, OT - 1) * KL + min(lk + j * SPLIT, KL - 1)) * 32 + lane];
+    uint4 wv[U];
+    fold_t sv[U * NFOLD];
+    load_batch(wq, ws, min(tile0, OT - 1), 0, lk, lane, wv, sv);
 
     const float amax = work_group_amax(red, m, lin, QT);
     const bool finite = isfinite(amax);
@@ -227,7 +296,7 @@ void gemv_mma(__global const float *x,
         xtotal += xsum[b];
 #endif
 
-    for (int tile = tile0; tile < OT; tile += get_num_groups(0)) {
+    for (int tile = tile0; tile < OT; tile += NG) {
         int c[4] = {0, 0, 0, 0};
         /* the epilogue's per-channel numbers, loaded now so that they arrive with the weights */
         const int o = tile * 16 + lin, os = min(o, OC - 1);
@@ -244,38 +313,21 @@ void gemv_mma(__global const float *x,
 #endif
         }
 #ifndef NBLK1
-        const int og = min(tile * 16 + g, OC - 1), og8 = min(tile * 16 + g + 8, OC - 1); /* scale rows */
         float ya = 0.0f, yb = 0.0f; /* rows g, g + 8: this lane's columns, folded with the blocks' scales */
 #ifdef ASYM
-        float za = 0.0f, zb = 0.0f; /* the offsets' terms (lanes t = 0) */
+        float za = 0.0f, zb = 0.0f; /* the offsets' terms (used from lanes t = 0) */
 #endif
 #endif
-        __global const uint4 *wt = wq + (size_t)tile * KL * 32 + lane;
         for (int base = 0; base < KL; base += SPLIT * U) { /* the same trip count in every warp */
-            uint4 wv[U];
-#ifndef NBLK1
-            float sv[U][FPL][2]; /* the folds' scales (rows g, g + 8), loaded with the weights */
-#ifdef ASYM
-            float av[U][FPL][2]; /* and offsets */
+            /* the successor batch: the next one of this tile, else the next tile's first */
+            const bool more = base + SPLIT * U < KL;
+            const int ntile = more ? tile : tile + NG, nbase = more ? base + SPLIT * U : 0;
+#ifdef PIPE
+            uint4 wn[U];
+            fold_t sn[U * NFOLD];
+            if (ntile < OT)
+                load_batch(wq, ws, ntile, nbase, lk, lane, wn, sn);
 #endif
-#endif
-#pragma unroll
-            for (int j = 0; j < U; ++j) {
-                const int klc = min(base + lk + j * SPLIT, KL - 1);
-                wv[j] = base == 0 && tile == tile0 ? wfirst[j] : wt[klc * 32];
-#ifndef NBLK1
-#pragma unroll
-                for (int f = 0; f < FPL; ++f) {
-                    const int blk = min(HALVES ? klc * FPL + f : (klc * NMMA + f * FOLDM) / MPB, NBLK - 1);
-                    sv[j][f][0] = LOAD_S1(ws, blk * OCP + og);
-                    sv[j][f][1] = LOAD_S1(ws, blk * OCP + og8);
-#ifdef ASYM
-                    av[j][f][0] = LOAD_S1(wo, blk * OCP + og);
-                    av[j][f][1] = LOAD_S1(wo, blk * OCP + og8);
-#endif
-                }
-#endif
-            }
 #pragma unroll
             for (int j = 0; j < U; ++j) {
                 const int kl = base + lk + j * SPLIT;
@@ -288,41 +340,53 @@ void gemv_mma(__global const float *x,
                     /* lanes g >= 4 read the columns again: their products (columns 4-7) are not used */
                     uint2 bv = xb[((g & 3) * (KS / 2) + min(pr, KS / 2 - 1)) * 4 + t];
                     bv = valid ? bv : (uint2)(0u, 0u);
-#ifdef NV_PTX
-#define MMA(d, a0, a1, a2, a3, b) mma_s8(d, a0, a1, a2, a3, b)
-#else
-#define MMA(d, a0, a1, a2, a3, b) mma_emul(d, a0, a1, a2, a3, b, As, Bs, g, t)
-#endif
 #ifdef NBLK1
-                    MMA(c, a[0], a[1], a[2], a[3], bv);
+                    MMA(c, c, a, bv);
 #else
                     /* fold each block into float at its last product (products past IC are zero: skipped) */
 #pragma unroll
                     for (int h = 0; h < (HALVES ? 2 : 1); ++h) {
-                        if (HALVES) /* one block per step: the product of each step alone */
-                            MMA(c, h ? 0u : a[0], h ? 0u : a[1], h ? a[2] : 0u, h ? a[3] : 0u, bv);
-                        else
-                            MMA(c, a[0], a[1], a[2], a[3], bv);
+                        int d[4];
+                        if (HALVES) { /* one block per step: the product of each step alone */
+                            const uint ah[4] = {h ? 0u : a[0], h ? 0u : a[1], h ? a[2] : 0u, h ? a[3] : 0u};
+                            MMA(d, zero, ah, bv);
+                        } else {
+                            MMA(d, (FOLDM == 1 || mm % FOLDM == 0) ? zero : c, a, bv);
+                        }
                         const int f = HALVES ? 2 * mm + h : mm / FOLDM;   /* this load's fold */
                         const int blk = HALVES ? 2 * pr + h : pr / MPB;
                         const bool last = HALVES || (pr + 1) % MPB == 0; /* the block's last product */
-                        if (valid && (HALVES || (pr + 1) % FOLDM == 0) && blk < NBLK) {
-                            if (t < 2) {
-                                ya = fma(sv[j][f][0], (float)lane_sum(c, 0, t), ya);
-                                yb = fma(sv[j][f][1], (float)lane_sum(c, 1, t), yb);
-                            }
+                        if (HALVES || (mm + 1) % FOLDM == 0) {
+                            if (valid && blk < NBLK) {
+                                const fold_t fs = sv[j * NFOLD + f];
+                                ya = fma(fs.x, (float)((d[0] << 8) + d[1]), ya);
+                                yb = fma(fs.y, (float)((d[2] << 8) + d[3]), yb);
 #ifdef ASYM
-                            if (t == 0 && last) { /* the offset times the block's sum of x, once */
-                                za = fma(av[j][f][0], xsum[blk], za);
-                                zb = fma(av[j][f][1], xsum[blk], zb);
-                            }
+                                if (last) { /* the offset times the block's sum of x, once */
+                                    const float xs = xsum[blk];
+                                    za = fma(fs.z, xs, za);
+                                    zb = fma(fs.w, xs, zb);
+                                }
 #endif
-                            c[0] = c[1] = c[2] = c[3] = 0;
+                            }
+                        } else {
+                            c[0] = d[0], c[1] = d[1], c[2] = d[2], c[3] = d[3];
                         }
                     }
 #endif
                 }
             }
+#ifdef PIPE
+#pragma unroll
+            for (int j = 0; j < U; ++j)
+                wv[j] = wn[j];
+#pragma unroll
+            for (int j = 0; j < U * NFOLD; ++j)
+                sv[j] = sn[j];
+#else
+            if (ntile < OT)
+                load_batch(wq, ws, ntile, nbase, lk, lane, wv, sv);
+#endif
         }
 
         /* lanes t = 0, 1 hold rows g and g + 8 of this warp's part (columns 0, 1 and 2, 3): add the parts */
@@ -331,9 +395,10 @@ void gemv_mma(__global const float *x,
             part[(lk * 16 + g) * 2 + t] = lane_sum(c, 0, t);
             part[(lk * 16 + g + 8) * 2 + t] = lane_sum(c, 1, t);
 #else
-            /* the folded float parts, as their bits */
-            part[(lk * 16 + g) * 2 + t] = as_int(ya);
-            part[(lk * 16 + g + 8) * 2 + t] = as_int(yb);
+            /* the folded float parts, as their bits (lane t = 0's columns weigh 2^16 more) */
+            const float wt = t == 0 ? 65536.0f : 1.0f;
+            part[(lk * 16 + g) * 2 + t] = as_int(ya * wt);
+            part[(lk * 16 + g + 8) * 2 + t] = as_int(yb * wt);
 #endif
         }
 #if defined(ASYM) && !defined(NBLK1)
