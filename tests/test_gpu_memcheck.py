@@ -206,3 +206,66 @@ def test_every_kernel_family_under_oclgrind(oclgrind):
     assert FAMILIES <= programs, FAMILIES - programs
     assert KERNELS <= kernels, KERNELS - kernels
     assert not _reports(r.stderr), "\n".join(_reports(r.stderr)[:20]) + "\n" + r.stderr[-3000:]
+
+
+GRAPH = """
+import warnings
+import numpy as np, onnx, onnxruntime as ort, pyopencl as cl
+from onnx import TensorProto, helper, numpy_helper
+import qconv.onnx as qo
+warnings.simplefilter("ignore")
+from qconv import gpu
+print(gpu.resolve("opencl")[1].name)
+rng = np.random.default_rng(2)
+F = TensorProto.FLOAT
+c = 4
+w = (rng.standard_normal((8, c, 1, 1)) * 0.5).astype(np.float32)
+inits = {"s": rng.random(c, np.float32) + 0.5, "b": rng.standard_normal(c).astype(np.float32),
+         "m": rng.standard_normal(c).astype(np.float32), "v": rng.random(c, np.float32) + 0.5,
+         "cb": rng.standard_normal((1, c, 1, 1)).astype(np.float32), "w": w,
+         "st": np.array([1], np.int64), "en": np.array([4], np.int64), "ax": np.array([3], np.int64),
+         "pads": np.array([0, 0, 1, 0, 0, 0, 0, 2], np.int64), "sc": np.array([1, 1, 2, 2], np.float32)}
+nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"]),
+         helper.make_node("Relu", ["bn"], ["r"]), helper.make_node("Add", ["r", "cb"], ["a"]),
+         helper.make_node("Conv", ["a", "w"], ["cv"]), helper.make_node("DepthToSpace", ["cv"], ["d2s"], blocksize=2,
+                                                                       mode="CRD"),
+         helper.make_node("Concat", ["a", "x"], ["cat"], axis=1), helper.make_node("Slice", ["cat", "st", "en", "ax"],
+                                                                              ["sl"]),
+         helper.make_node("Transpose", ["sl"], ["tr"], perm=[0, 1, 3, 2]), helper.make_node("Pad", ["tr", "pads"], ["pd"]),
+         helper.make_node("MaxPool", ["pd"], ["mp"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
+         helper.make_node("AveragePool", ["a"], ["ap"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("GlobalAveragePool", ["ap"], ["gap"]), helper.make_node("Softmax", ["a"], ["sm"], axis=-1),
+         helper.make_node("Resize", ["a", "", "sc"], ["rl"], mode="linear"),
+         helper.make_node("Resize", ["a", "", "sc"], ["rn"], mode="nearest"),
+         helper.make_node("Sigmoid", ["rn"], ["sg"]), helper.make_node("Transpose", ["sm"], ["smt"], perm=[0, 1, 3, 2]),
+         helper.make_node("MatMul", ["sm", "smt"], ["mm"])]
+outs = ["d2s", "mp", "gap", "sg", "rl", "mm"]
+g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, c, 3, 5])],
+                      [helper.make_tensor_value_info(o, F, None) for o in outs],
+                      [numpy_helper.from_array(v, k) for k, v in inits.items()])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+m.ir_version = 8
+q = qo.quantize_model(m, "int8-ch-sym", min_weights=0)
+x = rng.standard_normal((1, c, 3, 5)).astype(np.float32)
+ref = qo.InferenceSession(q, device="cpu", act_quant="none").run(None, {"x": x})
+sess = qo.InferenceSession(q, device="opencl", tune="none")
+for _ in range(2):   # recorded, then replayed
+    for y, r in zip(sess.run(None, {"x": x}), ref):
+        assert np.abs(y - r).max() <= 1e-4 * (np.abs(r).max() + 1), np.abs(y - r).max()
+rec = next(iter(sess.device_graph._recordings.values()))
+print("kernels:", " ".join(sorted({k.function_name for k, _, _ in rec.launches if isinstance(k, cl.Kernel)})))
+print("done")
+"""
+GRAPH_KERNELS = {"unary", "binary", "affine", "copy_nd", "fill", "pool2d", "mean_rows", "softmax_rows", "resize2d",
+                 "matmul"}
+
+
+def test_device_graph_kernels_under_oclgrind(oclgrind):
+    """Every kernel of the device graph (graph_ops.cl), recorded and replayed, on a small graph of every
+    operator it runs (and a qconv node with depth_to_space), against the CPU session."""
+    r = _under_oclgrind(oclgrind, GRAPH)
+    assert r.returncode == 0 and "done" in r.stdout, r.stdout[-2000:] + r.stderr[-5000:]
+    assert r.stdout.splitlines()[0] == "Oclgrind Simulator", r.stdout[:500]
+    kernels = set(next(line for line in r.stdout.splitlines() if line.startswith("kernels:")).split()[1:])
+    assert GRAPH_KERNELS <= kernels, GRAPH_KERNELS - kernels
+    assert not _reports(r.stderr), "\n".join(_reports(r.stderr)[:20]) + "\n" + r.stderr[-3000:]

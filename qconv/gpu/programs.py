@@ -18,7 +18,7 @@ from .errors import OpenCLBuildError, wrap_cl_error
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 PROGRAMS = ("conv_general", "conv_1x1", "conv_gemm", "conv_mma", "gemv_a8", "gemv_mma", "act_quant", "util",
-            "eltwise")
+            "eltwise", "graph_ops")
 BASE_OPTIONS = ("-cl-std=CL1.2",)
 
 

@@ -287,6 +287,12 @@ class InferenceSession:
                 _REGISTERED.add(so)
             self._sess = ort.InferenceSession(data, so, providers=providers or ["CPUExecutionProvider"],
                                               provider_options=provider_options)
+            #: the :class:`~qconv.onnx.device_graph.DeviceGraph` that runs the model on an OpenCL device (None on
+            #: the CPU and the reference, where onnxruntime runs the graph)
+            self.device_graph = None
+            if engine_cls.__name__ == "OpenCLEngine":
+                from .device_graph import DeviceGraph
+                self.device_graph = DeviceGraph(data, kernels, device)
         except Exception:
             self._finalizer()
             raise
@@ -366,6 +372,8 @@ class InferenceSession:
         (onnxruntime raises) and is raised as it is, onnxruntime's error chained."""
         sess = self._live()
         self.check_feeds(input_feed)
+        if self.device_graph is not None:
+            return self.device_graph.run(output_names, input_feed)
         take_error()
         try:
             return sess.run(output_names, input_feed, run_options)
