@@ -75,7 +75,7 @@ class GraphOps:
     the output Arrays instead of the pool (the device graph's arena of a recorded run)."""
 
     def __init__(self, ctx, queue, allocator=None):
-        cla = self._cla = __import__("pyopencl.array", fromlist=["Array"])
+        cla = __import__("pyopencl.array", fromlist=["Array"])
         self._cl = import_pyopencl()
         self.ctx, self.queue = ctx, queue
         if allocator is None:

@@ -563,7 +563,6 @@ class _Recording:
         self._arrays: list = list(inputs.values())
         self._free: dict = {}      # nbytes -> [Array]
         self._users: dict = {}     # buffer int_ptr -> live values using it
-        self._queue_empty = None
 
     def take(self, shape):
         import pyopencl.array as cla

@@ -186,7 +186,8 @@ class InferenceSession:
       (default, for None or empty: ``["CPUExecutionProvider"]``); qconv's nodes always run on the host.
 
     qconv's options, keyword-only: ``device`` (the engine of the qconv nodes: ``"cpu"``, ``"opencl"``,
-    ``"opencl:P:D"``, ``"reference"``); ``threads`` (int >= 1, threads of qconv's layers; default: see
+    ``"opencl:P:D"``, ``"reference"``; on an OpenCL device the whole graph runs there, not in onnxruntime:
+    :attr:`device_graph`, :mod:`qconv.onnx.device_graph`; ``run_options`` is then ignored); ``threads`` (int >= 1, threads of qconv's layers; default: see
     ``sess_options``, else every core of this process); ``act_quant`` (default: what the model was quantized with,
     else ``"auto"``, see the module docstring; ``"none"`` or None: float activations; else ``"tensor"``,
     ``"row"``, ``"block"`` where the engine runs them); ``act_block`` (default: each node's from
