@@ -83,6 +83,12 @@ def _decode(data: np.ndarray, bits: int, n: int) -> np.ndarray:
     return OPENCL_INT4.unpack_array(np.asarray(data, np.uint8), n)
 
 
+def _random_scales(rng, shape, dtype: str) -> np.ndarray:
+    """float32 values over five decades (exact in ``dtype``) for the scale specs' property tests."""
+    v = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 1, shape)).astype(np.float32)
+    return v.astype(np.float16).astype(np.float32) if dtype == "float16" else v
+
+
 def _random_q(rng, bits, shape) -> np.ndarray:
     lo, hi = _QRANGE[bits]
     return rng.integers(lo, hi + 1, size=shape).astype(np.int8)
@@ -449,11 +455,7 @@ class OpenCLScaleLayout:
         def case(draw):
             spec = cls(draw(st.sampled_from(["float32", "float16"])), draw(st.sampled_from([4, 1, 16])))
             shape = (draw(st.integers(1, 13)), draw(st.integers(1, 5)))
-            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-            v = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 1, shape)).astype(np.float32)
-            if spec.dtype == "float16":
-                v = v.astype(np.float16).astype(np.float32)
-            return spec, v
+            return spec, _random_scales(np.random.default_rng(draw(st.integers(0, 2**32 - 1))), shape, spec.dtype)
 
         return case()
 
@@ -757,11 +759,7 @@ class OpenCLGemvMMAScaleLayout:
             shape = (draw(st.integers(1, 40)), draw(st.integers(1, 6)))
             if spec.asym:
                 shape = (2,) + shape
-            rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-            v = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 1, shape)).astype(np.float32)
-            if spec.dtype == "float16":
-                v = v.astype(np.float16).astype(np.float32)
-            return spec, v
+            return spec, _random_scales(np.random.default_rng(draw(st.integers(0, 2**32 - 1))), shape, spec.dtype)
 
         return case()
 

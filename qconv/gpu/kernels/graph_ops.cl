@@ -141,8 +141,8 @@ __kernel void pool2d(__global const float *x, __global float *y, const int plane
     const int i = get_global_id(0);
     if (i >= planes * OH * OW)
         return;
-    const int ox = i % OW, oy = (i / OW) % OH, pl = i / (OH * OW);
-    __global const float *xp = x + (size_t)pl * IH * IW;
+    const int ox = i % OW, oy = (i / OW) % OH;
+    __global const float *xp = x + (size_t)(i / (OH * OW)) * IH * IW; /* this output's input plane */
     const int y0 = oy * SH - PT, x0 = ox * SW - PL;
 #ifdef POOL_MAX
     float acc = -INFINITY;
@@ -181,6 +181,20 @@ __kernel void pool2d(__global const float *x, __global float *y, const int plane
 #define RLOCAL 256
 #endif
 
+/* the work-group's sum (max_op 0) or max (1) of v, returned to every item (red may be reused after) */
+inline float group_reduce(__local float *red, float v, int l, int max_op) {
+    red[l] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = RLOCAL / 2; w > 0; w >>= 1) {
+        if (l < w)
+            red[l] = max_op ? fmax(red[l], red[l + w]) : red[l] + red[l + w];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = red[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
 __kernel __attribute__((reqd_work_group_size(RLOCAL, 1, 1)))
 void mean_rows(__global const float *x, __global float *y, const int len) {
     __local float red[RLOCAL];
@@ -189,15 +203,9 @@ void mean_rows(__global const float *x, __global float *y, const int len) {
     float s = 0.0f;
     for (int j = l; j < len; j += RLOCAL)
         s += xr[j];
-    red[l] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = RLOCAL / 2; w > 0; w >>= 1) {
-        if (l < w)
-            red[l] += red[l + w];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
+    s = group_reduce(red, s, l, 0);
     if (l == 0)
-        y[r] = red[0] / (float)len;
+        y[r] = s / (float)len;
 }
 
 __kernel __attribute__((reqd_work_group_size(RLOCAL, 1, 1)))
@@ -209,26 +217,11 @@ void softmax_rows(__global const float *x, __global float *y, const int len) {
     float m = -INFINITY;
     for (int j = l; j < len; j += RLOCAL)
         m = fmax(m, xr[j]);
-    red[l] = m;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = RLOCAL / 2; w > 0; w >>= 1) {
-        if (l < w)
-            red[l] = fmax(red[l], red[l + w]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    m = red[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
+    m = group_reduce(red, m, l, 1);
     float s = 0.0f;
     for (int j = l; j < len; j += RLOCAL)
         s += exp(xr[j] - m);
-    red[l] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = RLOCAL / 2; w > 0; w >>= 1) {
-        if (l < w)
-            red[l] += red[l + w];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float inv = 1.0f / red[0];
+    const float inv = 1.0f / group_reduce(red, s, l, 0);
     for (int j = l; j < len; j += RLOCAL)
         yr[j] = exp(xr[j] - m) * inv;
 }
@@ -266,8 +259,8 @@ __kernel void resize2d(__global const float *x, __global float *y, const int pla
     const int i = get_global_id(0);
     if (i >= planes * OH * OW)
         return;
-    const int ox = i % OW, oy = (i / OW) % OH, pl = i / (OH * OW);
-    __global const float *xp = x + (size_t)pl * IH * IW;
+    const int ox = i % OW, oy = (i / OW) % OH;
+    __global const float *xp = x + (size_t)(i / (OH * OW)) * IH * IW; /* this output's input plane */
     const float cy = src_coord(oy, IH, OH, scale_h), cx = src_coord(ox, IW, OW, scale_w);
 #ifdef RESIZE_LINEAR
     const float fy = clamp(cy, 0.0f, (float)(IH - 1)), fx = clamp(cx, 0.0f, (float)(IW - 1));
