@@ -7,7 +7,8 @@
 #   tests  the OpenCL tests (tests/test_gpu_*.py tests/test_opencl_layouts.py, or $TESTS) on the first device
 #   bench  benchmarks/bench_gpu.py --baselines [args] ($RUNS times, one tuning cache: run 2 shows it at work)
 #   all    tests, then bench
-#   lab    python -m benchmarks.labs.$LAB --device DEV [args] (LAB: variants by default, or host_cost)
+#   lab    python -m benchmarks.labs.$LAB --device DEV [args] (LAB: variants by default, host_cost, or device_graph
+#          with model files as args: whole models through the device graph)
 #
 # Needs a C compiler, NVIDIA's OpenCL driver (libnvidia-opencl.so.1) and python3 with numpy, pyopencl, pytest,
 # hypothesis, platformdirs, tqdm, Cython and setuptools (torch with CUDA for the --baselines columns).
