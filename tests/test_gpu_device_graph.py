@@ -151,6 +151,32 @@ def test_matmul_and_shape_arithmetic(cl_device):
     _check(m, {"a": _x(2, 3, 5, 7), "b": _x(3, 7, 4, seed=5)}, cl_device)
 
 
+def test_unary_nodes_fold_into_their_binary_reader(cl_device):
+    """A unary node whose one reader is a binary node runs inside it (squeeze-excitation's HardSigmoid -> Mul, a
+    Sigmoid before an Add, LeakyRelu on the second operand), and so does an activation (Relu, HardSwish, Clip to
+    [0, 6]) that is a binary node's one reader; a node with two readers, or whose output the graph returns,
+    stays: same outputs as onnxruntime."""
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["gap"]),
+             helper.make_node("HardSigmoid", ["gap"], ["hs"], alpha=0.25, beta=0.45),
+             helper.make_node("Mul", ["x", "hs"], ["se"]),                        # HardSigmoid folds (b)
+             helper.make_node("Sigmoid", ["x"], ["sg"]),
+             helper.make_node("Add", ["sg", "se"], ["a1"]),                       # Sigmoid folds (a)
+             helper.make_node("Relu", ["a1"], ["r1"]),                            # folds into the Add (act)
+             helper.make_node("LeakyRelu", ["x"], ["lr"], alpha=0.3),
+             helper.make_node("Sub", ["r1", "lr"], ["s1"]),                       # LeakyRelu folds (b)
+             helper.make_node("Clip", ["s1", "zero", "six"], ["c6"]),             # folds into the Sub (relu6)
+             helper.make_node("Tanh", ["x"], ["th"]),                             # two readers: stays
+             helper.make_node("Mul", ["c6", "th"], ["m2"]), helper.make_node("Add", ["m2", "th"], ["m3"]),
+             helper.make_node("HardSwish", ["m3"], ["y"]),                        # folds into the Add (act)
+             helper.make_node("Exp", ["x"], ["ex"]),                              # a graph output: stays
+             helper.make_node("Div", ["y", "ex"], ["z"])]
+    m = _model(nodes, [("x", [2, 3, 4, 5])], ["z", "ex", "y"],
+               [("zero", np.float32(0)), ("six", np.float32(6))])
+    sess = _check(m, {"x": _x(2, 3, 4, 5) * 3}, cl_device)
+    ops = [n.op_type for n, _ in sess.device_graph.nodes]
+    assert ops == ["GlobalAveragePool", "Mul", "Add", "Sub", "Tanh", "Mul", "Add", "Exp", "Div"], ops
+
+
 def test_replay_new_inputs_and_shapes(cl_device):
     """A recorded run replays with new values (not the recorded ones), and a new input shape records again;
     intermediate buffers reused inside a run never clobber a live tensor."""

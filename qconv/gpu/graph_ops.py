@@ -116,16 +116,20 @@ class GraphOps:
                          (x.base_data, y.base_data, np.int32(n), np.float32(p0), np.float32(p1)))
         return y
 
-    def binary(self, a, b, op: str, activation=None, out=None):
-        """``y = act(a op b)`` with numpy broadcasting (:data:`BINARY`, :data:`ACTS`)."""
+    def binary(self, a, b, op: str, activation=None, out=None, pre_a=None, pre_b=None):
+        """``y = act(A(a) op B(b))`` with numpy broadcasting (:data:`BINARY`, :data:`ACTS`); ``pre_a`` / ``pre_b``:
+        ``(unary op, p0, p1)`` applied to an operand first (a unary node fused into its one reader), or None."""
         shape = np.broadcast_shapes(a.shape, b.shape)
         y = self._out(shape, out)
         n = _size(shape)
         if n:
             sa, sb = (self._bstrides(t.shape, shape) for t in (a, b))
             sh, sa, sb = _nd(shape, sa, sb)
-            self._launch("binary", (f"-DBINARY={BINARY[op]}", f"-DACT={ACTS[activation]}"), n,
-                         (a.base_data, b.base_data, y.base_data, np.int32(n), sh, sa, sb))
+            (ua, a0, a1), (ub, b0, b1) = (p or ("identity", 0.0, 0.0) for p in (pre_a, pre_b))
+            pre = self._cl.cltypes.make_float4(a0, a1, b0, b1)
+            self._launch("binary", (f"-DBINARY={BINARY[op]}", f"-DACT={ACTS[activation]}", f"-DPRE_A={UNARY[ua]}",
+                                    f"-DPRE_B={UNARY[ub]}"), n,
+                         (a.base_data, b.base_data, y.base_data, np.int32(n), sh, sa, sb, pre))
         return y
 
     @staticmethod

@@ -68,6 +68,7 @@ class DeviceGraph:
         self._host_sessions: dict = {}  # node name -> onnxruntime session of the node alone
         self._host_memo: dict = {}      # node name -> (its small inputs, its outputs) of the last host run
         self._fold_constants()
+        self._fuse()
         self._uploaded: dict = {}      # host constant name -> its device copy (float32)
         self._recordings: dict = {}    # input shapes -> _Recording
         self._lock = threading.Lock()  # one run at a time: the runs share the queue, the arena and the recordings
@@ -109,6 +110,65 @@ class DeviceGraph:
                 continue
             kept.append((node, attrs))
         self.nodes = kept
+
+    def _fuse(self) -> None:
+        """Fold a unary node into the binary node that is its one reader (that operand's ``_pre_a`` / ``_pre_b``),
+        then an activation node into the binary node it is the one reader of (``_act``): one launch instead of
+        two. A node whose output is a graph output is never folded away."""
+        readers: dict = {}
+        for node, _ in self.nodes:
+            for name in node.input:
+                readers[name] = readers.get(name, 0) + 1
+        outputs = set(self.outputs)
+        producer = {o: i for i, (node, _) in enumerate(self.nodes) for o in node.output}
+        gone = set()
+        for i, (node, attrs) in enumerate(self.nodes):   # unary -> binary operand
+            if node.op_type not in BINARY_OPS:
+                continue
+            for k, key in ((0, "_pre_a"), (1, "_pre_b")):
+                j = producer.get(node.input[k]) if k < len(node.input) else None
+                if j is None or j in gone or readers.get(node.input[k]) != 1 or node.input[k] in outputs:
+                    continue
+                u, uattrs = self.nodes[j]
+                pre = self._unary_params(u, uattrs) if u.op_type in UNARY_OPS and u.domain in ("", "ai.onnx") \
+                    else None
+                if pre is not None:
+                    attrs[key] = pre
+                    node.input[k] = u.input[0]
+                    gone.add(j)
+        for i, (node, attrs) in enumerate(self.nodes):   # binary -> activation
+            if node.op_type not in BINARY_OPS or i in gone or node.output[0] in outputs \
+                    or readers.get(node.output[0]) != 1:
+                continue
+            j = next((j for j, (n, _) in enumerate(self.nodes) if j not in gone and node.output[0] in n.input), None)
+            act = None if j is None else _activation_of(*self.nodes[j], self.consts)
+            if act is not None:
+                attrs["_act"] = act
+                node.output[0] = self.nodes[j][0].output[0]
+                gone.add(j)
+        self.nodes = [n for j, n in enumerate(self.nodes) if j not in gone]
+
+    def _unary_params(self, node, attrs, ins=None):
+        """``(GraphOps unary op, p0, p1)`` of a unary node (its Clip bounds from ``ins`` or the constants), or
+        None where a Clip bound is computed at run time."""
+        op = UNARY_OPS[node.op_type]
+        p0, p1 = 0.0, 0.0
+        if op == "clip":
+            p0, p1 = attrs.get("min", -np.inf), attrs.get("max", np.inf)
+            for k in (1, 2):
+                if len(node.input) > k and node.input[k]:
+                    v = ins[k] if ins is not None else self.consts.get(node.input[k])
+                    if v is None:
+                        return None
+                    if k == 1:
+                        p0 = float(_host(v))
+                    else:
+                        p1 = float(_host(v))
+        elif op == "hard_sigmoid":
+            p0, p1 = attrs.get("alpha", 0.2), attrs.get("beta", 0.5)
+        elif op == "leaky_relu":
+            p0 = attrs.get("alpha", 0.01)
+        return op, p0, p1
 
     def unsupported(self, node, attrs, ins):
         """Why ``node`` runs on the host (None: it runs on the device). ``ins``: its input values (None before a
@@ -300,25 +360,12 @@ class DeviceGraph:
     # each _op_<Type>(node, attrs, ins) -> list of outputs
 
     def _unary(self, node, attrs, ins):
-        op = UNARY_OPS[node.op_type]
-        x = self._ins(node, ins, 0)
-        p0, p1 = 0.0, 0.0
-        if op == "clip":
-            lo, hi = attrs.get("min", -np.inf), attrs.get("max", np.inf)
-            if len(ins) > 1 and ins[1] is not None:
-                lo = float(_host(ins[1]))
-            if len(ins) > 2 and ins[2] is not None:
-                hi = float(_host(ins[2]))
-            p0, p1 = lo, hi
-        elif op == "hard_sigmoid":
-            p0, p1 = attrs.get("alpha", 0.2), attrs.get("beta", 0.5)
-        elif op == "leaky_relu":
-            p0 = attrs.get("alpha", 0.01)
-        return [self.ops.unary(x, op, p0, p1)]
+        return [self.ops.unary(self._ins(node, ins, 0), *self._unary_params(node, attrs, ins))]
 
     def _binary(self, node, attrs, ins):
         a, b = self._ins(node, ins, 0), self._ins(node, ins, 1)
-        return [self.ops.binary(a, b, BINARY_OPS[node.op_type])]
+        return [self.ops.binary(a, b, BINARY_OPS[node.op_type], attrs.get("_act"), pre_a=attrs.get("_pre_a"),
+                                pre_b=attrs.get("_pre_b"))]
 
     _op_Add = _op_Sub = _op_Mul = _op_Div = _op_Max = _op_Min = _op_Pow = _binary
 
@@ -604,6 +651,27 @@ class _Recording:
                 with a.lock:
                     a.enqueue_locked(q, b, c)
         return [self.host_outputs[n] if n in self.host_outputs else self.outputs[n].get(q) for n in names]
+
+
+def _activation_of(node, attrs, consts):
+    """The layer activation (:data:`qconv.gpu.graph_ops.ACTS`) a node computes, or None: Relu, HardSwish, and a
+    Clip to [0, 6] (bounds as attributes or constants)."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Relu":
+        return "relu"
+    if node.op_type == "HardSwish":
+        return "hardswish"
+    if node.op_type == "Clip":
+        lo, hi = attrs.get("min"), attrs.get("max")
+        for k in (1, 2):
+            if len(node.input) > k and node.input[k]:
+                v = consts.get(node.input[k])
+                if v is None:
+                    return None
+                lo, hi = (float(v), hi) if k == 1 else (lo, float(v))
+        return "relu6" if (lo, hi) == (0.0, 6.0) else None
+    return None
 
 
 def _s(v) -> str:

@@ -7,8 +7,10 @@
  *          (clamp(p0 x + p1, 0, 1)), 5 hard_swish (x clamp(x / 6 + 1/2, 0, 1)), 6 leaky_relu (x < 0: p0 x), 7 tanh,
  *          8 silu (x sigmoid(x)), 9 exp, 10 sqrt, 11 neg, 12 abs, 13 erf-gelu (x (1 + erf(x / sqrt 2)) / 2),
  *          14 reciprocal.
- * binary:  y[i] = a[ia] OP b[ib] over an output of up to 6 dims (shape y_shape), ia / ib from broadcast strides
- *          (0 on broadcast axes). BINARY: 0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min, 6 pow. ACT (common.cl) after.
+ * binary:  y[i] = ACT(A(a[ia]) OP B(b[ib])) over an output of up to 6 dims (shape y_shape), ia / ib from
+ *          broadcast strides (0 on broadcast axes). BINARY: 0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min, 6 pow; ACT
+ *          (common.cl) after; A, B: the unary ops PRE_A, PRE_B (UNARY codes, identity by default) with parameters
+ *          pre = (a's p0, p1, b's p0, p1): a unary op fused into its one reader.
  * affine:  y[n][c][s] = ACT(x[n][c][s] * sc[c] + sh[c]) (BatchNormalization, a qconv node's post_affine), two
  *          roundings (the product, then the sum: the CPU engines' post_affine rule; FP_CONTRACT is off here).
  * copy_nd: y[yo + sum_d i_d ys_d] = x[xo + sum_d i_d xs_d] over a 6-dim index space (shape): Slice, Transpose,
@@ -33,44 +35,35 @@
 
 #define MAXD 6
 
+/* op `code` of UNARY (a compile-time constant at every call: the switch folds away) */
+inline float unary_op(const int code, const float v, const float p0, const float p1) {
+    switch (code) {
+    case 1: return fmax(v, 0.0f);
+    case 2: return fmin(fmax(v, p0), p1);
+    case 3: return 1.0f / (1.0f + exp(-v));
+    case 4: return clamp(fma(p0, v, p1), 0.0f, 1.0f);
+    case 5: return v * clamp(v / 6.0f + 0.5f, 0.0f, 1.0f);
+    case 6: return v < 0.0f ? p0 * v : v;
+    case 7: return tanh(v);
+    case 8: return v / (1.0f + exp(-v));
+    case 9: return exp(v);
+    case 10: return sqrt(v);
+    case 11: return -v;
+    case 12: return fabs(v);
+    case 13: return 0.5f * v * (1.0f + erf(v * 0.70710678118654752f));
+    case 14: return 1.0f / v;
+    default: return v;
+    }
+}
+
+#ifndef UNARY
+#define UNARY 0
+#endif
+
 __kernel void unary(__global const float *x, __global float *y, const int n, const float p0, const float p1) {
     const int i = get_global_id(0);
-    if (i >= n)
-        return;
-    const float v = x[i];
-    float r;
-#if UNARY == 0
-    r = v;
-#elif UNARY == 1
-    r = fmax(v, 0.0f);
-#elif UNARY == 2
-    r = fmin(fmax(v, p0), p1);
-#elif UNARY == 3
-    r = 1.0f / (1.0f + exp(-v));
-#elif UNARY == 4
-    r = clamp(fma(p0, v, p1), 0.0f, 1.0f);
-#elif UNARY == 5
-    r = v * clamp(v / 6.0f + 0.5f, 0.0f, 1.0f);
-#elif UNARY == 6
-    r = v < 0.0f ? p0 * v : v;
-#elif UNARY == 7
-    r = tanh(v);
-#elif UNARY == 8
-    r = v / (1.0f + exp(-v));
-#elif UNARY == 9
-    r = exp(v);
-#elif UNARY == 10
-    r = sqrt(v);
-#elif UNARY == 11
-    r = -v;
-#elif UNARY == 12
-    r = fabs(v);
-#elif UNARY == 13
-    r = 0.5f * v * (1.0f + erf(v * 0.70710678118654752f));
-#elif UNARY == 14
-    r = 1.0f / v;
-#endif
-    y[i] = r;
+    if (i < n)
+        y[i] = unary_op(UNARY, x[i], p0, p1);
 }
 
 /* the input offset of output element i: digits of i over `shape` (innermost last) times `strides` */
@@ -87,12 +80,20 @@ inline int nd_offset(int i, const int8 shape, const int8 strides) {
     return off;
 }
 
+#ifndef PRE_A
+#define PRE_A 0
+#endif
+#ifndef PRE_B
+#define PRE_B 0
+#endif
+
 __kernel void binary(__global const float *a, __global const float *b, __global float *y, const int n,
-                     const int8 shape, const int8 sa, const int8 sb) {
+                     const int8 shape, const int8 sa, const int8 sb, const float4 pre) {
     const int i = get_global_id(0);
     if (i >= n)
         return;
-    const float u = a[nd_offset(i, shape, sa)], v = b[nd_offset(i, shape, sb)];
+    const float u = unary_op(PRE_A, a[nd_offset(i, shape, sa)], pre.x, pre.y);
+    const float v = unary_op(PRE_B, b[nd_offset(i, shape, sb)], pre.z, pre.w);
     float r;
 #if BINARY == 0
     r = u + v;
