@@ -321,3 +321,57 @@ def test_final_timing_adds_a_few_timings(cl_device, cache_dir, monkeypatch):
     assert len(calls) == 5 + tuning.ROUNDS * tuning.FINALISTS
 
 # }}}
+
+
+# {{{ building the candidates' programs at once
+
+def test_every_timed_candidates_programs_are_built_before_timing(cl_device, cache_dir, monkeypatch):
+    """select() hands build_many every (program, options) that the candidates it times will launch, before the
+    first timing; a second engine of the same problem, answered from the cache, builds nothing more."""
+    from qconv.gpu import programs
+
+    events, built = [], []
+    real_build, real_times = programs.build_many, tuning.launch_times
+
+    def build_many(ctx, pairs):
+        events.append("build")
+        built.extend(pairs)
+        real_build(ctx, pairs)
+
+    def launch_times(queue, cand, lws, repeats):
+        events.append("time")
+        return real_times(queue, cand, lws, repeats)
+
+    monkeypatch.setattr(programs, "build_many", build_many)
+    monkeypatch.setattr(tuning, "launch_times", launch_times)
+    seen = []
+    real_select = tuning.select
+
+    def select(device, queue, candidates, level):
+        seen.extend(candidates)
+        return real_select(device, queue, candidates, level)
+
+    monkeypatch.setattr(tuning, "select", select)
+    spec, x = _problems()[0]
+    gpu.OpenCLEngine(spec, device=cl_device, tune="fast").forward(x)
+    assert events and events[0] == "build" and "time" in events
+    launched = {(s.program, tuple(s.options)) for c in seen for lws in c.local_sizes for s in c.info["steps"](lws)}
+    assert launched and launched <= set(built)
+    events.clear()
+    gpu.OpenCLEngine(spec, device=cl_device, tune="fast").forward(x)
+    assert "time" not in events and "build" not in events
+
+
+def test_build_many_leaves_a_failing_build_to_get_program(cl_device):
+    """A program that does not compile does not stop the others in build_many; get_program raises its error."""
+    from qconv.gpu import programs
+    from qconv.gpu.errors import OpenCLBuildError
+
+    ctx = gpu.resolve(cl_device)[0]
+    good, bad = ("graph_ops", ("-DQCONV_TEST_BUILD_MANY=1",)), ("conv_1x1", ("-DQCONV_TEST_BUILD_MANY=2",))
+    programs.build_many(ctx, [good, bad])
+    assert programs.get_program(ctx, *good) is programs.get_program(ctx, *good)
+    with pytest.raises(OpenCLBuildError, match="QBITS"):
+        programs.get_program(ctx, *bad)
+
+# }}}

@@ -38,7 +38,9 @@ def main(argv=None):
 
 def run_model(path, args, rng):
     import qconv.onnx as qo
+    from qconv.gpu import tuning
 
+    before = dict(tuning.stats)
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -68,6 +70,7 @@ def run_model(path, args, rng):
         ref = qo.InferenceSession(path, device="cpu", act_quant="none").run(None, feeds)
         line += f"  SQNR vs CPU {min(sqnr_db(a, b) for a, b in zip(ys, ref)):.1f} dB"
     print(line, flush=True)
+    print("    tuning:", ", ".join(f"{k} {v - before.get(k, 0)}" for k, v in tuning.stats.items()), flush=True)
     for w in caught:
         print("   ", w.message)
     if graph and graph.host_nodes:

@@ -195,7 +195,8 @@ def planned_candidate(ctx, variant: str, program: str, options: tuple, signature
     launch, ``scratch`` = queue -> scratch buffers), ``steps`` (the function) and ``plan(lws)`` (the
     :class:`LaunchPlan`), ``keep(lws)`` (drop the other local sizes' plans, after tuning), ``release()`` (drop
     every plan: a candidate the tuner did not pick). ``scratch``: Scratch objects in the order
-    ``info["state"]["scratch"]`` lists their buffers."""
+    ``info["state"]["scratch"]`` lists their buffers. ``programs(lws)``: the ``(program, options)`` its plan
+builds (the tuner builds all candidates' at once)."""
     from . import tuning
 
     state = {"bufs": None, "events": None, "scratch": {}}
@@ -224,7 +225,10 @@ def planned_candidate(ctx, variant: str, program: str, options: tuple, signature
     def release():
         plans.clear()
 
-    c = tuning.Candidate(variant, program, options, signature, local_sizes, launch)
+    def programs(lws):
+        return {(s.program, tuple(s.options)) for s in steps(lws)}
+
+    c = tuning.Candidate(variant, program, options, signature, local_sizes, launch, ctx=ctx, programs=programs)
     c.info.update(state=state, steps=steps, plan=plan, keep=keep, release=release, label=label,
                   scratch=tuple(scratch))
     return c

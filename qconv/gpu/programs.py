@@ -10,6 +10,7 @@ the build log.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from pathlib import Path
 
@@ -70,6 +71,28 @@ def get_program(ctx, program: str, options=()) -> "pyopencl.Program":  # noqa: F
     if _built is None:
         _built = _memoize(_get_program_impl)
     return _built(ctx, program, tuple(options))
+
+
+def build_many(ctx, pairs) -> None:
+    """Builds every ``(program, options)`` of ``pairs`` into :func:`get_program`'s memo, on up to 16 threads at
+    once (pyopencl releases the GIL while the driver compiles: the tuner's candidates of one layer build
+    together instead of one after another). A failed build is left for :func:`get_program` to raise where the
+    program is used."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pairs = sorted({(p, tuple(o)) for p, o in pairs})
+    workers = min(len(pairs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 16)
+    if workers < 2:
+        return
+
+    def build(pair):
+        try:
+            get_program(ctx, *pair)
+        except Exception:  # noqa: BLE001 (raised again, with its context, where the program is used)
+            pass
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="qconv-build") as pool:
+        list(pool.map(build, pairs))
 
 
 _kernels = None

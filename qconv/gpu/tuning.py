@@ -238,6 +238,8 @@ class Candidate:
     (first event, last event) in ``info["state"]["events"]`` (timed from the first's start, see
     :func:`launch_span`). ``signature``: the global size and scalar arguments, so that a
     cache entry is only reused for the same problem. ``local_sizes``: the sizes to try, best guess first.
+    ``programs(lws)`` (optional, with ``ctx``): the ``(program, options)`` pairs a launch with ``lws`` builds,
+    so that :func:`select` builds every candidate's at once (:func:`~qconv.gpu.programs.build_many`).
     """
 
     variant: str
@@ -246,6 +248,8 @@ class Candidate:
     signature: tuple
     local_sizes: list
     launch: Callable
+    ctx: object = None
+    programs: Callable | None = None
     info: dict = field(default_factory=dict)
 
     @property
@@ -319,6 +323,22 @@ def _final(queue, results: list, repeats: int) -> list:
     return [(float(statistics.median(t)), *r[1:]) for t, r in zip(timings, finalists)]
 
 
+def _build_untimed(cache, candidates: list, level: str) -> None:
+    """Builds the programs of every candidate that :func:`select` will time (no usable cache entry), at once."""
+    from .programs import build_many
+
+    by_ctx: dict = {}
+    for cand in candidates:
+        entry = cache.get(cand.key)
+        if cand.programs is None or (entry is not None and _RANK[entry["level"]] >= _RANK[level]):
+            continue
+        pairs = by_ctx.setdefault(id(cand.ctx), (cand.ctx, set()))[1]
+        for lws in cand.local_sizes:
+            pairs |= cand.programs(lws)
+    for ctx, pairs in by_ctx.values():
+        build_many(ctx, pairs)
+
+
 def select(device, queue, candidates: list, level: str):
     """Fastest ``(candidate, lws, ns)`` among ``candidates`` (``ns`` None when nothing was timed).
 
@@ -346,6 +366,7 @@ def select(device, queue, candidates: list, level: str):
     budget, repeats = BUDGET_S[level], REPEATS[level]
     start = _timed_s()   # the budget counts timed launches only: compile speed (a driver's binary cache is
     #                      warm or cold) must not change which local sizes are timed, so neither the pick
+    _build_untimed(cache, candidates, level)
     results = []
     for idx, cand in enumerate(candidates):
         entry = cache.get(cand.key)
