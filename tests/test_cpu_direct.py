@@ -77,6 +77,34 @@ def test_direct_in_place_on_large_planes(kernel, c, h, w, bits):
     assert np.array_equal(y2.view(np.uint32), y1.view(np.uint32))
 
 
+AVX512 = [k for k in KERNELS if k in _direct.AVX512_KERNELS]
+
+
+@pytest.mark.skipif(not AVX512, reason="this CPU has no AVX-512 micro-kernel (its avx2 results are checked above)")
+@settings(max_examples=40)
+@given(case=direct_cases(), nc4hw4=st.booleans(), in_place=st.sampled_from([0, 5, 1100]))
+def test_avx512_micro_kernel_equals_avx2_bitwise(case, nc4hw4, in_place):
+    """The AVX-512 micro-kernel (8 channels x 32 pixels, two weight blocks a call, one for an odd last block) runs
+    every output's FMA chain over k in the AVX2 kernel's order: the same bits, in both layouts, on strided and padded
+    layers and on in-place 1x1 layers (one chunk of k, and chunks of 96 for 1100 input channels)."""
+    geo, weight, x, bias, act = case
+    if in_place:
+        rng = np.random.default_rng(in_place)
+        o = geo.o
+        weight = qconv.quantize_weight(rng.standard_normal((o, in_place, 1, 1)).astype(np.float32), bits=weight.bits)
+        x = rng.standard_normal((geo.n, in_place, 9, 11)).astype(np.float32)
+        spec = ConvSpec(weight, bias, 1, 0, 1, act, None)
+    else:
+        spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
+    xin = P4.pack_array(x) if nc4hw4 else x
+    layout = "nc4hw4" if nc4hw4 else "nchw"
+    want = CpuEngine(spec, kernel="avx2", threads=2).forward(xin, layout)
+    for kernel in AVX512:
+        eng = CpuEngine(spec, kernel=kernel, threads=2)
+        assert eng.path == "direct" and f"{_direct.STRIP_PIXELS_AVX512}-pixel strips" in eng.describe()
+        assert np.array_equal(eng.forward(xin, layout).view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_direct_hands_small_outputs_to_the_gemm(kernel):
     """Fewer than DIRECT_MIN_PIXELS output pixels a sample: the GEMM path, prepared on that first call; both paths

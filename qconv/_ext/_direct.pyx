@@ -22,6 +22,7 @@ from ._cpu cimport _parallel_for
 cdef extern from "qconv_direct.h" nogil:
     enum:
         QC_DIRECT_NP
+        QC_DIRECT_NP512
         QC_DIRECT_MR
         QC_DIRECT_NS
         QC_WINO_MIN_PIXELS
@@ -43,6 +44,7 @@ cdef extern from "qconv_direct.h" nogil:
         int32_t in_nc4hw4, out_nc4hw4
         float *y
         int32_t vec
+        int32_t np
         int32_t ns
         int64_t ips
         int32_t winograd, wino
@@ -52,6 +54,7 @@ cdef extern from "qconv_direct.h" nogil:
         const int64_t *koff
         const float *wf
     void qc_direct_setup(qc_direct_job *j)
+    int32_t qc_direct_max_ns(const qc_direct_job *j)
     int64_t qc_direct_sample(const qc_direct_job *j)
     int64_t qc_direct_slack(const qc_direct_job *j)
     int64_t qc_direct_items(const qc_direct_job *j)
@@ -64,7 +67,10 @@ cdef extern from "qconv_direct.h" nogil:
     int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
 
 
+# grid pixels a strip: AVX2 and portable C, and the AVX-512 micro-kernel (kernels "avx512vnni" and "amx")
 STRIP_PIXELS = QC_DIRECT_NP
+STRIP_PIXELS_AVX512 = QC_DIRECT_NP512
+AVX512_KERNELS = ("avx512vnni", "amx")
 CHANNELS_PER_BLOCK = QC_DIRECT_MR
 # output pixels a sample from which 3x3 stride-1 layers run Winograd F(2x2, 3x3) (qconv_winograd.h)
 WINOGRAD_MIN_PIXELS = QC_WINO_MIN_PIXELS
@@ -85,7 +91,7 @@ cdef int64_t _layout(qc_direct_job *j, int nt, int64_t *parts) noexcept nogil:
     # strips an item: up to QC_DIRECT_NS, but at least 4 items a thread where the layer has them; the items of a
     # sample split its strips evenly, and their count is a multiple of the threads where the strips allow
     cdef int64_t strips = qc_direct_strips(j)
-    j.ns = 1 if j.wino else max(1, min(QC_DIRECT_NS, j.N * strips // (4 * nt)))
+    j.ns = 1 if j.wino else max(1, min(qc_direct_max_ns(j), j.N * strips // (4 * nt)))
     j.ips = (strips + j.ns - 1) // j.ns
     while (j.N * j.ips) % nt and j.ips < strips:
         j.ips += 1
@@ -190,7 +196,7 @@ cdef class DirectPlan:
         w = spec.weight
         self.spec = spec
         self.kernel = kernel
-        self.vec = 0 if kernel == "scalar" else 1
+        self.vec = 0 if kernel == "scalar" else 2 if kernel in AVX512_KERNELS else 1
         self.winograd = winograd
         self.last_winograd = False
         o, c = w.out_channels, w.in_channels

@@ -346,7 +346,8 @@ class CpuEngine:
             path = "depthwise pointwise" if self.spec.is_pointwise else "depthwise"
             return f"cpu ({self.kernel}, {path}, threads={self.threads}, {mode}{out})"
         if self._direct is not None:
-            return (f"cpu ({self.kernel}, direct float, {_direct.STRIP_PIXELS}-pixel strips (the GEMM below "
+            strip = _direct.STRIP_PIXELS_AVX512 if self.kernel in _direct.AVX512_KERNELS else _direct.STRIP_PIXELS
+            return (f"cpu ({self.kernel}, direct float, {strip}-pixel strips (the GEMM below "
                     f"{DIRECT_MIN_PIXELS} output pixels), threads={self.threads}, {mode}{out})")
         lay = self.layout
         path = "pointwise" if self._pointwise else "indirect im2col"
