@@ -375,3 +375,59 @@ def test_build_many_leaves_a_failing_build_to_get_program(cl_device):
         programs.get_program(ctx, *bad)
 
 # }}}
+
+
+# {{{ compile worker processes
+
+def test_build_processes_choice(cl_device, monkeypatch):
+    from qconv.gpu import programs
+
+    dev = gpu.resolve(cl_device)[1]
+    monkeypatch.setenv(programs.ENV_BUILD_PROCESSES, "3")
+    assert programs.build_processes(dev) == 3
+    monkeypatch.setenv(programs.ENV_BUILD_PROCESSES, "many")
+    with pytest.raises(ValueError, match="QCONV_BUILD_PROCESSES"):
+        programs.build_processes(dev)
+    monkeypatch.delenv(programs.ENV_BUILD_PROCESSES)
+    nvidia = "NVIDIA" in dev.platform.name.upper()
+    assert (programs.build_processes(dev) > 0) == nvidia
+    monkeypatch.setenv("CUDA_CACHE_DISABLE", "1")
+    assert programs.build_processes(dev) == 0
+
+
+def test_compile_workers_build_and_report_failures(cl_device, monkeypatch):
+    """Workers (forced on with QCONV_BUILD_PROCESSES) answer every request, good builds and a failing one alike,
+    and the pool serves a second batch; the programs then build in this process as before."""
+    from qconv.gpu import programs
+    from qconv.gpu.errors import OpenCLBuildError
+
+    monkeypatch.setenv(programs.ENV_BUILD_PROCESSES, "2")
+    ctx = gpu.resolve(cl_device)[0]
+    tag = f"{os.getpid()}_{id(ctx)}"
+    good = [("graph_ops", (f"-DQCONV_WORKER_TEST_{tag}={i}",)) for i in range(3)]
+    bad = ("conv_1x1", (f"-DQCONV_WORKER_BAD_{tag}=1",))
+    pool = programs._Workers(ctx.devices[0], 2)
+    try:
+        assert pool.build(good + [bad])
+        assert pool.build(good[:1])
+        assert all(p.poll() is None for p in pool.procs)
+    finally:
+        pool.close()
+    programs.build_many(ctx, good + [bad])
+    for pair in good:
+        programs.get_program(ctx, *pair)
+    with pytest.raises(OpenCLBuildError):
+        programs.get_program(ctx, *bad)
+
+
+def test_a_dead_compile_worker_stops_the_pool_without_hanging(cl_device):
+    from qconv.gpu import programs
+
+    ctx = gpu.resolve(cl_device)[0]
+    pool = programs._Workers(ctx.devices[0], 2)
+    pool.procs[1].kill()
+    pool.procs[1].wait()
+    assert not pool.build([("graph_ops", (f"-DQCONV_WORKER_DEAD_{i}=1",)) for i in range(4)])
+    assert pool.procs == []
+
+# }}}

@@ -72,6 +72,20 @@ def _timed(fn, runs: int):
     return statistics.median(times) * 1e3, times[len(times) // 10] * 1e3
 
 
+def _capture(m, xd):
+    """(CUDA graph, its static input, its static outputs) of one call of ``m`` on a copy of ``xd``."""
+    import torch
+
+    static_x = xd.clone()
+    for _ in range(3):  # warm-up before capture, as torch's CUDA graph docs ask
+        m(static_x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = _outputs(m(static_x))
+    return graph, static_x, static_y
+
+
 def run_model(path: str, args) -> None:
     import torch
 
@@ -97,13 +111,20 @@ def run_model(path: str, args) -> None:
             def eager_res():
                 m(xd)
 
-            static_x = xd.clone()
-            for _ in range(3):  # warm-up on a side stream, as torch's CUDA graph docs ask
-                m(static_x)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_y = _outputs(m(static_x))
+            def row(name, wall, res):
+                w, wp = _timed(wall, args.runs)
+                r, rp = _timed(res, args.runs)
+                print(f"{path.split('/')[-1]:28s} {tuple(shape)}  torch {str(dtype)[6:]:8s} {name:10s}  "
+                      f"wall median {w:7.3f} ms  p10 {wp:7.3f}  resident median {r:7.3f} ms  p10 {rp:7.3f}{err}",
+                      flush=True)
+
+            row("eager", eager_wall, eager_res)
+            try:
+                graph, static_x, static_y = _capture(m, xd)
+            except RuntimeError as exc:  # e.g. a converted op that copies a host tensor during capture
+                print(f"{path.split('/')[-1]:28s} {tuple(shape)}  torch {str(dtype)[6:]:8s} CUDA graph: not "
+                      f"capturable: {str(exc)[:160]}", flush=True)
+                continue
 
             def graph_wall():
                 static_x.copy_(torch.from_numpy(x).to("cuda", dtype))
@@ -114,14 +135,7 @@ def run_model(path: str, args) -> None:
             def graph_res():
                 graph.replay()
 
-            rows = [("eager", eager_wall, eager_res), ("CUDA graph", graph_wall, graph_res)]
-            for name, wall, res in rows:
-                w, wp = _timed(wall, args.runs)
-                r, rp = _timed(res, args.runs)
-                print(f"{path.split('/')[-1]:28s} {tuple(shape)}  torch {str(dtype)[6:]:8s} {name:10s}  "
-                      f"wall median {w:7.3f} ms  p10 {wp:7.3f}  resident median {r:7.3f} ms  p10 {rp:7.3f}{err}",
-                      flush=True)
-            del graph, static_x, static_y
+            row("CUDA graph", graph_wall, graph_res)
         torch.cuda.empty_cache()
 
 

@@ -10,7 +10,10 @@ the build log.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -73,17 +76,152 @@ def get_program(ctx, program: str, options=()) -> "pyopencl.Program":  # noqa: F
     return _built(ctx, program, tuple(options))
 
 
+ENV_BUILD_PROCESSES = "QCONV_BUILD_PROCESSES"
+_WORKER_TIMEOUT_S = 120.0   # a worker that does not answer a request within this is killed (its program is built here)
+_WORKER_IDLE_S = 30.0       # workers exit this long after the last request
+
+
+def build_processes(device) -> int:
+    """Compile worker processes :func:`build_many` uses for ``device``: ``$QCONV_BUILD_PROCESSES`` if set, else up
+    to 8 for NVIDIA's OpenCL (which compiles one program at a time in a process) and none elsewhere (threads build
+    in parallel there, e.g. PoCL). Their programs come back through the driver's own cache of source builds
+    (NVIDIA's ComputeCache, PoCL's kcache; pyopencl keeps no cache of its own for these two): none when NVIDIA's is
+    off (``CUDA_CACHE_DISABLE=1``)."""
+    env = os.environ.get(ENV_BUILD_PROCESSES)
+    if env is not None and env.strip():
+        try:
+            return max(0, int(env))
+        except ValueError:
+            raise ValueError(f"{ENV_BUILD_PROCESSES} must be an integer, got {env!r}") from None
+    nvidia = "NVIDIA" in device.platform.name.upper()
+    if not nvidia or os.environ.get("CUDA_CACHE_DISABLE", "0") not in ("", "0"):
+        return 0
+    return min(8, os.cpu_count() or 1)
+
+
+class _Workers:
+    """Compile worker processes (``qconv.gpu._build_worker``) for one device, started on first use and stopped
+    after :data:`_WORKER_IDLE_S` without requests, or when one fails."""
+
+    def __init__(self, device, n: int):
+        import subprocess
+        import sys
+
+        cl = import_pyopencl()
+        index = next(((p, d) for p, plat in enumerate(cl.get_platforms())
+                      for d, dev in enumerate(plat.get_devices()) if dev == device), None)
+        if index is None:
+            raise RuntimeError("the device is on no platform")
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])   # the directory holding the qconv package
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.procs = [subprocess.Popen([sys.executable, "-m", "qconv.gpu._build_worker", *map(str, index)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       text=True, bufsize=1, env=env) for _ in range(n)]
+        self.ready = [False] * n
+        self.timer = None
+
+    def build(self, pairs) -> bool:
+        """Builds ``pairs`` (``(program, options)``) in the workers; False when a worker failed (the pool is then
+        stopped; the caller builds what is missing)."""
+        import queue
+        import threading
+
+        todo = queue.SimpleQueue()
+        for pair in pairs:
+            todo.put(pair)
+        failed = []
+
+        def serve(i, proc):
+            try:
+                if not self.ready[i]:
+                    if not proc.stdout.readline():
+                        raise EOFError
+                    self.ready[i] = True
+                while True:
+                    try:
+                        program, options = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    proc.stdin.write(json.dumps({"program": program, "options": list(options)}) + "\n")
+                    proc.stdin.flush()
+                    if not proc.stdout.readline():
+                        raise EOFError
+            except (OSError, EOFError, ValueError):
+                failed.append(i)
+
+        threads = [threading.Thread(target=serve, args=(i, p), daemon=True) for i, p in enumerate(self.procs)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + _WORKER_TIMEOUT_S * (1 + len(pairs) / max(1, len(self.procs)))
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if failed or any(t.is_alive() for t in threads):
+            self.close()
+            return False
+        return True
+
+    def close(self):
+        for p in self.procs:
+            try:
+                p.kill()
+                p.wait(5)
+            except Exception:  # noqa: BLE001 (already gone)
+                pass
+        self.procs = []
+
+
+_workers: dict = {}
+_workers_lock = threading.Lock()
+
+
+def _stop_idle(key, pool):
+    with _workers_lock:
+        if _workers.get(key) is pool:
+            del _workers[key]
+    pool.close()
+
+
+def _build_in_workers(ctx, pairs) -> None:
+    device = ctx.devices[0]
+    n = min(build_processes(device), len(pairs))
+    if n < 2:
+        return
+    key = device.int_ptr
+    with _workers_lock:
+        pool = _workers.get(key)
+        if pool is not None and len(pool.procs) < n:
+            pool.close()
+            pool = None
+        if pool is None:
+            try:
+                pool = _workers[key] = _Workers(device, n)
+            except Exception:  # noqa: BLE001 (no workers: the programs build here)
+                return
+        if pool.timer is not None:
+            pool.timer.cancel()
+    ok = pool.build(pairs)
+    with _workers_lock:
+        if not ok:
+            _workers.pop(key, None)
+            return
+        pool.timer = threading.Timer(_WORKER_IDLE_S, _stop_idle, (key, pool))
+        pool.timer.daemon = True
+        pool.timer.start()
+
+
 def build_many(ctx, pairs) -> None:
-    """Builds every ``(program, options)`` of ``pairs`` into :func:`get_program`'s memo, on up to 16 threads at
-    once (pyopencl releases the GIL while the driver compiles: the tuner's candidates of one layer build
-    together instead of one after another). A failed build is left for :func:`get_program` to raise where the
-    program is used."""
+    """Builds every ``(program, options)`` of ``pairs`` into :func:`get_program`'s memo at once: in compile worker
+    processes first where :func:`build_processes` says (they leave the builds in the driver's cache), then on up
+    to 16 threads (pyopencl releases the GIL while the driver compiles or loads a binary). The tuner hands it every
+    candidate of a layer. A failed build is left for :func:`get_program` to raise where the program is used."""
     from concurrent.futures import ThreadPoolExecutor
 
     pairs = sorted({(p, tuple(o)) for p, o in pairs})
-    workers = min(len(pairs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 16)
-    if workers < 2:
+    if len(pairs) < 2:
         return
+    _build_in_workers(ctx, pairs)
+    workers = min(len(pairs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 16)
 
     def build(pair):
         try:
@@ -91,6 +229,8 @@ def build_many(ctx, pairs) -> None:
         except Exception:  # noqa: BLE001 (raised again, with its context, where the program is used)
             pass
 
+    if workers < 2:
+        return
     with ThreadPoolExecutor(workers, thread_name_prefix="qconv-build") as pool:
         list(pool.map(build, pairs))
 
