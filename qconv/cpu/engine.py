@@ -19,7 +19,8 @@ bound for one call and released after: an engine keeps no scratch between calls)
 bitwise): one-group convs take the **direct path** (:class:`qconv._ext._direct.DirectPlan`, ``qconv_direct.h``):
 output pixels in the vector lanes, so NCHW is read and written as it is (no transposes), a per-call float32 copy
 of the dequantized weight, phase planes of the padded input for any stride / padding / dilation (a 1x1 stride-1
-conv reads its input in place), a 4-channel x 24-pixel FMA micro-kernel; large 3x3 stride-1 layers run Winograd
+conv reads its input in place), a 4-channel x 24-pixel FMA micro-kernel (AVX2; with the ``avx512vnni`` and ``amx``
+kernels 8 channels x 32 pixels, the same bits); large 3x3 stride-1 layers run Winograd
 F(2x2, 3x3) on the same micro-kernel (``qconv_winograd.h``, ``$QCONV_CPU_WINOGRAD=0`` turns it off). Calls of fewer than
 :data:`DIRECT_MIN_PIXELS` output pixels a sample, grouped convs and ``Linear`` (``direct=False``) take the GEMM:
 the input goes into pixel-major float32 rows and ``qconv_float.h``'s kernels convert the weight codes to float
