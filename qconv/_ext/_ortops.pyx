@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""qconv's onnxruntime custom operators ``ai.qconv::QConv`` and ``ai.qconv::QMatMul``, native (``qconv_ort.h``).
+"""qconv's onnxruntime custom operators ``ai.qconv::QConv``, ``ai.qconv::QMatMul`` and ``ai.qconv::QFused`` (one or
+more inputs), native (``qconv_ort.h``).
 
 This module's own file is the custom-op library a session registers (:func:`library_path`). Each node of those
 types carries one string attribute, ``qconv_key``; at kernel creation the resolver given to :func:`install` maps
@@ -8,9 +9,10 @@ without that attribute (a string), or whose key the resolver does not know, fail
 saying so; an onnxruntime older than 1.16 fails the library's registration (``qconv_ort.h``). A compute
 call takes the GIL and passes the kernel numpy views of onnxruntime's own memory, no copies:
 
-1. ``x``: the float32 input tensor, read-only;
-2. ``kernel.out_shape(x.shape)`` -> the output shape, for which onnxruntime allocates the output tensor;
-3. ``kernel(x, y)`` writes the result into ``y``, the view of that tensor.
+1. ``x``: the float32 input tensor, read-only (``QFused``: ``x1, x2, ...``);
+2. ``kernel.out_shape(x.shape)`` (``out_shape(x1.shape, x2.shape, ...)``) -> the output shape, for which
+   onnxruntime allocates the output tensor;
+3. ``kernel(x, y)`` (``kernel(x1, x2, ..., y)``) writes the result into ``y``, the view of that tensor.
 
 A Python exception in steps 2-3 goes to the error hook given to :func:`install` and fails the node with its
 message (onnxruntime's ``run`` then raises); neither view outlives the call.
@@ -45,8 +47,10 @@ cdef extern from "qconv_ort.h" nogil:
                             size_t cap, size_t *nd)
     OrtStatus *qc_ort_output(qc_ort_api api, OrtKernelContext *ctx, size_t i, const int64_t *dims, size_t nd,
                              float **data)
+    OrtStatus *qc_ort_input_count(qc_ort_api api, OrtKernelContext *ctx, size_t *n)
 
 DEF MAX_DIMS = 8
+DEF MAX_INPUTS = 64
 cdef const char *_KEY = "qconv_key"
 KEY_ATTR = _KEY.decode()   # the node attribute naming its prepared kernel
 cdef const char *_NO_KEY = ("qconv: an ai.qconv node needs the string attribute 'qconv_key' naming its prepared "
@@ -112,19 +116,24 @@ cdef OrtStatus *_create(const qc_ort_op *op, qc_ort_api api, const OrtKernelInfo
     return NULL
 
 
-cdef OrtStatus *_run(_kernel *k, OrtKernelContext *ctx, const float *x, const int64_t *dims, size_t nd) noexcept:
+cdef OrtStatus *_run(_kernel *k, OrtKernelContext *ctx, size_t n, const float **xs, int64_t *dims,
+                     size_t *nds) noexcept:
+    """Input i: xs[i], its nds[i] dimensions at dims + i*MAX_DIMS."""
     cdef cnp.npy_intp shape[MAX_DIMS]
     cdef int64_t odims[MAX_DIMS]
     cdef float *y = NULL
-    cdef size_t i, ond
+    cdef size_t i, j, ond
     cdef OrtStatus *s
     kernel = <object>k.obj
     try:
-        for i in range(nd):
-            shape[i] = dims[i]
-        xa = cnp.PyArray_SimpleNewFromData(<int>nd, shape, cnp.NPY_FLOAT32, <void *>x)
-        cnp.PyArray_CLEARFLAGS(xa, cnp.NPY_ARRAY_WRITEABLE)
-        oshape = kernel.out_shape(xa.shape)
+        arrays = []
+        for i in range(n):
+            for j in range(nds[i]):
+                shape[j] = dims[i * MAX_DIMS + j]
+            xa = cnp.PyArray_SimpleNewFromData(<int>nds[i], shape, cnp.NPY_FLOAT32, <void *>xs[i])
+            cnp.PyArray_CLEARFLAGS(xa, cnp.NPY_ARRAY_WRITEABLE)
+            arrays.append(xa)
+        oshape = kernel.out_shape(*[a.shape for a in arrays])
         ond = len(oshape)
         if ond > MAX_DIMS:
             raise ValueError(f"qconv: an output of {ond} dimensions")
@@ -135,7 +144,7 @@ cdef OrtStatus *_run(_kernel *k, OrtKernelContext *ctx, const float *x, const in
         if s != NULL:
             return s
         ya = cnp.PyArray_SimpleNewFromData(<int>ond, shape, cnp.NPY_FLOAT32, <void *>y)
-        kernel(xa, ya)
+        kernel(*arrays, ya)
         return NULL
     except BaseException as exc:
         return _error(k.api, exc)
@@ -143,14 +152,21 @@ cdef OrtStatus *_run(_kernel *k, OrtKernelContext *ctx, const float *x, const in
 
 cdef OrtStatus *_compute(void *kp, OrtKernelContext *ctx) noexcept nogil:
     cdef _kernel *k = <_kernel *>kp
-    cdef const float *x = NULL
-    cdef int64_t dims[MAX_DIMS]
-    cdef size_t nd = 0
-    cdef OrtStatus *s = qc_ort_input(k.api, ctx, 0, &x, dims, MAX_DIMS, &nd)
+    cdef const float *xs[MAX_INPUTS]
+    cdef int64_t dims[MAX_INPUTS * MAX_DIMS]
+    cdef size_t nds[MAX_INPUTS]
+    cdef size_t n = 0, i
+    cdef OrtStatus *s = qc_ort_input_count(k.api, ctx, &n)
     if s != NULL:
         return s
+    if n > MAX_INPUTS:
+        return qc_ort_status(k.api, "qconv: a node of more than 64 inputs")
+    for i in range(n):
+        s = qc_ort_input(k.api, ctx, i, &xs[i], dims + i * MAX_DIMS, MAX_DIMS, &nds[i])
+        if s != NULL:
+            return s
     with gil:
-        return _run(k, ctx, x, dims, nd)
+        return _run(k, ctx, n, xs, dims, nds)
 
 
 cdef void _destroy(void *kp) noexcept nogil:

@@ -52,6 +52,7 @@ enum {
     QC_ORT_GetDimensions = 62,                /* (const OrtTensorTypeAndShapeInfo *, int64_t *dims, size_t n) */
     QC_ORT_GetTensorTypeAndShape = 65,        /* (const OrtValue *, OrtTensorTypeAndShapeInfo **out) */
     QC_ORT_KernelInfoGetAttribute_string = 87,/* (const OrtKernelInfo *, const char *name, char *out, size_t *size) */
+    QC_ORT_KernelContext_GetInputCount = 88,  /* (const OrtKernelContext *, size_t *out) */
     QC_ORT_KernelContext_GetInput = 90,       /* (const OrtKernelContext *, size_t i, const OrtValue **out) */
     QC_ORT_KernelContext_GetOutput = 91,      /* (OrtKernelContext *, size_t i, const int64_t *dims, size_t n,
                                                   OrtValue **out) */
@@ -62,6 +63,7 @@ enum {
 #define QC_ORT_ERROR_FAIL 1
 #define QC_ORT_FLOAT 1          /* ONNXTensorElementDataType of float32 */
 #define QC_ORT_REQUIRED 0       /* OrtCustomOpInputOutputCharacteristic: a required input / output */
+#define QC_ORT_VARIADIC 2       /* ... : one or more inputs of one type (the last declared input) */
 
 typedef struct qc_ort_op {   /* OrtCustomOp, version 16 */
     uint32_t version;
@@ -164,7 +166,13 @@ static inline OrtStatus *qc_ort_output(qc_ort_api api, OrtKernelContext *ctx, si
     return s;
 }
 
-/* ---- the operators: one float32 input, one float32 output, on the CPU execution provider ---- */
+/* The number of inputs of a node's call (*n). */
+static inline OrtStatus *qc_ort_input_count(qc_ort_api api, OrtKernelContext *ctx, size_t *n) {
+    return QC_ORT_FN(api, QC_ORT_KernelContext_GetInputCount,
+                     OrtStatus *(*)(const OrtKernelContext *, size_t *))(ctx, n);
+}
+
+/* ---- the operators: float32 inputs (one; QFused: one or more), one float32 output, on the CPU provider ---- */
 static const char *qc_op_name(const qc_ort_op *op) { return op->name; }
 static const char *qc_op_provider(const qc_ort_op *op) { (void)op; return NULL; }
 static int qc_op_type(const qc_ort_op *op, size_t i) { (void)op; (void)i; return QC_ORT_FLOAT; }
@@ -172,6 +180,7 @@ static size_t qc_op_one(const qc_ort_op *op) { (void)op; return 1; }
 static int qc_op_required(const qc_ort_op *op, size_t i) { (void)op; (void)i; return QC_ORT_REQUIRED; }
 static int qc_op_mem_default(const qc_ort_op *op, size_t i) { (void)op; (void)i; return 0; }
 static int qc_op_arity(const qc_ort_op *op) { (void)op; return 1; }
+static int qc_op_variadic(const qc_ort_op *op, size_t i) { (void)op; (void)i; return QC_ORT_VARIADIC; }
 
 /* Set by _ortops.pyx at import: kernel creation, compute and release. */
 typedef OrtStatus *(*qc_ort_create_fn)(const qc_ort_op *, qc_ort_api, const OrtKernelInfo *, void **);
@@ -191,7 +200,13 @@ static void qc_op_destroy(void *k) { qc_ort_destroy(k); }
     qc_op_one, NULL, qc_op_destroy, qc_op_required, qc_op_required, qc_op_mem_default, qc_op_arity, qc_op_arity, \
     qc_op_arity, qc_op_arity, qc_op_create, qc_op_compute, NAME }
 
-static qc_ort_op qc_ort_ops[2] = { QC_ORT_OP("QConv"), QC_ORT_OP("QMatMul") };
+/* QFused: a variadic input (min arity 1, every input float32) */
+#define QC_ORT_OP_VARIADIC(NAME) { QC_ORT_API, NULL, qc_op_name, qc_op_provider, qc_op_type, qc_op_one, qc_op_type, \
+    qc_op_one, NULL, qc_op_destroy, qc_op_variadic, qc_op_required, qc_op_mem_default, qc_op_arity, qc_op_arity, \
+    qc_op_arity, qc_op_arity, qc_op_create, qc_op_compute, NAME }
+
+#define QC_ORT_NOPS 3
+static qc_ort_op qc_ort_ops[QC_ORT_NOPS] = { QC_ORT_OP("QConv"), QC_ORT_OP("QMatMul"), QC_ORT_OP_VARIADIC("QFused") };
 static OrtCustomOpDomain *qc_ort_domain;   /* one for the process: sessions only keep a pointer to it */
 static const char *qc_ort_domain_name = "ai.qconv";
 
@@ -222,7 +237,7 @@ __attribute__((visibility("default"))) OrtStatus *RegisterCustomOps(OrtSessionOp
         OrtCustomOpDomain *d = NULL;
         s = QC_ORT_FN(api, QC_ORT_CreateCustomOpDomain, OrtStatus *(*)(const char *, OrtCustomOpDomain **))(
             qc_ort_domain_name, &d);
-        for (int i = 0; i < 2 && !s; i++)
+        for (int i = 0; i < QC_ORT_NOPS && !s; i++)
             s = QC_ORT_FN(api, QC_ORT_CustomOpDomain_Add, OrtStatus *(*)(OrtCustomOpDomain *, const qc_ort_op *))(
                 d, &qc_ort_ops[i]);
         if (s) return s;

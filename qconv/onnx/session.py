@@ -39,11 +39,12 @@ _NP_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(
 
 
 def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_options: dict,
-                   node_options: dict) -> tuple[bytes, dict]:
+                   node_options: dict, fuse_chains: bool = True) -> tuple[bytes, dict]:
     """``(model bytes, {key: kernel})``: the ModelProto ``data`` (its graph's ``nodes`` and ``inits``, as
     :func:`wire.graph_parts` reads them) with every qconv node replaced by its ``X -> Y`` form and their weight
     initializers left out, and the nodes' prepared kernels. ``node_options``: ``{node name: {option: value}}``
-    (``act_block``, ``act_allowed``) over ``layer_options`` per node."""
+    (``act_block``, ``act_allowed``) over ``layer_options`` per node. On the CPU (and with ``fuse_chains``) the
+    elementwise chains between nodes become ``QFused`` nodes (:mod:`qconv.onnx.fusion`) with their kernels."""
     kernels, replace, drop = {}, {}, set()
     for i, node in enumerate(nodes):
         if not is_qnode(node):
@@ -56,8 +57,22 @@ def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_option
         drop.update(n for n in node.input[1:] if n)
         replace[i] = wire.make_node(node.op_type, [node.input[0]], [node.output[0]], node.name, DOMAIN,
                                     {KEY_ATTR: key})
-    used = {n for i, node in enumerate(nodes) if i not in replace for n in node.input}
-    return wire.rewrite_graph(data, replace, drop - used), kernels
+    dropped = set()
+    if kernels and layer_options.get("device", "cpu") == "cpu" and fuse_chains:
+        from .fusion import fuse
+        f_replace, dropped, fused = fuse(nodes, inits, set(wire.graph_outputs(data)), key_prefix,
+                                         layer_options.get("threads") or 1)
+        replace.update(f_replace)
+        kernels.update(fused)
+    used = {n for i, node in enumerate(nodes) if i not in replace and i not in dropped for n in node.input}
+    used |= {n for i in replace for n in wire.read_node(replace[i]).input}
+    # what only the replaced and dropped nodes read goes too (a fused Resize's scales, a Clip's bounds: initializers
+    # or Constant nodes; onnxruntime would warn about each)
+    gone = {n for i in set(dropped) | set(replace) for n in nodes[i].input}
+    drop |= gone & set(inits)
+    dropped |= {i for i, n in enumerate(nodes) if n.op_type == "Constant" and n.output and n.output[0] not in used
+                and n.output[0] in gone}
+    return wire.rewrite_graph(data, replace, drop - used, frozenset(dropped)), kernels
 
 
 def _read_model(model) -> tuple[bytes, list, dict]:
@@ -270,7 +285,10 @@ class InferenceSession:
                                                                           act_quant=act_quant, **options),
                                        node_options)
         del nodes, inits
-        self.kernels = list(kernels.values())   # one per qconv node
+        from .fusion import FusedKernel
+        self.kernels = [k for k in kernels.values() if not isinstance(k, FusedKernel)]   # one per qconv node
+        #: the fused elementwise chains' kernels (:mod:`qconv.onnx.fusion`; the CPU only)
+        self.fused = [k for k in kernels.values() if isinstance(k, FusedKernel)]
         #: ``{node name: activation mode}`` each qconv node runs with (``"float"`` for float activations)
         self.act_modes = {k.name: k.layer.spec.act_quant or "float" for k in self.kernels}
         KERNELS.update(kernels)

@@ -270,15 +270,23 @@ def graph_parts(data) -> tuple[list, dict]:
     return nodes, inits
 
 
-def rewrite_graph(data, nodes: dict, drop_initializers: set) -> bytes:
+def graph_outputs(data) -> list:
+    """The output names of a ModelProto's graph (GraphProto field 12, ValueInfoProto name 1)."""
+    graph, _, _ = _graph_of(data)
+    return [bytes(v).decode() for number, wtype, value, _, _ in fields(graph) if number == 12 and wtype == LEN
+            for n, w, v, _, _ in fields(value) if n == 1 and w == LEN]
+
+
+def rewrite_graph(data, nodes: dict, drop_initializers: set, drop_nodes: frozenset = frozenset()) -> bytes:
     """A copy of the ModelProto ``data`` whose graph has node ``i`` replaced by the NodeProto bytes
-    ``nodes[i]`` and the initializers named in ``drop_initializers`` left out; every other field is copied as
-    it is."""
+    ``nodes[i]``, the nodes of index in ``drop_nodes`` and the initializers named in ``drop_initializers`` left
+    out; every other field is copied as it is."""
     graph, gstart, gend = _graph_of(data)
     parts, i = [], 0
     for number, wtype, value, start, end in fields(graph):
         if number == 1 and wtype == LEN:
-            parts.append(_len_field(1, nodes[i]) if i in nodes else graph[start:end])
+            if i not in drop_nodes:
+                parts.append(_len_field(1, nodes[i]) if i in nodes else graph[start:end])
             i += 1
         elif number == 5 and wtype == LEN and read_tensor(value).name in drop_initializers:
             continue

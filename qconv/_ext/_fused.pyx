@@ -1,0 +1,86 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Fused elementwise chains of the CPU session (:mod:`qconv.onnx.fusion`): one pass over the NCHW output rows.
+
+A program is a list of instructions over row slots. Slots ``0 .. L-1`` are the leaves (the fused node's
+inputs as the chain reads them), the others temporaries; the last instruction writes the output. Per output row
+``(n, c, y)`` of ``W`` floats a leaf is:
+
+* kind 0, full: row ``(n, c, y // fh)`` of a ``(N, C, H/fh, W/fw)`` tensor, each value repeated ``fw`` times
+  (``fh = fw = 1``: the row itself, read in place): a nearest Resize by integer factors, pushed to the leaf;
+* kind 1, per channel: the value ``[n or 0, c]`` of a ``(N or 1, C, 1, 1)`` tensor, on the whole row;
+* kind 2, scalar: the one value of a one-element tensor.
+
+Every instruction runs over the row in float32, one operation at a time, in the chain's order: the float
+operations of onnxruntime's ops, bit for bit. The row loop is
+``qconv_fused.h`` (AVX2 where the CPU has it); rows go over the engine's parallel-for.
+"""
+import numpy as np
+
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport malloc, free
+
+from ._cpu cimport _parallel_for, pool_fn
+
+# instruction codes (qconv.onnx.fusion.OPS holds the names)
+OP_CODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Relu": 10, "HardSigmoid": 11, "Clip": 13, "HardSwish": 14}
+KIND_FULL, KIND_CHANNEL, KIND_SCALAR = 0, 1, 2
+
+
+cdef extern from "qconv_fused.h" nogil:
+    ctypedef struct qc_fused_job:
+        int64_t N, C, H, W
+        int32_t nleaves, nslots, nins
+        const float **leaf
+        const int32_t *kind
+        const int32_t *fh
+        const int32_t *fw
+        const int64_t *ln
+        const int64_t *lh
+        const int64_t *lw
+        const int32_t *ins
+        const float *par
+        float *y
+        float *scratch
+        int64_t per_thread
+    ctypedef int64_t (*rows_fn)(void *, int64_t, int64_t, int) noexcept nogil
+    rows_fn qc_fused_rows()
+
+
+def run(list leaves, kinds, fh, fw, ins, par, y, int nslots, int threads):
+    """Runs a program (module docstring) into ``y`` (float32 C-contiguous ``(N, C, H, W)``). ``leaves``: float32
+    C-contiguous arrays; ``kinds``, ``fh``, ``fw``: int32 per leaf; ``ins``: int32 ``(nins, 4)``; ``par``:
+    float32 ``(nins, 2)``; ``nslots``: leaves + temporaries (at most 64)."""
+    cdef qc_fused_job j
+    cdef int L = len(leaves), i
+    cdef int32_t[::1] kv = np.ascontiguousarray(kinds, np.int32)
+    cdef int32_t[::1] fhv = np.ascontiguousarray(fh, np.int32)
+    cdef int32_t[::1] fwv = np.ascontiguousarray(fw, np.int32)
+    cdef int32_t[:, ::1] iv = np.ascontiguousarray(ins, np.int32)
+    cdef float[:, ::1] pv = np.ascontiguousarray(par, np.float32)
+    cdef float[:, :, :, ::1] yv = y
+    cdef int64_t[::1] ln = np.array([a.shape[0] for a in leaves], np.int64)
+    cdef int64_t[::1] lh = np.array([a.shape[2] if a.ndim == 4 else 1 for a in leaves], np.int64)
+    cdef int64_t[::1] lw = np.array([a.shape[3] if a.ndim == 4 else 1 for a in leaves], np.int64)
+    cdef const float[::1] lv
+    if nslots > 64 or L > nslots or iv.shape[0] < 1:
+        raise ValueError("a fused program needs 1 .. 64 slots and at least one instruction")
+    j.N, j.C, j.H, j.W = y.shape[0], y.shape[1], y.shape[2], y.shape[3]
+    j.nleaves, j.nslots, j.nins = L, nslots, iv.shape[0]
+    j.kind, j.fh, j.fw, j.ln, j.lh, j.lw = &kv[0], &fhv[0], &fwv[0], &ln[0], &lh[0], &lw[0]
+    j.ins, j.par, j.y = &iv[0, 0], &pv[0, 0], &yv[0, 0, 0, 0]
+    j.per_thread = nslots * j.W + 16
+    scratch = np.empty(max(1, threads) * j.per_thread, np.float32)
+    cdef float[::1] sv = scratch
+    j.scratch = &sv[0]
+    j.leaf = <const float **> malloc(L * sizeof(float *))
+    if j.leaf == NULL:
+        raise MemoryError()
+    try:
+        for i in range(L):
+            lv = leaves[i].reshape(-1)
+            j.leaf[i] = &lv[0]
+        with nogil:
+            _parallel_for(j.N * j.C * j.H, 8, <pool_fn> qc_fused_rows(), &j, threads)
+    finally:
+        free(j.leaf)
+    return y

@@ -1,0 +1,119 @@
+/* qconv_fused.h -- fused elementwise chains of the CPU session (qconv/onnx/fusion.py, driven by _fused.pyx).
+ *
+ * A program runs per output row (n, c, y) of W floats over row slots: slots 0 .. nleaves-1 are the leaves, the
+ * others temporaries; instruction i computes slot dst from slots a (and b), one float32 operation per element in
+ * the chain's order; the last instruction writes the output row. Leaf kinds:
+ *   0 full:        row (n, c, y / fh) of a (N, C, lh, lw) tensor, each value repeated fw times (fw = 1: in place);
+ *   1 per channel: value [n or 0][c] of a (N or 1, C, 1, 1) tensor, on the whole row;
+ *   2 scalar:      the tensor's one value.
+ * Operations (codes of _fused.OP_CODES): 0 a + b, 1 a - b, 2 a * b, 3 a / b, 10 max(a, 0), 11 clamp(a*p0 + p1,
+ * 0, 1) (HardSigmoid), 13 clamp(a, p0, p1), 14 a * clamp(a*p0 + p1, 0, 1) (HardSwish): the
+ * products and sums are rounded one at a time (no fused multiply-add), as onnxruntime's ops compute them.
+ * qc_fused_rows_avx2 is the same code compiled for AVX2 (picked at run time), qc_fused_rows_c the portable one.
+ */
+#ifndef QCONV_FUSED_H
+#define QCONV_FUSED_H
+
+#include <stdint.h>
+
+#define QC_FUSED_MAX_SLOTS 64
+
+typedef struct {
+    int64_t N, C, H, W;
+    int32_t nleaves, nslots, nins;
+    const float **leaf;
+    const int32_t *kind, *fh, *fw;
+    const int64_t *ln, *lh, *lw;   /* per-channel leaves: batch; full leaves: rows and columns */
+    const int32_t *ins;            /* (nins, 4): op, dst, a, b (-1: unary) */
+    const float *par;              /* (nins, 2) */
+    float *y;
+    float *scratch;                /* per thread: nslots rows of W floats */
+    int64_t per_thread;
+} qc_fused_job;
+
+static inline __attribute__((always_inline)) void qc_fused_rows_body(const qc_fused_job *j, int64_t r0, int64_t r1,
+                                                                     int tid)
+{
+    const int64_t W = j->W, H = j->H, C = j->C;
+    const float *rows[QC_FUSED_MAX_SLOTS];
+    float *buf = j->scratch + tid * j->per_thread;
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t n = r / (C * H), c = (r / H) % C, yy = r % H;
+        for (int l = 0; l < j->nleaves; ++l) {
+            float *o = buf + l * W;
+            if (j->kind[l] == 0) {
+                const float *src = j->leaf[l] + ((n * C + c) * j->lh[l] + yy / j->fh[l]) * j->lw[l];
+                const int f = j->fw[l];
+                if (f == 1) { rows[l] = src; continue; }
+                if (f == 2) {
+                    for (int64_t x = 0; x < W / 2; ++x) { o[2 * x] = src[x]; o[2 * x + 1] = src[x]; }
+                } else {
+                    for (int64_t x = 0; x < W / f; ++x)
+                        for (int k = 0; k < f; ++k) o[x * f + k] = src[x];
+                }
+            } else {
+                const float v = j->kind[l] == 1 ? j->leaf[l][(j->ln[l] > 1 ? n : 0) * C + c] : j->leaf[l][0];
+                for (int64_t x = 0; x < W; ++x) o[x] = v;
+            }
+            rows[l] = o;
+        }
+        for (int i = 0; i < j->nins; ++i) {
+            const int32_t *in = j->ins + 4 * i;
+            float *restrict o = i == j->nins - 1 ? j->y + r * W : buf + in[1] * W;
+            const float *restrict a = rows[in[2]];
+            const float *restrict b = in[3] >= 0 ? rows[in[3]] : a;
+            const float p0 = j->par[2 * i], p1 = j->par[2 * i + 1];
+            switch (in[0]) {
+            case 0: for (int64_t x = 0; x < W; ++x) o[x] = a[x] + b[x]; break;
+            case 1: for (int64_t x = 0; x < W; ++x) o[x] = a[x] - b[x]; break;
+            case 2: for (int64_t x = 0; x < W; ++x) o[x] = a[x] * b[x]; break;
+            case 3: for (int64_t x = 0; x < W; ++x) o[x] = a[x] / b[x]; break;
+            case 10: for (int64_t x = 0; x < W; ++x) o[x] = a[x] > 0.0f ? a[x] : 0.0f; break;
+            case 11:
+                for (int64_t x = 0; x < W; ++x) {
+                    float v = a[x] * p0;
+                    v = v + p1;
+                    o[x] = v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
+                }
+                break;
+            case 13: for (int64_t x = 0; x < W; ++x) o[x] = a[x] < p0 ? p0 : (a[x] > p1 ? p1 : a[x]); break;
+            case 14:
+                for (int64_t x = 0; x < W; ++x) {
+                    float v = a[x] * p0;
+                    v = v + p1;
+                    o[x] = a[x] * (v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v));
+                }
+                break;
+            default: break;
+            }
+            rows[in[1]] = o;
+        }
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"), optimize("fp-contract=off"))) static int64_t qc_fused_rows_avx2(
+    void *ctx, int64_t r0, int64_t r1, int tid)
+{
+    qc_fused_rows_body((const qc_fused_job *)ctx, r0, r1, tid);
+    return 0;
+}
+#endif
+
+__attribute__((optimize("fp-contract=off"))) static int64_t qc_fused_rows_c(void *ctx, int64_t r0, int64_t r1,
+                                                                            int tid)
+{
+    qc_fused_rows_body((const qc_fused_job *)ctx, r0, r1, tid);
+    return 0;
+}
+
+/* the row function for this CPU */
+static inline int64_t (*qc_fused_rows(void))(void *, int64_t, int64_t, int)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) return qc_fused_rows_avx2;
+#endif
+    return qc_fused_rows_c;
+}
+
+#endif
