@@ -62,8 +62,18 @@ def run(list leaves, kinds, fh, fw, ins, par, y, int nslots, int threads):
     cdef int64_t[::1] lh = np.array([a.shape[2] if a.ndim == 4 else 1 for a in leaves], np.int64)
     cdef int64_t[::1] lw = np.array([a.shape[3] if a.ndim == 4 else 1 for a in leaves], np.int64)
     cdef const float[::1] lv
-    if nslots > 64 or L > nslots or iv.shape[0] < 1:
+    if nslots > 64 or L > nslots or iv.shape[0] < 1 or iv.shape[1] != 4 or pv.shape[0] != iv.shape[0]:
         raise ValueError("a fused program needs 1 .. 64 slots and at least one instruction")
+    codes = np.asarray(ins)
+    if (not np.isin(codes[:, 0], list(OP_CODES.values())).all() or (codes[:, 1] < L).any()
+            or (codes[:, 1] >= nslots).any() or (codes[:, 2:] >= nslots).any() or (codes[:, 2] < 0).any()
+            or (codes[:, 3] < -1).any() or len(kinds) != L or len(fh) != L or len(fw) != L):
+        raise ValueError("a fused program names an unknown operation or a slot out of range")
+    ready = set(range(L))
+    for op, dst, a, b in codes.tolist():
+        if a not in ready or (b >= 0 and b not in ready):
+            raise ValueError("a fused program reads a slot before an instruction writes it")
+        ready.add(dst)
     j.N, j.C, j.H, j.W = y.shape[0], y.shape[1], y.shape[2], y.shape[3]
     j.nleaves, j.nslots, j.nins = L, nslots, iv.shape[0]
     j.kind, j.fh, j.fw, j.ln, j.lh, j.lw = &kv[0], &fhv[0], &fwv[0], &ln[0], &lh[0], &lw[0]
