@@ -8,7 +8,8 @@
 #   bench  benchmarks/bench_gpu.py --baselines [args] ($RUNS times, one tuning cache: run 2 shows it at work)
 #   all    tests, then bench
 #   lab    python -m benchmarks.labs.$LAB --device DEV [args] (LAB: variants by default, host_cost, or device_graph
-#          with model files as args: whole models through the device graph)
+#          with model files as args: whole models through the device graph; torch_graph with float models: torch
+#          on the same GPU through onnx2torch, which needs onnx2torch and torchvision installed)
 #
 # Needs a C compiler, NVIDIA's OpenCL driver (libnvidia-opencl.so.1) and python3 with numpy, pyopencl, pytest,
 # hypothesis, platformdirs, tqdm, Cython and setuptools (torch with CUDA for the --baselines columns).

@@ -145,6 +145,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--hw", type=int, default=640)
     ap.add_argument("--shape", default="")
+    ap.add_argument("--device", default="cuda", help="ignored: torch runs on CUDA device 0 (gpu_machine.sh passes it)")
     args = ap.parse_args(argv)
     import torch
 
