@@ -48,23 +48,27 @@ def test_program_matches_numpy_bitwise(n, c, h, w, fh, fw, threads, ops, seed):
         par.append((p0, p1))
     y = np.full((n, c, H, W), np.nan, np.float32)
     with np.errstate(all="ignore"):
-        _fused.run(leaves, np.array(kinds, np.int32), np.array(fhs, np.int32), np.array(fws, np.int32),
-                   np.array(ins, np.int32), np.array(par, np.float32), y, len(slots), threads)
+        _fused.Program(fhs, fws, ins, par, len(slots)).run(leaves, kinds, y, threads)
     want = np.ascontiguousarray(slots[-1])
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
 
 
-def test_bad_programs_are_refused():
-    y = np.zeros((1, 1, 1, 4), np.float32)
-    x = np.zeros((1, 1, 1, 4), np.float32)
-    one = np.ones(1, np.int32)
+def test_bad_programs_and_leaves_are_refused():
+    one = [1]
     with pytest.raises(ValueError, match="slots"):
-        _fused.run([x], np.zeros(1, np.int32), one, one, np.zeros((0, 4), np.int32), np.zeros((0, 2), np.float32),
-                   y, 1, 1)
+        _fused.Program(one, one, np.zeros((0, 4)), np.zeros((0, 2)), 1)
     with pytest.raises(ValueError, match="slots"):
-        _fused.run([x], np.zeros(1, np.int32), one, one, np.array([[0, 65, 0, 0]], np.int32),
-                   np.zeros((1, 2), np.float32), y, 65, 1)
+        _fused.Program(one, one, [[0, 65, 0, 0]], [[0, 0]], 65)
     for ins in ([[0, 5, 0, 0]], [[7, 1, 0, 0]], [[0, 0, 0, 0]], [[0, 1, 0, 2], [0, 2, 0, 0]]):
         with pytest.raises(ValueError, match="slot|operation"):
-            _fused.run([x], np.zeros(1, np.int32), one, one, np.array(ins, np.int32),
-                       np.zeros((len(ins), 2), np.float32), y, 3, 1)
+            _fused.Program(one, one, ins, np.zeros((len(ins), 2)), 3)
+    prog = _fused.Program([1, 2], [1, 2], [[0, 2, 0, 1]], [[0, 0]], 3)
+    y = np.zeros((1, 2, 4, 4), np.float32)
+    full, half = np.ones((1, 2, 4, 4), np.float32), np.ones((1, 2, 2, 2), np.float32)
+    prog.run([full, half], [0, 0], y, 2)
+    assert (y == 2).all()
+    bad = [([full, full], [0, 0]), ([full, half[:, :1]], [0, 0]), ([full, np.ones(3, np.float32)], [0, 1]),
+           ([full, half.astype(np.float64)], [0, 0]), ([full, half], [0, 3]), ([full], [0])]
+    for leaves, kinds in bad:   # an input the kinds do not describe would read past it
+        with pytest.raises(ValueError, match="leaf|leaves"):
+            prog.run(leaves, kinds, y, 2)

@@ -46,51 +46,86 @@ cdef extern from "qconv_fused.h" nogil:
     rows_fn qc_fused_rows()
 
 
-def run(list leaves, kinds, fh, fw, ins, par, y, int nslots, int threads):
-    """Runs a program (module docstring) into ``y`` (float32 C-contiguous ``(N, C, H, W)``). ``leaves``: float32
-    C-contiguous arrays; ``kinds``, ``fh``, ``fw``: int32 per leaf; ``ins``: int32 ``(nins, 4)``; ``par``:
-    float32 ``(nins, 2)``; ``nslots``: leaves + temporaries (at most 64)."""
-    cdef qc_fused_job j
-    cdef int L = len(leaves), i
-    cdef int32_t[::1] kv = np.ascontiguousarray(kinds, np.int32)
-    cdef int32_t[::1] fhv = np.ascontiguousarray(fh, np.int32)
-    cdef int32_t[::1] fwv = np.ascontiguousarray(fw, np.int32)
-    cdef int32_t[:, ::1] iv = np.ascontiguousarray(ins, np.int32)
-    cdef float[:, ::1] pv = np.ascontiguousarray(par, np.float32)
-    cdef float[:, :, :, ::1] yv = y
-    cdef int64_t[::1] ln = np.array([a.shape[0] for a in leaves], np.int64)
-    cdef int64_t[::1] lh = np.array([a.shape[2] if a.ndim == 4 else 1 for a in leaves], np.int64)
-    cdef int64_t[::1] lw = np.array([a.shape[3] if a.ndim == 4 else 1 for a in leaves], np.int64)
-    cdef const float[::1] lv
-    if nslots > 64 or L > nslots or iv.shape[0] < 1 or iv.shape[1] != 4 or pv.shape[0] != iv.shape[0]:
-        raise ValueError("a fused program needs 1 .. 64 slots and at least one instruction")
-    codes = np.asarray(ins)
-    if (not np.isin(codes[:, 0], list(OP_CODES.values())).all() or (codes[:, 1] < L).any()
-            or (codes[:, 1] >= nslots).any() or (codes[:, 2:] >= nslots).any() or (codes[:, 2] < 0).any()
-            or (codes[:, 3] < -1).any() or len(kinds) != L or len(fh) != L or len(fw) != L):
-        raise ValueError("a fused program names an unknown operation or a slot out of range")
-    ready = set(range(L))
-    for op, dst, a, b in codes.tolist():
-        if a not in ready or (b >= 0 and b not in ready):
-            raise ValueError("a fused program reads a slot before an instruction writes it")
-        ready.add(dst)
-    j.N, j.C, j.H, j.W = y.shape[0], y.shape[1], y.shape[2], y.shape[3]
-    j.nleaves, j.nslots, j.nins = L, nslots, iv.shape[0]
-    j.kind, j.fh, j.fw, j.ln, j.lh, j.lw = &kv[0], &fhv[0], &fwv[0], &ln[0], &lh[0], &lw[0]
-    j.ins, j.par, j.y = &iv[0, 0], &pv[0, 0], &yv[0, 0, 0, 0]
-    j.per_thread = nslots * j.W + 16
-    scratch = np.empty(max(1, threads) * j.per_thread, np.float32)
-    cdef float[::1] sv = scratch
-    j.scratch = &sv[0]
-    j.leaf = <const float **> malloc(L * sizeof(float *))
-    if j.leaf == NULL:
-        raise MemoryError()
-    try:
+cdef class Program:
+    """A checked program (module docstring), built once per fused node. ``fh``, ``fw``: int32 per leaf; ``ins``:
+    int32 ``(nins, 4)`` (op, dst, a, b or -1); ``par``: float32 ``(nins, 2)``; ``nslots``: leaves + temporaries
+    (at most 64). ValueError for an unknown operation, a slot out of range or read before it is written."""
+    cdef readonly int nleaves, nslots
+    cdef object fh, fw, ins, par
+
+    def __init__(self, fh, fw, ins, par, int nslots):
+        self.fh = np.ascontiguousarray(fh, np.int32).reshape(-1)
+        self.fw = np.ascontiguousarray(fw, np.int32).reshape(-1)
+        self.ins = np.ascontiguousarray(ins, np.int32)
+        self.par = np.ascontiguousarray(par, np.float32)
+        L = self.nleaves = len(self.fh)
+        self.nslots = nslots
+        codes = self.ins
+        if (nslots > 64 or L > nslots or len(self.fw) != L or codes.ndim != 2 or codes.shape[0] < 1
+                or codes.shape[1] != 4 or self.par.shape != (codes.shape[0], 2)):
+            raise ValueError("a fused program needs 1 .. 64 slots and at least one instruction")
+        if (self.fh < 1).any() or (self.fw < 1).any():
+            raise ValueError("a fused program's repeat factors must be >= 1")
+        if (not np.isin(codes[:, 0], list(OP_CODES.values())).all() or (codes[:, 1] < L).any()
+                or (codes[:, 1] >= nslots).any() or (codes[:, 2:] >= nslots).any() or (codes[:, 2] < 0).any()
+                or (codes[:, 3] < -1).any()):
+            raise ValueError("a fused program names an unknown operation or a slot out of range")
+        ready = set(range(L))
+        for op, dst, a, b in codes.tolist():
+            if a not in ready or (b >= 0 and b not in ready):
+                raise ValueError("a fused program reads a slot before an instruction writes it")
+            ready.add(dst)
+
+    def run(self, list leaves, kinds, y, int threads):
+        """Runs into ``y`` (float32 C-contiguous ``(N, C, H, W)``). ``leaves``: float32 C-contiguous arrays, one a
+        leaf, of their ``kinds`` (int32 a leaf: 0 a ``(N, C, H/fh, W/fw)`` tensor, 1 ``(N or 1, C, 1, 1)``, 2 one
+        value; checked against ``y``)."""
+        cdef qc_fused_job j
+        cdef int L = self.nleaves, i
+        cdef int32_t[::1] kv = np.ascontiguousarray(kinds, np.int32)
+        cdef int32_t[::1] fhv = self.fh
+        cdef int32_t[::1] fwv = self.fw
+        cdef int32_t[:, ::1] iv = self.ins
+        cdef float[:, ::1] pv = self.par
+        cdef float[:, :, :, ::1] yv = y
+        cdef int64_t[::1] ln = np.ones(max(L, 1), np.int64)
+        cdef int64_t[::1] lh = np.ones(max(L, 1), np.int64)
+        cdef int64_t[::1] lw = np.ones(max(L, 1), np.int64)
+        cdef const float[::1] lv
+        n, c, h, w = y.shape
+        if len(leaves) != L or kv.shape[0] != L:
+            raise ValueError(f"the program takes {L} leaves, got {len(leaves)} and {kv.shape[0]} kinds")
         for i in range(L):
-            lv = leaves[i].reshape(-1)
-            j.leaf[i] = &lv[0]
-        with nogil:
-            _parallel_for(j.N * j.C * j.H, 8, <pool_fn> qc_fused_rows(), &j, threads)
-    finally:
-        free(j.leaf)
-    return y
+            a, k = leaves[i], kv[i]
+            if a.dtype != np.float32 or not a.flags.c_contiguous:
+                raise ValueError(f"leaf {i} must be float32 C-contiguous")
+            if k == 0:
+                if a.shape != (n, c, h // fhv[i], w // fwv[i]) or h % fhv[i] or w % fwv[i]:
+                    raise ValueError(f"leaf {i} of shape {a.shape} is no full leaf of {y.shape} / ({fhv[i]}, {fwv[i]})")
+                lh[i], lw[i] = a.shape[2], a.shape[3]
+            elif k == 1:
+                ln[i] = a.shape[0] if a.ndim == 4 else 1
+                if a.size != ln[i] * c or ln[i] not in (1, n):
+                    raise ValueError(f"leaf {i} of shape {a.shape} is no per-channel leaf of {y.shape}")
+            elif k != 2 or a.size < 1:
+                raise ValueError(f"leaf {i}: kind {k} of shape {a.shape}")
+        j.N, j.C, j.H, j.W = n, c, h, w
+        j.nleaves, j.nslots, j.nins = L, self.nslots, iv.shape[0]
+        j.kind, j.fh, j.fw, j.ln, j.lh, j.lw = &kv[0], &fhv[0], &fwv[0], &ln[0], &lh[0], &lw[0]
+        j.ins, j.par, j.y = &iv[0, 0], &pv[0, 0], &yv[0, 0, 0, 0]
+        j.per_thread = self.nslots * j.W + 16
+        scratch = np.empty(max(1, threads) * j.per_thread, np.float32)
+        cdef float[::1] sv = scratch
+        j.scratch = &sv[0]
+        j.leaf = <const float **> malloc(L * sizeof(float *))
+        if j.leaf == NULL:
+            raise MemoryError()
+        try:
+            for i in range(L):
+                lv = leaves[i].reshape(-1)
+                j.leaf[i] = &lv[0]
+            with nogil:
+                _parallel_for(j.N * j.C * j.H, 8, <pool_fn> qc_fused_rows(), &j, threads)
+        finally:
+            free(j.leaf)
+        return y

@@ -217,15 +217,22 @@ class FusedKernel:
         from .._ext import _fused
 
         self.name, self.chain, self.threads = name, chain, int(threads)
-        self._fused = _fused
         prog = chain.program
-        self._ins = np.array([[_fused.OP_CODES[p[0]], p[1], p[2], p[3]] for p in prog], np.int32)
-        self._par = np.array([[p[4], p[5]] for p in prog], np.float32)
-        self._fh = np.array([f for _, f, _ in chain.leaves], np.int32)
-        self._fw = np.array([f for _, _, f in chain.leaves], np.int32)
+        self._program = _fused.Program([f for _, f, _ in chain.leaves], [f for _, _, f in chain.leaves],
+                                       [[_fused.OP_CODES[p[0]], p[1], p[2], p[3]] for p in prog],
+                                       [[p[4], p[5]] for p in prog], chain.nslots)
+        self._shapes: dict = {}   # input shapes -> (output shape, leaf kinds or None): per shape, computed once
 
     def out_shape(self, *shapes):
         """The output shape by ONNX's rules, node by node (broadcasting ops; a Resize scales the last two axes)."""
+        known = self._shapes.get(shapes)
+        if known is not None:
+            return known[0]
+        out = self._out_shape(shapes)
+        self._shapes[shapes] = out, self._kinds(shapes, out)
+        return out
+
+    def _out_shape(self, shapes):
         if len(shapes) != len(self.chain.leaves):
             raise ValueError(f"fused node {self.name!r} takes {len(self.chain.leaves)} inputs, got {len(shapes)}")
         known = {v: tuple(s) for (v, _, _), s in zip(self.chain.leaves, shapes)}
@@ -242,35 +249,38 @@ class FusedKernel:
             raise ValueError(f"fused node {self.name!r}: inputs of shapes {shapes}: {exc}") from None
         return known[self.chain.output]
 
-    def _kinds(self, xs, out):
-        """Per input: 0 full, 1 per channel, 2 scalar (the native path), or None when one needs numpy."""
+    def _kinds(self, shapes, out):
+        """Per input: 0 full, 1 per channel, 2 scalar (the native path), as an int32 array, or None when one needs
+        numpy."""
         if len(out) != 4:
             return None
         n, c, h, w = out
         kinds = []
-        for x, (_, fh, fw) in zip(xs, self.chain.leaves):
-            if x.ndim > 4:
+        for shape, (_, fh, fw) in zip(shapes, self.chain.leaves):
+            size = int(np.prod(shape))
+            if len(shape) > 4:
                 return None
-            s = (1,) * (4 - x.ndim) + x.shape
-            if x.size == 1:   # a nearest Resize of one value (or of 1x1 planes) repeats it
+            s = (1,) * (4 - len(shape)) + tuple(shape)
+            if size == 1:   # a nearest Resize of one value (or of 1x1 planes) repeats it
                 kinds.append(2)
-            elif s == (n, c, h // fh, w // fw) and h % fh == 0 and w % fw == 0 and x.ndim == 4:
+            elif s == (n, c, h // fh, w // fw) and h % fh == 0 and w % fw == 0 and len(shape) == 4:
                 kinds.append(0)
             elif s[1:] == (c, 1, 1) and s[0] in (1, n):
                 kinds.append(1)
             else:
                 return None
-        return kinds
+        return np.array(kinds, np.int32)
 
     def __call__(self, *args):
         *xs, y = args
-        kinds = self._kinds(xs, y.shape)
+        shapes = tuple(x.shape for x in xs)
+        if shapes not in self._shapes:
+            self.out_shape(*shapes)
+        kinds = self._shapes[shapes][1]
         if kinds is None:
             y[...] = self.evaluate(xs)
             return y
-        leaves = [np.ascontiguousarray(x, np.float32) for x in xs]
-        self._fused.run(leaves, np.array(kinds, np.int32), self._fh, self._fw, self._ins, self._par, y,
-                        self.chain.nslots, self.threads)
+        self._program.run([np.ascontiguousarray(x, np.float32) for x in xs], kinds, y, self.threads)
         return y
 
     def evaluate(self, xs) -> np.ndarray:
