@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given
 
 from qconv.layouts.opencl import (OPENCL_INT4, SPECS, OpenCL1x1BufferLayout, OpenCL1x1ImageLayout,
-                                  OpenCLConvWeightLayout, OpenCLGemvMMALayout, OpenCLScaleLayout)
+                                  OpenCLConvWeightLayout, OpenCLGemvMMALayout, OpenCLMMAWeightLayout,
+                                  OpenCLScaleLayout)
 from qconv.testing import assert_layout_roundtrip
 
 
@@ -164,3 +165,28 @@ def test_bad_arguments():
         OpenCLConvWeightLayout(8).unpack_array(np.zeros((1, 1, 1, 16), np.uint8), (1, 5, 1, 1))
     with pytest.raises(ValueError, match="dtype"):
         OpenCLScaleLayout("bfloat16")
+
+
+def test_mma_digit_copies_and_scales():
+    """digits > 1: every 32-channel chunk stored once per digit (the copies next to each other, the same bytes
+    as the one-digit layout's chunk), and one scale per copy: the chunk's block scale times 256^(digits-1-d)."""
+    rng = np.random.default_rng(4)
+    q = rng.integers(-8, 8, (20, 70, 3, 3)).astype(np.int8)
+    for bits in (4, 8):
+        one = OpenCLMMAWeightLayout(bits, 16).pack_array(q)                 # (32, 3 chunks * 9 taps, step)
+        three = OpenCLMMAWeightLayout(bits, 16, digits=3).pack_array(q)     # (32, 9 chunks * 9 taps, step)
+        copies = three.reshape(32, 3, 3, 9, -1)                             # (o, chunk, digit, tap, bytes)
+        for d in range(3):
+            np.testing.assert_array_equal(copies[:, :, d], one.reshape(32, 3, 9, -1))
+    lay = OpenCLMMAWeightLayout(8, digits=3)
+    assert lay.x_bits == 22
+    s = rng.random((5, 2)).astype(np.float32) + 0.5      # blocks of 64 channels over 70 (chunks 0, 1 | 2)
+    got = lay.digit_scales(s, 64, 70).reshape(5, 3, 3)
+    for c, b in enumerate((0, 0, 1)):
+        np.testing.assert_array_equal(got[:, c], s[:, b, None] * np.float32([65536, 256, 1]))
+    per_channel = lay.digit_scales(s[:, :1], 0, 70).reshape(5, 3, 3)
+    np.testing.assert_array_equal(per_channel[:, 2, 0], s[:, 0] * 65536)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        lay.digit_scales(s, 16, 70)
+    with pytest.raises(ValueError, match="digits must be"):
+        OpenCLMMAWeightLayout(8, digits=4)

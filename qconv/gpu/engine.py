@@ -327,6 +327,23 @@ class OpenCLEngine:
             buf = self._other_weights[layout] = self._upload(layout.pack_array(values.astype(np.float32)))
         return buf
 
+    def digit_scales_in(self, layout):
+        """``(scales, offsets)`` buffers of the virtual chunks of ``layout`` (an
+        :class:`~qconv.layouts.opencl.OpenCLMMAWeightLayout` with ``digits`` > 1: ``digit_scales`` in float32
+        :class:`~qconv.layouts.opencl.OpenCLScaleLayout`; offsets: the scales' buffer when symmetric), uploaded
+        at the first request."""
+        key = ("digit scales", layout)
+        bufs = self._other_weights.get(key)
+        if bufs is None:
+            w, flat = self.spec.weight, OpenCLScaleLayout("float32")
+
+            def up(values):
+                return self._upload(flat.pack_array(layout.digit_scales(values, w.block_channels, w.q.shape[1])))
+
+            ws = up(w.scales)
+            bufs = self._other_weights[key] = (ws, ws if w.offsets is None else up(w.offsets))
+        return bufs
+
     def _mma_native(self) -> bool:
         """The device runs PTX mma.sync (an NVIDIA GPU of compute capability 8.0 or newer)."""
         if not self.is_gpu or not self.nv_ptx:

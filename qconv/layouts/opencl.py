@@ -479,17 +479,47 @@ class OpenCLMMAWeightLayout:
     bytes as they are; int4 steps are 16 bytes of :data:`OPENCL_INT4` nibbles in the order
     ``e = 8j + (0, 4, 1, 5, 2, 6, 3, 7)``, so that the low nibbles of 32-bit word ``j`` are elements
     ``8j .. 8j+3`` and the high nibbles ``8j+4 .. 8j+7`` (two masks give two int8 words of the mma operand).
+
+    ``digits`` > 1 (float activations on the same kernel): every 32-channel chunk is stored ``digits`` times in
+    a row (virtual chunk ``digits*c + d``, ``S = digits*ceil(I/32)*kh*kw``), one copy per base-256 digit of the
+    activations ``X = rint(x * 2^sh) = sum_d X_d 256^(digits-1-d)`` (``|X| <= 2^x_bits``, ``X_d`` signed
+    bytes, :meth:`digit_scales` the per-copy scales), so the int8 products of every copy sum to ``q X``
+    exactly.
     """
 
     bits: int = 8
     oc_pack: int = 128
+    digits: int = 1
 
     STEP_CHANNELS = 32
+    DIGIT_BITS = 8
 
     def __post_init__(self):
         object.__setattr__(self, "bits", _check_bits(self.bits))
         if self.oc_pack < 1 or self.oc_pack % 16:
             raise ValueError(f"oc_pack must be a positive multiple of 16 (the mma tile), got {self.oc_pack!r}")
+        if self.digits not in (1, 2, 3):
+            raise ValueError(f"digits must be 1, 2 or 3, got {self.digits!r}")
+
+    @property
+    def x_bits(self) -> int:
+        """``|X| <= 2^x_bits`` for the split activations (``digits`` > 1): the leading digit stays within
+        ``[-64, 64]`` whatever rounding does."""
+        return self.DIGIT_BITS * self.digits - 2
+
+    def digit_scales(self, values, block_channels: int, in_channels: int) -> np.ndarray:
+        """Scales or offsets ``(O, n_blocks)`` of the logical weight (blocks of ``block_channels`` input
+        channels) -> ``(O, digits * ceil(I/32))`` float32, one per virtual chunk: chunk ``digits*c + d`` takes
+        its channels' block value times ``256^(digits-1-d)`` (exact: powers of two). Needs ``block_channels``
+        a multiple of 32 or a single block."""
+        v = np.asarray(values, np.float32)
+        nch = _cdiv(int(in_channels), self.STEP_CHANNELS)
+        if v.ndim != 2 or (v.shape[1] > 1 and block_channels % self.STEP_CHANNELS):
+            raise ValueError(f"digit scales need (O, n_blocks) values with blocks of a multiple of 32 channels, "
+                             f"got {v.shape} with blocks of {block_channels}")
+        blk = np.minimum(np.arange(nch) * self.STEP_CHANNELS // max(int(block_channels), 1), v.shape[1] - 1)
+        pow256 = np.float32(2.0 ** self.DIGIT_BITS) ** np.arange(self.digits - 1, -1, -1, dtype=np.float32)
+        return np.ascontiguousarray((v[:, blk, None] * pow256).reshape(v.shape[0], nch * self.digits))
 
     @property
     def step_bytes(self) -> int:
@@ -510,7 +540,8 @@ class OpenCLMMAWeightLayout:
 
     def packed_shape(self, shape) -> tuple[int, int, int]:
         o, i, kh, kw = self._oikk(shape)
-        return (_cdiv(o, self.oc_pack) * self.oc_pack, _cdiv(i, self.STEP_CHANNELS) * kh * kw, self.step_bytes)
+        return (_cdiv(o, self.oc_pack) * self.oc_pack, self.digits * _cdiv(i, self.STEP_CHANNELS) * kh * kw,
+                self.step_bytes)
 
     def nbytes(self, shape) -> int:
         return int(np.prod(self.packed_shape(shape)))
@@ -523,10 +554,11 @@ class OpenCLMMAWeightLayout:
         q = _check_q(q, self.bits, ndim=(2, 4))
         o, i, kh, kw = self._oikk(q.shape)
         ocp, steps, _ = self.packed_shape(q.shape)
-        nch = steps // (kh * kw)
-        full = np.zeros((ocp, nch * self.STEP_CHANNELS, kh * kw), np.int8)
-        full[:o, :i] = q.reshape(o, i, kh * kw)
-        v = full.reshape(ocp, nch, self.STEP_CHANNELS, kh * kw).transpose(0, 1, 3, 2)  # (o, c, t, e)
+        nch = steps // (kh * kw)   # virtual chunks: digits copies of each
+        full = np.zeros((ocp, nch // self.digits, self.STEP_CHANNELS, kh * kw), np.int8)
+        full.reshape(ocp, -1, kh * kw)[:o, :i] = q.reshape(o, i, kh * kw)
+        full = np.repeat(full, self.digits, axis=1)
+        v = full.transpose(0, 1, 3, 2)  # (o, c, t, e)
         v = v.reshape(ocp, steps, self.STEP_CHANNELS)
         if self.bits == 4:
             v = v[..., self._nibble_order()]
@@ -543,8 +575,8 @@ class OpenCLMMAWeightLayout:
         if self.bits == 4:
             v = v[..., np.argsort(self._nibble_order())]
         nch = want[1] // (kh * kw)
-        full = v.reshape(want[0], nch, kh * kw, self.STEP_CHANNELS).transpose(0, 1, 3, 2)
-        full = full.reshape(want[0], nch * self.STEP_CHANNELS, kh * kw)
+        full = v.reshape(want[0], nch, kh * kw, self.STEP_CHANNELS)[:, ::self.digits].transpose(0, 1, 3, 2)
+        full = full.reshape(want[0], nch // self.digits * self.STEP_CHANNELS, kh * kw)
         return np.ascontiguousarray(full[:o, :i].reshape(tuple(int(s) for s in shape)))
 
     @classmethod
@@ -553,7 +585,8 @@ class OpenCLMMAWeightLayout:
 
         @st.composite
         def case(draw):
-            spec = cls(draw(st.sampled_from([8, 4])), draw(st.sampled_from([128, 16, 32])))
+            spec = cls(draw(st.sampled_from([8, 4])), draw(st.sampled_from([128, 16, 32])),
+                       draw(st.sampled_from([1, 3, 2])))
             o, i = draw(st.integers(1, 40)), draw(st.integers(1, 70))
             shape = (o, i) if draw(st.booleans()) else (o, i, draw(st.integers(1, 3)), draw(st.integers(1, 3)))
             rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))

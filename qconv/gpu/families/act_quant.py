@@ -39,17 +39,18 @@ def sample_elements(layer, problem) -> int:
     return (c if problem.layout == "nchw" else cdiv(c, 4) * 4) * hw
 
 
-def row_quant(layer, problem, kernel: str, outs: tuple, work: int):
+def row_quant(layer, problem, kernel: str, outs: tuple, work: int, options: tuple = ()):
     """The launches of act_quant="row" in front of a kernel: ``(steps, scratch)``, ``steps`` the
-    :class:`~qconv.gpu.launch.Step` list of ``kernel`` (``quant_rows`` or ``quant_rows_i8``) with its output
-    arguments ``outs`` (Scratch / buffers), preceded by ``row_amax`` (G partial maxima per sample into a Scratch,
+    :class:`~qconv.gpu.launch.Step` list of ``kernel`` (``quant_rows``, ``quant_rows_i8`` or
+    ``quant_rows_digits``) with its output arguments ``outs`` (Scratch / buffers), preceded by ``row_amax`` (G partial maxima per sample into a Scratch,
     then part of ``scratch``) unless the input has at most :data:`ONE_GROUP_MAX` elements (one work-group of up
     to 1024 items per sample then takes the max itself, one launch). ``work``: 32-bit items of ``kernel`` per
-    sample (its groups per sample: ceil(work / (4 L)), at most 4096)."""
+    sample (its groups per sample: ceil(work / (4 L)), at most 4096); ``options``: more build options of
+    ``kernel`` (``quant_rows_digits``: DIGITS, X_BITS)."""
     cl = import_pyopencl()
     n, per_sample = problem.n, sample_elements(layer, problem)
     ql = min(256, pow2floor(int(layer.device.max_work_group_size)))
-    opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if problem.layout == "nchw" else ())
+    opts = ROW_QUANT_OPTIONS + (("-DIN_NCHW",) if problem.layout == "nchw" else ()) + tuple(options)
     args = (np.int32(per_sample), np.int32(n), np.int32(layer.spec.in_channels), np.int32(problem.h * problem.w))
     if n * per_sample <= ONE_GROUP_MAX:
         l1 = min(1024, pow2floor(int(layer.device.max_work_group_size)))

@@ -78,7 +78,8 @@ class Layer(Protocol):
     ``mma.sync``: NVIDIA sm_80+), ``exact_division`` (correctly rounded float32 division),
     ``base_options`` (:func:`layer_options`), ``buffers`` (:class:`WeightBuffers`), ``weights_in(layout)``
     (the weights packed in another layout spec, uploaded at the first request) and ``scales_in(layout)``
-    (the same for the scales, with the offsets where the spec holds them)."""
+    (the same for the scales, with the offsets where the spec holds them), ``digit_scales_in(layout)`` (the
+    scales and offsets of an :class:`~qconv.layouts.opencl.OpenCLMMAWeightLayout` with digits)."""
 
     spec: object
     ctx: object
@@ -102,6 +103,8 @@ class Layer(Protocol):
     def weights_in(self, layout): ...
 
     def scales_in(self, layout): ...
+
+    def digit_scales_in(self, layout): ...
 
 
 class Family(Protocol):

@@ -28,18 +28,24 @@ inline float slots_amax(__global const float *x, int n, int first, int step, con
     return m;
 }
 
-/* (1/scale, scale) of sample n: from row_amax's G partials, or (ONE_GROUP) from the work-group's own pass */
-inline float2 sample_params(__global const float *x, __global const float *part, const int G, __local float *red,
-                            int n, const int E, const int nsamples, const int C, const int HW) {
+/* max |x| of sample n: from row_amax's G partials, or (ONE_GROUP) from the work-group's own pass */
+inline float sample_amax(__global const float *x, __global const float *part, const int G, __local float *red,
+                         int n, const int E, const int nsamples, const int C, const int HW) {
 #ifdef ONE_GROUP
     const int lid = get_local_id(0), nloc = get_local_size(0);
-    return row_params(work_group_amax(red, slots_amax(x, n, lid, nloc, E, nsamples, C, HW), lid, nloc));
+    return work_group_amax(red, slots_amax(x, n, lid, nloc, E, nsamples, C, HW), lid, nloc);
 #else
     float m = 0.0f;
     for (int g = 0; g < G; g++)
         m = fmax(m, part[n * G + g]);
-    return row_params(m);
+    return m;
 #endif
+}
+
+/* (1/scale, scale) of sample n (row_params of its max |x|) */
+inline float2 sample_params(__global const float *x, __global const float *part, const int G, __local float *red,
+                            int n, const int E, const int nsamples, const int C, const int HW) {
+    return row_params(sample_amax(x, part, G, red, n, E, nsamples, C, HW));
 }
 
 __kernel void quant_rows(__global const float *x, __global const float *part, const int G, __local float *red,
@@ -95,3 +101,49 @@ __kernel void quant_rows_i8(__global const float *x, __global const float *part,
         xq[(((cj / 8) * nsamples + n) * HW + p) * 8 + cj % 8] = word;
     }
 }
+
+/* quant_rows_digits (float activations on conv_mma; build option DIGITS = 2 or 3, X_BITS = 8 * DIGITS - 2):
+ * NDRange and amax as quant_rows_i8. Sample n is scaled by 2^sh, the power of two that puts max |x| in
+ * [2^(X_BITS-1), 2^X_BITS) (|sh| <= 126: 2^-sh stays a normal float; sh = 0 when max |x| is 0), and
+ * X = rint(x 2^sh) (ties to even) is written as DIGITS signed base-256 digits X = sum_d X_d 256^(DIGITS-1-d)
+ * (X_d in [-128, 127] below the leading one, the leading one in [-64, 64]): digit d of input chunk c32 goes to
+ * chunk DIGITS * c32 + d of NC4HW4(32) int8 words [DIGITS * CH32][N][HW][8] (OpenCLMMAWeightLayout(digits=DIGITS)
+ * pairs each copy of a weight chunk with one digit). dx[n] = 2^-sh; NaN when x holds a non-finite value. */
+#ifdef DIGITS
+__kernel void quant_rows_digits(__global const float *x, __global const float *part, const int G,
+                                __local float *red, __global uint *xq, __global float *dx, const int E,
+                                const int nsamples, const int C, const int HW) {
+    const int n = get_group_id(1), G2 = get_num_groups(0);
+    const int lid = get_local_id(0), nloc = get_local_size(0);
+    const float amax = sample_amax(x, part, G, red, n, E, nsamples, C, HW);
+    int e = 0;
+    frexp(amax, &e); /* amax = m 2^e, m in [0.5, 1) */
+    const int sh = amax > 0.0f ? clamp(X_BITS - e, -126, 126) : 0;
+    const float up = as_float((uint)(127 + sh) << 23); /* 2^sh */
+    if (get_group_id(0) == 0 && lid == 0)
+        dx[n] = isfinite(amax) ? as_float((uint)(127 - sh) << 23) : NAN;
+    const int nwords = CDIV(C, 32) * 8 * HW;
+    for (int i = get_group_id(0) * nloc + lid; i < nwords; i += G2 * nloc) {
+        const int p = i % HW, cj = i / HW; /* cj = 8 * c32 + j */
+        uint words[DIGITS];
+        for (int d = 0; d < DIGITS; d++)
+            words[d] = 0u;
+        for (int b = 0; b < 4; b++) {
+            const int ch = 4 * cj + b;
+#ifdef IN_NCHW
+            const float v = ch < C ? x[(n * C + ch) * HW + p] : 0.0f;
+#else
+            const float v = ch < C ? x[(((ch / 4) * nsamples + n) * HW + p) * 4 + ch % 4] : 0.0f;
+#endif
+            int q = isfinite(v) ? convert_int_rte(v * up) : 0;
+            for (int d = DIGITS - 1; d >= 0; d--) {
+                const int lo = (q << 24) >> 24; /* the signed low byte */
+                words[d] |= ((uint)lo & 0xFFu) << (8 * b);
+                q = (q - lo) >> 8;
+            }
+        }
+        for (int d = 0; d < DIGITS; d++)
+            xq[((((cj / 8) * DIGITS + d) * nsamples + n) * HW + p) * 8 + cj % 8] = words[d];
+    }
+}
+#endif
