@@ -653,14 +653,17 @@ def summarize(paths):
     runs = load_runs(paths)
     med = lambda v: float(np.median(v)) if v else None  # noqa: E731
     out = [f"{len(runs)} runs; ratio = fastest same-scheme dynamic peer ms / qconv ms (> 1: qconv is faster), "
-           "median [min-max] over the runs", "",
+           "median [min-max] over the runs that hold the row", "",
            "| case | scheme | qconv ms | fastest same-scheme peer | ratio | x ORT QLinearConv static "
            "| % int8 peak / GB/s | 1->2 threads |",
            "|---|---|---:|---|---:|---:|---:|---:|"]
-    first = runs[0]["rows"]
+    seen, first = set(), []   # every qconv row of any run (partial runs: --cases), in first-seen order
+    for run in runs:
+        for r in run["rows"]:
+            if r["engine"] == "qconv cpu" and "ms" in r and (r["case"], r["scheme"]) not in seen:
+                seen.add((r["case"], r["scheme"]))
+                first.append(r)
     for r in first:
-        if r["engine"] != "qconv cpu" or "ms" not in r:
-            continue
         ms, ratio, eff, scal, names, static = [], [], [], [], [], []
         for run in runs:
             rows = run["rows"]
