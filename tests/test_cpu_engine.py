@@ -543,3 +543,24 @@ def test_too_long_block_rejected():
     w = qconv.QuantizedWeight(np.zeros((1, 8192, 3, 3), np.int8), np.ones((1, 1), np.float32), None, 8)
     with pytest.raises(ValueError, match="too long"):
         CpuEngine(ConvSpec(w))
+
+
+@pytest.mark.parametrize("case", ["depthwise", "direct float", "direct int8", "gemm int8", "gemm 1x1 pixel"])
+def test_forward_nchw_unchecked_is_forward(case):
+    """The session kernels' entry (no Python checks) runs the same path as forward: the same bits on every path,
+    and a non-finite input is still refused (natively)."""
+    rng = np.random.default_rng(11)
+    o, i, k, groups, act, hw = {"depthwise": (24, 24, 3, 24, None, 9), "direct float": (20, 12, 3, 1, None, 9),
+                                "direct int8": (20, 12, 3, 1, "tensor", 9), "gemm int8": (20, 12, 1, 1, "row", 3),
+                                "gemm 1x1 pixel": (20, 12, 1, 1, "tensor", 1)}[case]
+    w = rng.standard_normal((o, i // groups, k, k)).astype(np.float32)
+    spec = ConvSpec(qconv.quantize_weight(w, bits=8, symmetric=False, groups=groups), None, 1, k // 2, 1, "relu", act)
+    eng = CpuEngine(spec, threads=2)
+    x = rng.standard_normal((2, i, hw, hw)).astype(np.float32)
+    want = eng.forward(x, "nchw")
+    y = np.full_like(want, np.nan)
+    assert eng.forward_nchw_unchecked(x, y) is y
+    np.testing.assert_array_equal(y, want)
+    x[1, 0, 0, 0] = np.inf
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        eng.forward_nchw_unchecked(x, y)

@@ -124,6 +124,7 @@ cases = [(13, 7, 3, 2, 1, 2, 8, 0, False, 1, 2, 9, 8, aq, {"variant": v})
     (20, 64, 1, 1, 0, 1, 4, 32, False, 1, 1, 3, 2, "row", {"variant": "mma_64x32"}),
     (20, 128, 1, 1, 0, 1, 4, 64, False, 1, 1, 1, 1, None, {"variant": "gemv_mma", **B}),
     (20, 96, 1, 1, 0, 1, 8, 0, True, 1, 1, 1, 1, None, {"variant": "gemv_mma", "local_size": (32, 2, 1), **B}),
+    (20, 40, 3, 1, 1, 1, 4, 0, False, 1, 2, 3, 3, None, {"variant": "mma_x3_64x32"}),
 ]
 programs = set()
 
@@ -148,7 +149,7 @@ for case in cases:
 # samples past act_quant.ONE_GROUP_MAX take row_amax's partial maxima first (forced here on small ones)
 from qconv.gpu.families import act_quant
 act_quant.ONE_GROUP_MAX = 0
-for case in (cases[1], cases[-4]):   # conv_general and conv_mma with act_quant="row"
+for case in (cases[1], cases[-5], cases[-1]):   # conv_general and conv_mma with act_quant="row", mma_x3
     run(*case)
 # past the int32 bound: gemv_a8's folded lane sums (A8_WIDE), 4 output channels (conv_mma's fold past 4096 steps
 # takes minutes here: tests/test_gpu_bounds.py runs it on PoCL)
@@ -183,9 +184,9 @@ print("done")
 """
 
 FAMILIES = {f"{p}:{m}" for p in ("conv_general", "conv_1x1", "conv_gemm") for m in ("float", "row")} | {
-    "gemv_a8:row", "conv_mma:row", "gemv_mma:float"}
+    "gemv_a8:row", "conv_mma:row", "gemv_mma:float", "conv_mma:float"}
 KERNELS = {"conv_general", "conv_1x1", "gemv_1x1", "conv_gemm", "gemv_a8", "quant_x_a8", "conv_mma", "gemv_mma",
-           "row_amax", "quant_rows", "quant_rows_i8", "count_nonfinite", "add_act"}
+           "row_amax", "quant_rows", "quant_rows_i8", "quant_rows_digits", "count_nonfinite", "add_act"}
 
 
 def test_oclgrind_reports_a_read_past_a_buffer_and_a_race(oclgrind):

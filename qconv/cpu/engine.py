@@ -664,45 +664,60 @@ class CpuEngine:
             y = out
             if o % 4 and not nchw:
                 y[-1, ..., o % 4:] = 0
-        oscale, ozp = self.output_qparams if self.output_qparams is not None else (None, 0)
         with self._lock:
-            if self._dw is not None:
-                macs = n * oh * ow * o * self.spec.weight.taps
-                if self._dw.channel_blocks(int(not nchw)):
-                    serial = macs < SERIAL_MACS // DW_BLOCK_SERIAL_DIV
-                else:
-                    serial = macs < SERIAL_MACS and n * self.spec.in_channels < DW_SERIAL_PLANES
-                return self._dw.forward(x, int(nchw), y, int(not nchw), 1 if serial else self.threads,
-                                        self.threads)
-            self._last_direct = self._direct is not None and oh * ow >= DIRECT_MIN_PIXELS
-            if self._last_direct:
-                macs = n * oh * ow * o * self.spec.in_channels * self.spec.weight.taps
-                nt = 1 if macs < SERIAL_MACS else self.threads
-                buf = scratch.arena().take("direct", self._direct.buffer_floats(x, int(nchw), nt), np.float32)
-                return self._direct.forward(x, int(nchw), y, int(not nchw), nt, buf)
-            self._last_direct_int8 = 0
-            if self._direct_int8_able and nchw and n * oh * ow >= self.amx_min_cols:
-                return self._forward_direct_int8(x, y, n, h, w, oh, ow)
-            if self._plan is None:
-                self._prepare_gemm()
-            if self.kernel == "amx" and not self._float_act and n * oh * ow >= self.amx_min_cols and (
-                    self.layout.block_values >= self.amx_min_block_values) and (
-                    self._wa is None or self._plan_amx_min != self.amx_min_cols):
-                if self._wa is None:
-                    self._prepare_amx()
-                else:
-                    self._plan.set_amx(self._wa, self.amx_layout.group_stride, self.amx_layout.block_stride,
-                                       self.amx_layout.oc_tile_stride, self.amx_layout.block_bytes, self.amx_min_cols)
-                self._plan_amx_min = self.amx_min_cols
-            s = self._bind_scratch(n, h, w)
-            try:
-                qlo, qhi = self._act_params(x, nchw, n, s)
-                xp = self._pixel_major(x, nchw, n, h, w, s) if self._block_mode else None
-                self._plan.forward(x, int(nchw), qlo, qhi, y, int(not nchw),
-                                   None if oscale is None else float(oscale), ozp,
-                                   1 if s["macs"] < SERIAL_MACS else self.threads, xp, SERIAL_QUANT_VALUES)
-            finally:
-                self._plan.release()
+            return self._run(x, nchw, y, n, h, w, oh, ow)
+
+    def forward_nchw_unchecked(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``forward(x, "nchw", y)`` without :meth:`forward`'s Python checks, for callers that guarantee them (the
+        onnxruntime custom operator's kernels, whose tensors onnxruntime allocates and whose shapes the kernel
+        checked once): ``x`` float32 (or int8 with ``input_qparams``) C-contiguous ``(N, C, H, W)``, ``C`` the
+        layer's input channels, N*H*W > 0; ``y`` C-contiguous ``(N, O, OH, OW)`` of the output dtype, writeable,
+        not overlapping ``x``. The native checks (non-finite inputs) still run. Returns ``y``."""
+        n, _, h, w = x.shape
+        with self._lock:
+            return self._run(x, True, y, n, h, w, y.shape[2], y.shape[3])
+
+    def _run(self, x, nchw: bool, y, n, h, w, oh, ow):
+        """The call itself on checked arguments (the caller holds ``self._lock``)."""
+        o = self.spec.out_channels
+        oscale, ozp = self.output_qparams if self.output_qparams is not None else (None, 0)
+        if self._dw is not None:
+            macs = n * oh * ow * o * self.spec.weight.taps
+            if self._dw.channel_blocks(int(not nchw)):
+                serial = macs < SERIAL_MACS // DW_BLOCK_SERIAL_DIV
+            else:
+                serial = macs < SERIAL_MACS and n * self.spec.in_channels < DW_SERIAL_PLANES
+            return self._dw.forward(x, int(nchw), y, int(not nchw), 1 if serial else self.threads,
+                                    self.threads)
+        self._last_direct = self._direct is not None and oh * ow >= DIRECT_MIN_PIXELS
+        if self._last_direct:
+            macs = n * oh * ow * o * self.spec.in_channels * self.spec.weight.taps
+            nt = 1 if macs < SERIAL_MACS else self.threads
+            buf = scratch.arena().take("direct", self._direct.buffer_floats(x, int(nchw), nt), np.float32)
+            return self._direct.forward(x, int(nchw), y, int(not nchw), nt, buf)
+        self._last_direct_int8 = 0
+        if self._direct_int8_able and nchw and n * oh * ow >= self.amx_min_cols:
+            return self._forward_direct_int8(x, y, n, h, w, oh, ow)
+        if self._plan is None:
+            self._prepare_gemm()
+        if self.kernel == "amx" and not self._float_act and n * oh * ow >= self.amx_min_cols and (
+                self.layout.block_values >= self.amx_min_block_values) and (
+                self._wa is None or self._plan_amx_min != self.amx_min_cols):
+            if self._wa is None:
+                self._prepare_amx()
+            else:
+                self._plan.set_amx(self._wa, self.amx_layout.group_stride, self.amx_layout.block_stride,
+                                   self.amx_layout.oc_tile_stride, self.amx_layout.block_bytes, self.amx_min_cols)
+            self._plan_amx_min = self.amx_min_cols
+        s = self._bind_scratch(n, h, w)
+        try:
+            qlo, qhi = self._act_params(x, nchw, n, s)
+            xp = self._pixel_major(x, nchw, n, h, w, s) if self._block_mode else None
+            self._plan.forward(x, int(nchw), qlo, qhi, y, int(not nchw),
+                               None if oscale is None else float(oscale), ozp,
+                               1 if s["macs"] < SERIAL_MACS else self.threads, xp, SERIAL_QUANT_VALUES)
+        finally:
+            self._plan.release()
         return y
 
     def _forward_direct_int8(self, x, y, n, h, w, oh, ow):
