@@ -45,26 +45,37 @@ def test_conv_mma_quantizes_in_one_or_two_launches(cl_device, layout, monkeypatc
     assert_matches_reference(ys[0], x, weight, None, 1, 1, 1, None, act_quant="row")
 
 
-@settings(_PROP, max_examples=14)
-@given(data=st.data())
-def test_conv_mma_matches_reference(cl_device, data):
-    """Every tile, both layouts, odd channel counts (padding of the 32-channel steps and of the tiles),
-    strides, padding, dilation, batches, int8/int4, per-channel and blockwise (asymmetric) scales."""
+def _drawn_case(data, device, variants, act_quant):
+    """A drawn conv (odd channel counts: padding of the 32-channel steps and of the tiles; strides, padding,
+    dilation, batches, int8/int4, per-channel and blockwise asymmetric scales) run by a forced conv_mma tile of
+    ``variants`` in a drawn layout: ``(geo, weight, bias, act, x, y)``, or None when the weight's blocks are not
+    a multiple of 32 channels (refused with that reason)."""
     pointwise = data.draw(st.booleans())
     geo = data.draw(conv_geometries(pointwise=pointwise, max_channels=70 if pointwise else 40,
                                     max_out_channels=40, max_spatial=9, max_kernel=3, max_batch=3))
     weight, bias, act = _draw_layer(data, geo)
     layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
-    variant = data.draw(st.sampled_from(sorted(gpu.MMA_VARIANTS)))
+    variant = data.draw(st.sampled_from(variants))
     x = data.draw(activations((geo.n, geo.c, geo.h, geo.w)))
+    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, act_quant)
     try:
-        eng = _mma_engine(weight, bias, geo.stride, geo.padding, geo.dilation, act, cl_device, variant=variant)
+        eng = gpu.OpenCLEngine(spec, device=device, tune="none", variant=variant)
     except ValueError as exc:
         assert weight.n_blocks > 1 and weight.block_channels % 32 and "multiple of 32" in str(exc)
-        return
+        return None
     y = _forward(eng, x, layout)
     assert eng.plans[(layout, geo.n, geo.h, geo.w)].cand.program == "conv_mma"
-    assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, act_quant="row")
+    return geo, weight, bias, act, x, y
+
+
+@settings(_PROP, max_examples=14)
+@given(data=st.data())
+def test_conv_mma_matches_reference(cl_device, data):
+    """Every int8-activation tile against the oracle (see _drawn_case)."""
+    case = _drawn_case(data, cl_device, sorted(gpu.MMA_VARIANTS), "row")
+    if case is not None:
+        geo, weight, bias, act, x, y = case
+        assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, act_quant="row")
 
 
 @pytest.mark.parametrize("bits,block,sym,k", [(8, 0, True, 3), (4, 32, False, 3), (4, 64, True, 3),
@@ -154,23 +165,12 @@ def _x3_engine(weight, bias=None, stride=1, padding=0, dilation=1, activation=No
 @settings(_PROP, max_examples=10)
 @given(data=st.data())
 def test_conv_mma_x3_matches_float_reference(cl_device, data):
-    """Float activations on the int8 tensor-core GEMM: every tile, both layouts, odd channel counts, strides,
-    padding, dilation, batches, int8/int4, per-channel and blockwise (asymmetric) scales, against the float
-    oracle within the float tolerance plus x's documented rounding."""
-    pointwise = data.draw(st.booleans())
-    geo = data.draw(conv_geometries(pointwise=pointwise, max_channels=70 if pointwise else 40,
-                                    max_out_channels=40, max_spatial=9, max_kernel=3, max_batch=3))
-    weight, bias, act = _draw_layer(data, geo)
-    layout = data.draw(st.sampled_from(["nchw", "nc4hw4"]))
-    variant = data.draw(st.sampled_from(X3_VARIANTS))
-    x = data.draw(activations((geo.n, geo.c, geo.h, geo.w)))
-    try:
-        eng = _x3_engine(weight, bias, geo.stride, geo.padding, geo.dilation, act, cl_device, variant=variant)
-    except ValueError as exc:
-        assert weight.n_blocks > 1 and weight.block_channels % 32 and "multiple of 32" in str(exc)
+    """Float activations on the int8 tensor-core GEMM, every tile (see _drawn_case), against the float oracle
+    within the float tolerance plus x's documented rounding."""
+    case = _drawn_case(data, cl_device, X3_VARIANTS, None)
+    if case is None:
         return
-    y = _forward(eng, x, layout)
-    assert eng.plans[(layout, geo.n, geo.h, geo.w)].cand.program == "conv_mma"
+    geo, weight, bias, act, x, y = case
     ref = qconv.reference.conv2d(x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
     tol = _x3_tolerance(x, weight, bias, geo.stride, geo.padding, geo.dilation, act)
     err = np.abs(y.astype(np.float64) - ref)

@@ -71,6 +71,17 @@ __kernel void row_amax(__global const float *x, __global float *part, __local fl
         part[n * G + get_group_id(0)] = m;
 }
 
+/* channel ch of pixel p of sample n (0 for channels >= C: the 32-channel chunks' padding) */
+inline float channel_at(__global const float *x, int n, int ch, int p, const int nsamples, const int C, const int HW) {
+    if (ch >= C)
+        return 0.0f;
+#ifdef IN_NCHW
+    return x[(n * C + ch) * HW + p];
+#else
+    return x[(((ch / 4) * nsamples + n) * HW + p) * 4 + ch % 4];
+#endif
+}
+
 /* quant_rows_i8: NDRange (G2 * L, N), local (L, 1): x -> its int8 quantization per sample (amax: the max of
  * row_amax's G partials, or with ONE_GROUP (G2 = 1) the group's own) in NC4HW4 with a pack of 32
  * (qconv.layouts.NC4HW4(32) over int8: [CH32][N][HW][32] bytes, channels >= C are 0; as 32-bit words
@@ -91,11 +102,7 @@ __kernel void quant_rows_i8(__global const float *x, __global const float *part,
         uint word = 0;
         for (int e = 0; e < 4; e++) {
             const int ch = 4 * cj + e;
-#ifdef IN_NCHW
-            const float v = ch < C ? x[(n * C + ch) * HW + p] : 0.0f;
-#else
-            const float v = ch < C ? x[(((ch / 4) * nsamples + n) * HW + p) * 4 + ch % 4] : 0.0f;
-#endif
+            const float v = channel_at(x, n, ch, p, nsamples, C, HW);
             word |= ((uint)quant_row(v, qd.x) & 0xFFu) << (8 * e);
         }
         xq[(((cj / 8) * nsamples + n) * HW + p) * 8 + cj % 8] = word;
@@ -130,11 +137,7 @@ __kernel void quant_rows_digits(__global const float *x, __global const float *p
             words[d] = 0u;
         for (int b = 0; b < 4; b++) {
             const int ch = 4 * cj + b;
-#ifdef IN_NCHW
-            const float v = ch < C ? x[(n * C + ch) * HW + p] : 0.0f;
-#else
-            const float v = ch < C ? x[(((ch / 4) * nsamples + n) * HW + p) * 4 + ch % 4] : 0.0f;
-#endif
+            const float v = channel_at(x, n, ch, p, nsamples, C, HW);
             int q = isfinite(v) ? convert_int_rte(v * up) : 0;
             for (int d = DIGITS - 1; d >= 0; d--) {
                 const int lo = (q << 24) >> 24; /* the signed low byte */
