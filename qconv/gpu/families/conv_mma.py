@@ -9,7 +9,7 @@ per stage is a build option the tuner picks.
   :data:`DIGITS` base-256 digits of ``rint(x * 2^sh)`` (22 bits, max |x| in ``[2^21, 2^22)``) as int8 chunks
   of their own, against weights whose every 32-channel chunk is stored once per digit
   (``OpenCLMMAWeightLayout(digits=3)``, scales times ``256^k`` per copy): the integer sums are ``q X``
-  exactly, x's rounding (at most ``2^-23 max |x|`` a sample) is the only change from the float kernels.
+  exactly, x's rounding (at most ``2^-22 max |x|`` of its sample) is the only change from the float kernels.
   Offered for batches of :data:`SPLIT_MIN_BATCH` samples or more, with weights of at most
   :data:`SPLIT_MAX_BYTES` once tripled.
 """
