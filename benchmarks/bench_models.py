@@ -37,8 +37,8 @@ Full run (quiet machine; name the CPU)::
 
 ``--quick``: 2 runs a row. ``--rounds N``: every row N times, each in a new process, rows interleaved, the fastest
 round kept (``round_medians`` lists them all): on the 2-core VMs whole processes run at one speed or at about half
-of it, whatever the runtime (2026-12-06, AMD Zen 4 VM). ``--models`` / ``--rows`` pick (comma-separated). OpenVINO and NNCF: ``pip install
-openvino nncf`` (the ``bench`` extra).
+of it, whatever the runtime (2026-12-06, AMD Zen 4 VM). ``--models`` / ``--rows`` pick (comma-separated).
+OpenVINO and NNCF: ``pip install openvino nncf`` (the ``bench`` extra).
 """
 from __future__ import annotations
 
@@ -306,6 +306,15 @@ def main(argv=None) -> int:
             ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
             np.save(ref_path, ref)
             arts = {row: make_artifact(row, path, x, work) for row in rows}
+            sizes = {}   # row -> its file (and qconv's weight) ratios, measured once
+            for row, (art, _) in arts.items():
+                if art is not None:
+                    sizes[row] = dict(file_ratio=_file_ratio(art, path))
+                    if row.startswith("qconv-"):
+                        import onnx
+
+                        import qconv.onnx as qo
+                        sizes[row]["weight_ratio"] = qo.weight_bytes(onnx.load(art))["ratio"]
             best = {}
             for _ in range(max(1, args.rounds)):
                 for row in rows:
@@ -322,12 +331,7 @@ def main(argv=None) -> int:
                             res["error"] = (proc.stderr or proc.stdout)[-400:]
                         else:
                             res.update(json.loads(lines[-1]))
-                        res["file_ratio"] = _file_ratio(art, path)
-                        if row.startswith("qconv-"):
-                            import onnx
-
-                            import qconv.onnx as qo
-                            res["weight_ratio"] = qo.weight_bytes(onnx.load(art))["ratio"]
+                        res.update(sizes[row])
                     prev = best.get(row)
                     medians = (prev or {}).get("round_medians", []) + ([res["median_ms"]] if "median_ms" in res else [])
                     if prev is None or res.get("median_ms", float("inf")) < prev.get("median_ms", float("inf")):
