@@ -158,7 +158,8 @@ cdef class DirectInt8Plan:
         j.tail = tail_code(act)
         j.C, j.O, j.KH, j.KW, j.sh, j.sw, j.dh, j.dw, j.pt, j.pl = w.in_channels, o, kh, kw, sh, sw, dh, dw, ph, pw
         j.quads, j.kg, j.steps, j.otiles = layout.quads, layout.kg, layout.steps, layout.oc_tiles
-        j.nblocks, j.bq, j.spb, j.planes = nb, layout.block_quads, layout.block_steps, layout.quads_padded
+        j.nblocks, j.bq, j.spb = nb, layout.block_quads, layout.block_steps
+        j.planes = layout.quads_padded if self.use_amx else layout.quads
         self.toff = np.zeros(kh * kw, np.int64)
 
     cdef void _shape(self, int64_t N, int64_t H, int64_t W, int64_t OH, int64_t OW):

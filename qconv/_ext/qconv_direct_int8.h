@@ -31,8 +31,8 @@
  * Work: quantization items (sample, quad), pixel-sum items (sample, phase-plane row; only with offsets), then compute
  * items. AMX: (sample, pair of 16-channel tiles, block of run pairs), four accumulator tiles per run pair; one
  * weight block: the K sequence (tap, step) cut into chunks whose weights stay in L1 across the run pairs; several:
- * block after block. VNNI (qc_di8_vnni_run): (sample, 16-channel tile, group of 3 runs), 8 channels x 3 runs of
- * accumulators in registers.
+ * block after block. VNNI (qc_di8_vnni_run): (sample, 16-channel tile, group of 3 runs, or 2 where that computes
+ * fewer padding runs), 8 channels x 3 (2) runs of accumulators in registers, a K step's zero-padded quads skipped.
  */
 #ifndef QCONV_DIRECT_INT8_H
 #define QCONV_DIRECT_INT8_H
@@ -46,7 +46,8 @@ typedef struct {
     int32_t KH, KW, sh, sw, dh, dw, pt, pl;
     int32_t quads, kg, steps;     /* AmxConvWeightLayout: channel quads, quads per K step, K steps per tap */
     int32_t nblocks, bq, spb;     /* weight blocks, quads of a block, K steps of a block per tap */
-    int32_t planes;               /* quad planes the kernels read (AmxConvWeightLayout.quads_padded) */
+    int32_t planes;               /* quad planes the kernels read: AMX AmxConvWeightLayout.quads_padded (its tiles
+                                   * span whole K steps), VNNI quads (it skips the zero-padded rows of a step) */
     int32_t O, otiles;            /* output channels, 16-channel tiles */
     /* set by qc_di8_setup */
     int64_t Hq, Wq, rows;         /* phase planes and their rows in a quad (sh*sw*Hq) */
@@ -55,6 +56,7 @@ typedef struct {
     int64_t sample_bytes;         /* xq bytes per sample: `planes` planes */
     int64_t psum_len;             /* int32 pixel sums per sample and block: rows*Wq + QC_DI8_SLACK */
     int32_t rb;                   /* AMX: run pairs per compute item (<= QC_DI8_RB; 0: qc_di8_setup's choice) */
+    int32_t vnr;                  /* VNNI: 16-pixel runs per compute item, 2 or 3 (qc_di8_setup) */
     int64_t kchunk;               /* AMX: K steps per chunk (0: qc_di8_setup's choice) */
     /* weights and tables: wsx, scale, offset [nblocks][16*otiles], bias, pa_s, pa_t [16*otiles] */
     const int8_t *wa;
@@ -102,6 +104,10 @@ static void qc_di8_setup(qc_di8_job *j)
     }
     /* one K chunk: blocks of run pairs only set the work items' size (2 keeps them many); several: a block
      * shares each chunk's weights */
+    /* VNNI: two runs an item where that computes fewer padding runs than three (7x7 outputs: 4 runs against 6;
+     * 2026-12-06, Zen 4, 2 threads, A/B: MobileNetV2's 1x1 convs at 7x7 0.70-0.93x the time, 14x14-56x56 even) */
+    const int64_t r2 = (j->runs + 1) / 2 * 2, r3 = (j->runs + 2) / 3 * 3;
+    j->vnr = r2 < r3 ? 2 : 3;
     if (j->rb < 1 || j->rb > QC_DI8_RB)
         j->rb = j->nblocks > 1 || (int64_t)j->KH * j->KW * j->steps <= j->kchunk ? 2 : QC_DI8_RB;
 }
@@ -514,66 +520,76 @@ QC_TGT_AMX static void qc_di8_amx_run_blocks(const qc_di8_job *j, int64_t i0, in
 /* ------------------------------------------------------------------------------------------------ */
 /* One vpdpbusd multiplies 16 pixels x one quad (a 64-byte row of a B tile, U unsigned) by one output channel's
  * 4 weights of that quad (broadcast from its A-tile row, signed): the accumulators are the AMX ones, transposed
- * into registers, and the epilogue is the same. Register block: QC_DI8V_MR channels x QC_DI8V_NR runs of 16
- * pixels (24 accumulators, 3 pixel vectors, the broadcast weight folded into vpdpbusd). */
+ * into registers, and the epilogue is the same. Register block: QC_DI8V_MR channels x NR (j->vnr: 3 or 2) runs
+ * of 16 pixels (8*NR accumulators, NR pixel vectors, the broadcast weight folded into vpdpbusd). */
 #define QC_DI8V_MR 8
-#define QC_DI8V_NR 3
 
 static inline int64_t qc_di8_vnni_items(const qc_di8_job *j)
 {
-    return j->N * j->otiles * ((j->runs + QC_DI8V_NR - 1) / QC_DI8V_NR);
+    return j->N * j->otiles * ((j->runs + j->vnr - 1) / j->vnr);
 }
 
-#define QC_DI8V_DECL(m) __m512i c##m##0 = _mm512_setzero_si512(), c##m##1 = c##m##0, c##m##2 = c##m##0;
-#define QC_DI8V_STEP(m) { \
-        const __m512i w = _mm512_set1_epi32(qc_load_i32((const uint8_t *)(a + (m) * astride + 4 * r))); \
-        QC_DPBUSD(c##m##0, b0, w); QC_DPBUSD(c##m##1, b1, w); QC_DPBUSD(c##m##2, b2, w); }
-#define QC_DI8V_STORE(m) { \
-        _mm512_store_si512((void *)(cbuf + 16 * (h * QC_DI8V_MR + (m))), c##m##0); \
-        _mm512_store_si512((void *)(cbuf + 256 + 16 * (h * QC_DI8V_MR + (m))), c##m##1); \
-        _mm512_store_si512((void *)(cbuf + 512 + 16 * (h * QC_DI8V_MR + (m))), c##m##2); }
+#define QC_DI8V_DECL3(m) __m512i c##m##0 = _mm512_setzero_si512(), c##m##1 = c##m##0, c##m##2 = c##m##0;
+#define QC_DI8V_DECL2(m) __m512i c##m##0 = _mm512_setzero_si512(), c##m##1 = c##m##0;
+#define QC_DI8V_W(m) const __m512i w##m = _mm512_set1_epi32(qc_load_i32((const uint8_t *)(a + (m) * astride + 4 * r)));
+#define QC_DI8V_STEP3(m) { QC_DI8V_W(m) QC_DPBUSD(c##m##0, b0, w##m); QC_DPBUSD(c##m##1, b1, w##m); \
+                           QC_DPBUSD(c##m##2, b2, w##m); }
+#define QC_DI8V_STEP2(m) { QC_DI8V_W(m) QC_DPBUSD(c##m##0, b0, w##m); QC_DPBUSD(c##m##1, b1, w##m); }
+#define QC_DI8V_ST(m, q) _mm512_store_si512((void *)(cbuf + 256 * (q) + 16 * (h * QC_DI8V_MR + (m))), c##m##q);
+#define QC_DI8V_STORE3(m) { QC_DI8V_ST(m, 0) QC_DI8V_ST(m, 1) QC_DI8V_ST(m, 2) }
+#define QC_DI8V_STORE2(m) { QC_DI8V_ST(m, 0) QC_DI8V_ST(m, 1) }
+#define QC_DI8V_LOAD3 const __m512i b0 = _mm512_loadu_si512((const void *)b), \
+        b1 = _mm512_loadu_si512((const void *)(b + 64)), b2 = _mm512_loadu_si512((const void *)(b + 128));
+#define QC_DI8V_LOAD2 const __m512i b0 = _mm512_loadu_si512((const void *)b), \
+        b1 = _mm512_loadu_si512((const void *)(b + 64));
+#define QC_DI8V_ALL(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 
-/* compute items i0 .. i1-1: item = (sample, 16-channel tile, group of QC_DI8V_NR runs), the group fastest; the
- * blocks one after the other, each finished by its epilogue (partial sums in `part` until the last) */
-QC_TGT_VNNI static void qc_di8_vnni_run(const qc_di8_job *j, int64_t i0, int64_t i1)
+/* compute items i0 .. i1-1: item = (sample, 16-channel tile, group of NR runs), the group fastest; the blocks one
+ * after the other, each finished by its epilogue (partial sums in `part` until the last) */
+#define QC_DI8V_RUN(NAME, NR, DECL, LOAD, STEP, STORE)                                                             \
+QC_TGT_VNNI static void NAME(const qc_di8_job *j, int64_t i0, int64_t i1)                                          \
+{                                                                                                                  \
+    int32_t cbuf[NR * 256] __attribute__((aligned(64)));                                                           \
+    float part[NR * 256] __attribute__((aligned(64)));   /* several blocks: partial sums per run */                \
+    const int64_t groups = (j->runs + NR - 1) / NR, taps = (int64_t)j->KH * j->KW;                                 \
+    const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;          \
+    const int64_t plane = j->plane, steps = j->steps, kg = j->kg, spb = j->spb, bq = j->bq;                        \
+    for (int64_t item = i0; item < i1; ++item) {                                                                   \
+        const int64_t n = item / (j->otiles * groups), rem = item % (j->otiles * groups);                          \
+        const int64_t ot = rem / groups, g = rem % groups, v0 = 16 * NR * g;                                       \
+        const int64_t nr = j->runs - NR * g < NR ? j->runs - NR * g : NR;                                          \
+        const uint8_t *xs = j->xq + n * j->sample_bytes + 4 * v0;                                                  \
+        for (int64_t blk = 0; blk < j->nblocks; ++blk) {                                                           \
+        for (int h = 0; h < 16 / QC_DI8V_MR && 16 * ot + h * QC_DI8V_MR < j->O; ++h) {                             \
+            QC_DI8V_ALL(DECL)                                                                                      \
+            for (int64_t t = 0; t < taps; ++t)                                                                     \
+                for (int64_t jj = 0; jj < spb; ++jj) {                                                             \
+                    const int64_t s = blk * spb + jj;                                                              \
+                    const int8_t *a = j->wa + ot * ostride + (t * steps + s) * tb + h * QC_DI8V_MR * astride;      \
+                    const uint8_t *b = xs + 4 * j->toff[t] + (blk * bq + jj * kg) * plane;                         \
+                    /* the block's real quads only (blocks divide the channels): its padded rows add 0 */          \
+                    const int64_t rmax = bq - jj * kg < kg ? bq - jj * kg : kg;                                    \
+                    for (int64_t r = 0; r < rmax; ++r, b += plane) {                                               \
+                        LOAD                                                                                       \
+                        QC_DI8V_ALL(STEP)                                                                          \
+                    }                                                                                              \
+                }                                                                                                  \
+            QC_DI8V_ALL(STORE)                                                                                     \
+        }                                                                                                          \
+        for (int64_t r = 0; r < nr; ++r) qc_di8_epi_block(j, n, ot, v0 + 16 * r, cbuf + 256 * r, blk, part + 256 * r); \
+        }                                                                                                          \
+    }                                                                                                              \
+}
+QC_DI8V_RUN(qc_di8_vnni_run3, 3, QC_DI8V_DECL3, QC_DI8V_LOAD3, QC_DI8V_STEP3, QC_DI8V_STORE3)
+QC_DI8V_RUN(qc_di8_vnni_run2, 2, QC_DI8V_DECL2, QC_DI8V_LOAD2, QC_DI8V_STEP2, QC_DI8V_STORE2)
+
+static void qc_di8_vnni_run(const qc_di8_job *j, int64_t i0, int64_t i1)
 {
-    int32_t cbuf[QC_DI8V_NR * 256] __attribute__((aligned(64)));
-    float part[QC_DI8V_NR * 256] __attribute__((aligned(64)));   /* several blocks: partial sums per run */
-    const int64_t groups = (j->runs + QC_DI8V_NR - 1) / QC_DI8V_NR, taps = (int64_t)j->KH * j->KW;
-    const int64_t tb = 64 * (int64_t)j->kg, ostride = taps * j->steps * tb, astride = 4 * (int64_t)j->kg;
-    const int64_t plane = j->plane, steps = j->steps, kg = j->kg, spb = j->spb, bq = j->bq;
-    for (int64_t item = i0; item < i1; ++item) {
-        const int64_t n = item / (j->otiles * groups), rem = item % (j->otiles * groups);
-        const int64_t ot = rem / groups, g = rem % groups, v0 = 16 * QC_DI8V_NR * g;
-        const int64_t nr = j->runs - QC_DI8V_NR * g < QC_DI8V_NR ? j->runs - QC_DI8V_NR * g : QC_DI8V_NR;
-        const uint8_t *xs = j->xq + n * j->sample_bytes + 4 * v0;
-        for (int64_t blk = 0; blk < j->nblocks; ++blk) {
-        for (int h = 0; h < 16 / QC_DI8V_MR && 16 * ot + h * QC_DI8V_MR < j->O; ++h) {
-            QC_DI8V_DECL(0) QC_DI8V_DECL(1) QC_DI8V_DECL(2) QC_DI8V_DECL(3)
-            QC_DI8V_DECL(4) QC_DI8V_DECL(5) QC_DI8V_DECL(6) QC_DI8V_DECL(7)
-            for (int64_t t = 0; t < taps; ++t)
-                for (int64_t jj = 0; jj < spb; ++jj) {
-                    const int64_t s = blk * spb + jj;
-                    const int8_t *a = j->wa + ot * ostride + (t * steps + s) * tb + h * QC_DI8V_MR * astride;
-                    const uint8_t *b = xs + 4 * j->toff[t] + (blk * bq + jj * kg) * plane;
-                    for (int64_t r = 0; r < kg; ++r, b += plane) {
-                        const __m512i b0 = _mm512_loadu_si512((const void *)b);
-                        const __m512i b1 = _mm512_loadu_si512((const void *)(b + 64));
-                        const __m512i b2 = _mm512_loadu_si512((const void *)(b + 128));
-                        QC_DI8V_STEP(0) QC_DI8V_STEP(1) QC_DI8V_STEP(2) QC_DI8V_STEP(3)
-                        QC_DI8V_STEP(4) QC_DI8V_STEP(5) QC_DI8V_STEP(6) QC_DI8V_STEP(7)
-                    }
-                }
-            QC_DI8V_STORE(0) QC_DI8V_STORE(1) QC_DI8V_STORE(2) QC_DI8V_STORE(3)
-            QC_DI8V_STORE(4) QC_DI8V_STORE(5) QC_DI8V_STORE(6) QC_DI8V_STORE(7)
-        }
-        for (int64_t r = 0; r < nr; ++r) qc_di8_epi_block(j, n, ot, v0 + 16 * r, cbuf + 256 * r, blk, part + 256 * r);
-        }
-    }
+    if (j->vnr == 2) qc_di8_vnni_run2(j, i0, i1);
+    else qc_di8_vnni_run3(j, i0, i1);
 }
-#undef QC_DI8V_DECL
-#undef QC_DI8V_STEP
-#undef QC_DI8V_STORE
+#undef QC_DI8V_RUN
+#undef QC_DI8V_ALL
 
 #endif /* QC_HAVE_X86 */
 #endif /* QCONV_DIRECT_INT8_H */
