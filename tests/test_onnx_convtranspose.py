@@ -82,8 +82,8 @@ def test_convtranspose_runs_as_one_qconv_node(s, c, o, bias, bn, act, n, h, w):
     with qo.InferenceSession(q, threads=2) as sess:
         y = sess.run(None, {"x": x})[0]
     assert y.shape == want.shape == (n, o, h * s, w * s)
-    if np.abs(want).max() > 0:
-        assert sqnr_db(y, want) >= 30, sqnr_db(y, want)
+    if np.abs(want).max() > 0:   # int8 weights: 28.7 dB at worst seen (c=9, o=1, relu leaving a few small values);
+        assert sqnr_db(y, want) >= 20, sqnr_db(y, want)   # swapped sub-pixel positions: about 0 dB
 
 
 def test_other_convtransposes_stay_float_and_right():
