@@ -104,11 +104,13 @@ static void qc_di8_setup(qc_di8_job *j)
     }
     /* one K chunk: blocks of run pairs only set the work items' size (2 keeps them many); several: a block
      * shares each chunk's weights */
-    /* VNNI: two runs an item where that computes at least 10% fewer runs than three (7x7 outputs: 4 runs against
-     * 6). 2026-12-06, Zen 4, 2 threads, A/B: MobileNetV2's 1x1 convs at 7x7 0.70-0.93x the time; at 14x14 (14 runs
-     * against 15) per-channel int8 even, int4 block-32 1.12-1.16x slower (each block's epilogue per run) */
+    /* VNNI: two runs an item where that computes fewer runs than three (7x7 outputs: 4 runs against 6); with
+     * several weight blocks only where it saves 10% of them (each block's epilogue runs per run). 2026-12-06, Zen 4,
+     * 2 threads: MobileNetV2's 1x1 convs at 7x7 0.70-0.93x the time (A/B); at 14x14 (14 runs against 15) 3x3
+     * 256ch int8 per channel 0.334 against 0.363 ms and 1x1 256->1024 0.181 against 0.190 (bench_cpu.py, two
+     * runs), int4 block-32 1.12-1.16x slower (A/B) */
     const int64_t r2 = (j->runs + 1) / 2 * 2, r3 = (j->runs + 2) / 3 * 3;
-    j->vnr = 10 * r2 <= 9 * r3 ? 2 : 3;
+    j->vnr = (j->nblocks == 1 ? r2 < r3 : 10 * r2 <= 9 * r3) ? 2 : 3;
     if (j->rb < 1 || j->rb > QC_DI8_RB)
         j->rb = j->nblocks > 1 || (int64_t)j->KH * j->KW * j->steps <= j->kchunk ? 2 : QC_DI8_RB;
 }
