@@ -102,8 +102,6 @@ static void qc_di8_setup(qc_di8_job *j)
         j->kchunk = QC_DI8_KCHUNK_BYTES / (2 * 64 * (int64_t)j->kg);
         if (j->kchunk < 1) j->kchunk = 1;
     }
-    /* one K chunk: blocks of run pairs only set the work items' size (2 keeps them many); several: a block
-     * shares each chunk's weights */
     /* VNNI: two runs an item where that computes fewer runs than three (7x7 outputs: 4 runs against 6); with
      * several weight blocks only where it saves 10% of them (each block's epilogue runs per run). 2026-12-06, Zen 4,
      * 2 threads: MobileNetV2's 1x1 convs at 7x7 0.70-0.93x the time (A/B); at 14x14 (14 runs against 15) 3x3
@@ -111,6 +109,8 @@ static void qc_di8_setup(qc_di8_job *j)
      * runs), int4 block-32 1.12-1.16x slower (A/B) */
     const int64_t r2 = (j->runs + 1) / 2 * 2, r3 = (j->runs + 2) / 3 * 3;
     j->vnr = (j->nblocks == 1 ? r2 < r3 : 10 * r2 <= 9 * r3) ? 2 : 3;
+    /* one K chunk: blocks of run pairs only set the work items' size (2 keeps them many); several: a block
+     * shares each chunk's weights */
     if (j->rb < 1 || j->rb > QC_DI8_RB)
         j->rb = j->nblocks > 1 || (int64_t)j->KH * j->KW * j->steps <= j->kchunk ? 2 : QC_DI8_RB;
 }
@@ -593,6 +593,16 @@ static void qc_di8_vnni_run(const qc_di8_job *j, int64_t i0, int64_t i1)
 }
 #undef QC_DI8V_RUN
 #undef QC_DI8V_ALL
+#undef QC_DI8V_DECL3
+#undef QC_DI8V_DECL2
+#undef QC_DI8V_W
+#undef QC_DI8V_STEP3
+#undef QC_DI8V_STEP2
+#undef QC_DI8V_ST
+#undef QC_DI8V_STORE3
+#undef QC_DI8V_STORE2
+#undef QC_DI8V_LOAD3
+#undef QC_DI8V_LOAD2
 
 #endif /* QC_HAVE_X86 */
 #endif /* QCONV_DIRECT_INT8_H */
