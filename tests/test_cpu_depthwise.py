@@ -156,6 +156,56 @@ def test_depthwise_float_nc4hw4_input_to_nchw(kernel, case):
     assert_matches_reference(y1, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
 
 
+@st.composite
+def flat_cases(draw):
+    """Layers the flat planes take (qc_dw_item_flat): "same" padding (odd kernels or even dilation), stride 1 or 2
+    in both dimensions, up to 7x7 taps, planes from 1 pixel to several vectors a row, odd channel counts (the last
+    group of 4 partial), few planes (bands of rows) and many."""
+    c = draw(st.sampled_from([2, 3, 5, 7, 13, 16, 17, 33]))
+    m, n, s = draw(st.sampled_from([1, 2])), draw(st.integers(1, 2)), draw(st.sampled_from([1, 2]))
+    dims = []
+    for _ in range(2):
+        k, d = draw(st.sampled_from([1, 3, 5, 7])), draw(st.integers(1, 3))
+        dims.append((k, d * (k - 1) // 2, d, draw(st.sampled_from([1, 2, 7, 14, 15, 16, 17, 33, 40]))))
+    (kh, ph, dh, h), (kw, pw, dw, w) = dims
+    geo = qst.ConvGeometry(n, c, c * m, h, w, (kh, kw), (s, s), (ph, pw), (dh, dw), c)
+    weight = draw(qst.quantized_weights(geo))
+    x = draw(qst.activations((n, c, h, w)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    bias = rng.standard_normal(c * m).astype(np.float32) if draw(st.booleans()) else None
+    act = draw(st.sampled_from([None, "relu", "relu6", "hardswish", "silu"]))
+    return geo, weight, x, bias, act
+
+
+@pytest.mark.skipif("avx512vnni" not in KERNELS, reason="the flat planes need AVX-512")
+@given(case=flat_cases(), affine=st.booleans())
+@settings(deadline=None)
+def test_depthwise_flat_planes_keep_the_bits(case, affine):
+    """Float activations on AVX-512 with NCHW in and out (qc_dw_item_flat: a channel's output plane as a flat run
+    of 16-pixel vectors, taps as masked loads, stride 2 through the input's phase planes): the same bits as the
+    8-channel blocks of the AVX2 kernel and on 1 and 2 threads, within the oracle's tolerance."""
+    geo, weight, x, bias, act = case
+    rng = np.random.default_rng(geo.c)
+    pa = (rng.standard_normal(geo.o).astype(np.float32), rng.standard_normal(geo.o).astype(np.float32))
+    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, None,
+                    post_affine=pa if affine else None)
+    flat = CpuEngine(spec, threads=2, kernel="avx512vnni")
+    y = flat.forward(x)
+    assert flat.last_call["depthwise"] == "flat"
+    blocks = CpuEngine(spec, threads=2, kernel="avx2")
+    assert np.array_equal(blocks.forward(x).view(np.uint32), y.view(np.uint32)), "flat planes and blocks differ"
+    assert blocks.last_call["depthwise"] == "blocks"
+    one = CpuEngine(spec, threads=1, kernel="avx512vnni")
+    assert np.array_equal(one.forward(x).view(np.uint32), y.view(np.uint32)), "1 vs 2 threads differ"
+    if not affine:
+        assert_matches_reference(y, x, weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
+    # a non-finite value anywhere in the input, here in the last (partial) group's last channel
+    bad = x.copy()
+    bad.reshape(-1)[-1 - int(rng.integers(0, geo.h * geo.w))] = np.inf
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        flat.forward(bad)
+
+
 @given(case=dw_cases(max_kernel=5), layout=st.sampled_from(["nchw", "nc4hw4"]),
        out_int8=st.booleans(), zp=st.integers(-128, 127))
 @settings(deadline=None)
@@ -305,7 +355,7 @@ def test_last_call_reports_threads():
     x = np.ones((1, 6, 8, 8), np.float32)
     eng.forward(x)
     # no separate quantization pass: each conv thread quantizes the input rows it reads
-    assert eng.last_call == dict(quant_threads=0, gemm_threads=2, split="planes")
+    assert eng.last_call == dict(quant_threads=0, gemm_threads=2, split="planes", depthwise="planes")
     with serial_thresholds(macs=1 << 40, quant_values=1 << 40):
         eng.forward(x)
-        assert eng.last_call == dict(quant_threads=0, gemm_threads=1, split="planes")
+        assert eng.last_call == dict(quant_threads=0, gemm_threads=1, split="planes", depthwise="planes")

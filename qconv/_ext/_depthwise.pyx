@@ -18,11 +18,13 @@ to a 32-channel tile and a 4-value reduction step, and runs one tiny GEMM per gr
 
 Results do not depend on the thread count or the band size.
 """
+import math
+
 import numpy as np
 
 from .._validate import tail_code
 
-from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, int8_t, int32_t, int64_t
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
 
@@ -35,6 +37,7 @@ from ._cpu cimport _parallel_for
 cdef extern from "qconv_depthwise.h" nogil:
     enum:
         QC_DW_EXACT_TAPS
+        QC_DW_FG
     ctypedef struct qc_dw_job:
         int64_t N, C, H, W, OH, OW
         int32_t M, KH, KW, sh, sw, ph, pw, dh, dw
@@ -56,9 +59,11 @@ cdef extern from "qconv_depthwise.h" nogil:
         float oscale
         void *y
         int64_t band
-        int32_t vec
+        int32_t vec, flat
+        const uint16_t *fmask
     int64_t qc_dw_items(const qc_dw_job *j)
     int qc_dw_c8(const qc_dw_job *j)
+    int qc_dw_flat_ok(const qc_dw_job *j)
     int64_t qc_dw_rs(const qc_dw_job *j)
     int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t qc_dw_scratch_ptrs(const qc_dw_job *j)
@@ -71,6 +76,12 @@ cdef extern from "qconv_depthwise.h" nogil:
 EXACT_TAPS = QC_DW_EXACT_TAPS
 # float32 values of one thread's padded plane per band (the band is cut to keep the plane in L1 / L2)
 PLANE_FLOATS = 8192
+# the most entries of a flat planes' mask table (2 bytes each); larger planes take the channel blocks
+FLAT_MASKS_MAX = 1 << 22
+# stride-1 outputs wider than this take the channel blocks, whose rows of taps load each input pixel once per kernel
+# row: 3x3 over 32 channels at 112x112 took 1.10x the blocks' time in the flat planes, 144 at 56x56 0.86x (2026-12-06,
+# Zen 4, 2 threads, A/B)
+FLAT_MAX_WIDTH_S1 = 64
 
 _engine_mod = None
 
@@ -162,7 +173,7 @@ cdef class DepthwisePlan:
     activations).
     """
     cdef readonly object spec, kernel, mode
-    cdef readonly int M, variant, vec
+    cdef readonly int M, variant, vec, v512
     cdef object wq, scale, offset, bias, input_qparams, output_qparams, pa_s, pa_t
     cdef object qs, z, dx, _shape_key, _shape_val
     cdef int KH, KW, sh, sw, ph, pw, dh, dw, C, out_int8, ozp, tail_act, kind
@@ -170,6 +181,8 @@ cdef class DepthwisePlan:
     # (quantization threads, conv threads) of the last forward call; quantization threads always 0: no separate
     # quantization pass runs (each conv thread quantizes the input rows it reads)
     cdef readonly tuple last_threads
+    # the code the last forward call ran: "flat" (qc_dw_item_flat), "blocks" (qc_dw_item_c8) or "planes"
+    cdef readonly str last_path
 
     def __init__(self, spec, str kernel, input_qparams=None, output_qparams=None):
         if not is_depthwise(spec):
@@ -181,6 +194,7 @@ cdef class DepthwisePlan:
         self.kernel = kernel
         self.variant = _cpu.KERNELS[kernel]
         self.vec = 0 if kernel == "scalar" else 1
+        self.v512 = kernel in ("avx512vnni", "amx")   # the flat planes (qc_dw_item_flat) need AVX-512
         self.input_qparams = input_qparams
         self.output_qparams = output_qparams
         self.mode = "static" if input_qparams is not None else spec.act_quant or "float"
@@ -291,6 +305,36 @@ cdef class DepthwisePlan:
             band = max(1, -(-oh // -(-4 * threads // planes)))
         return int(min(band, oh))
 
+    def flat_masks(self, int64_t h, int64_t w):
+        """The flat planes' tap masks for an ``(h, w)`` input (``qc_dw_item_flat``): uint16 ``(ceil(OH*OW/16),
+        KH*KW)``, bit ``l`` of entry ``(v, t)`` set when output pixel ``16 v + l`` (row-major, below ``OH*OW``)
+        reads an in-image value at tap ``t``."""
+        s = self.spec
+        oh, ow = s.out_hw(h, w)
+        nv = (oh * ow + 15) // 16
+        p = np.arange(nv * 16, dtype=np.int32)
+        oy, ox = p // ow, p % ow
+        ky = np.repeat(np.arange(self.KH, dtype=np.int32), self.KW)
+        kx = np.tile(np.arange(self.KW, dtype=np.int32), self.KH)
+        iy = (oy * self.sh - self.ph)[:, None] + ky * self.dh
+        ix = (ox * self.sw - self.pw)[:, None] + kx * self.dw
+        ok = (p < oh * ow)[:, None] & (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
+        bits = ok.reshape(nv, 16, -1).astype(np.uint32) << np.arange(16, dtype=np.uint32)[None, :, None]
+        return np.ascontiguousarray(bits.sum(axis=1, dtype=np.uint32).astype(np.uint16))
+
+    def flat_band(self, int64_t n, int64_t oh, int64_t ow, int threads):
+        """Output rows per work item of the flat planes (``QC_DW_FG`` channels an item): whole planes when that makes
+        at least ``4*threads`` items, else bands of whole 16-pixel vectors (a multiple of ``16 / gcd(OW, 16)`` rows) that make as many."""
+        # (module directive cdivision: ceilings as (a + b - 1) // b on positive numbers)
+        cdef int64_t planes = n * ((self.C + QC_DW_FG - 1) // QC_DW_FG)   # work items of whole planes
+        cdef int64_t parts, band, q
+        if planes >= 4 * threads:
+            return int(oh)
+        parts = (4 * threads + planes - 1) // planes
+        band = (oh + parts - 1) // parts
+        q = 16 // math.gcd(int(ow), 16)
+        return int(min((band + q - 1) // q * q, oh))
+
     def channel_blocks(self, int nc4hw4_output):
         """Whether a call into NC4HW4 (``nc4hw4_output`` 1) or NCHW output runs in blocks of 8 channels
         (``qc_dw_c8``) rather than one channel's planes at a time."""
@@ -313,6 +357,7 @@ cdef class DepthwisePlan:
         cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
         cdef const float[::1] qsv, dxv, wqv, scv, biv, ofv, pasv, patv
         cdef const int32_t[::1] zv
+        cdef const uint16_t[::1] fmv
         cdef int64_t N, C, H, W, bad = 0, fails = 0
         cdef int qlo, qhi, nt
         C = self.C
@@ -322,9 +367,10 @@ cdef class DepthwisePlan:
             N, H, W = x.shape[1], x.shape[2], x.shape[3]
         key = (N, H, W, threads, nchw_input, nc4hw4_output)
         if key != self._shape_key:
-            self._shape_val = self.spec.out_hw(H, W) + (0,)   # the band: below, once the job says its items
+            # the band and the flat planes' masks: below, once the job says which path runs
+            self._shape_val = self.spec.out_hw(H, W) + (0, None)
             self._shape_key = key
-        oh, ow, band = self._shape_val
+        oh, ow, band, fmask = self._shape_val
         # the bands' fills read rows -ph .. (oh-1)*sh + (KH-1)*dh - ph, contiguously when a band's rows overlap
         # the next band's
         cover = ((self.KH - 1) * self.dh + 1 >= self.sh
@@ -359,9 +405,18 @@ cdef class DepthwisePlan:
         j.vec = self.vec
         j.kind = self.kind
         j.x = <const void *> &xb[0]
+        j.flat, j.fmask = 0, NULL
         if not band:
-            band = self.band_rows(N, H, W, threads, qc_dw_c8(&j))
-            self._shape_val = (oh, ow, band)
+            if (self.v512 and qc_dw_flat_ok(&j) and (self.sh == 2 or ow <= FLAT_MAX_WIDTH_S1)
+                    and (oh * ow + 15) // 16 * self.KH * self.KW <= FLAT_MASKS_MAX):
+                fmask = self.flat_masks(H, W)
+                band = self.flat_band(N, oh, ow, threads)
+            else:
+                band = self.band_rows(N, H, W, threads, qc_dw_c8(&j))
+            self._shape_val = (oh, ow, band, fmask)
+        if fmask is not None:
+            fmv = fmask.reshape(-1)
+            j.flat, j.fmask = 1, &fmv[0]
         j.band = band
         nt = threads
         with nogil:
@@ -369,6 +424,7 @@ cdef class DepthwisePlan:
         if fails:
             raise MemoryError("the depthwise path could not allocate its scratch")
         self.last_threads = (0, nt)
+        self.last_path = "flat" if j.flat else "blocks" if qc_dw_c8(&j) else "planes"
         if bad:
             raise ValueError("x contains NaN or infinite values")
         return y

@@ -69,6 +69,8 @@ typedef struct {
     void *y;                      /* float32 or int8 output, NCHW or NC4HW4 (pack 4) */
     int64_t band;                 /* output rows per work item */
     int32_t vec;                  /* 1: AVX2 + FMA */
+    int32_t flat;                 /* 1: the flat planes on AVX-512 (qc_dw_item_flat; the caller checks qc_dw_flat_ok) */
+    const uint16_t *fmask;        /* flat: (ceil(OH*OW/16), KH*KW) lane masks of the in-image taps */
 } qc_dw_job;
 
 static inline int64_t qc_dw_bands(const qc_dw_job *j) { return (j->OH + j->band - 1) / j->band; }
@@ -85,9 +87,24 @@ static inline int qc_dw_c8(const qc_dw_job *j)
     return 0;
 #endif
 }
+/* The flat planes (qc_dw_item_flat) take what the channel blocks take with NCHW input and output, stride 1 or 2 in
+ * both dimensions and an output row as wide as a phase row of the input (OW == ceil(W / s): "same" padding), at most
+ * QC_DW_FLAT_TAPS taps. The caller also needs AVX-512 and builds j->fmask (sets j->flat). */
+#define QC_DW_FLAT_TAPS 49
+#define QC_DW_NONFINITE 0x99   /* vfpclassps classes: QNaN, +inf, -inf, SNaN */
+#define QC_DW_FG 4   /* channels per flat work item: their sums are the independent fma chains of a step (named
+                      * a0 .. a3 in qc_dw_flat_run) */
+static inline int qc_dw_flat_ok(const qc_dw_job *j)
+{
+    const int s = j->sh;
+    return j->kind == 3 && !j->in_nc4hw4 && !j->out_nc4hw4 && !j->out_int8 && !j->offset && j->sw == s &&
+           (s == 1 || s == 2) && j->OW == (j->W + s - 1) / s && (int64_t)j->KH * j->KW <= QC_DW_FLAT_TAPS;
+}
+static inline int qc_dw_flat(const qc_dw_job *j) { return j->flat && j->fmask != NULL; }
 static inline int64_t qc_dw_items(const qc_dw_job *j)
 {
-    return j->N * (qc_dw_c8(j) ? (j->C + 7) / 8 : j->C) * qc_dw_bands(j);
+    const int64_t groups = qc_dw_flat(j) ? (j->C + QC_DW_FG - 1) / QC_DW_FG : qc_dw_c8(j) ? (j->C + 7) / 8 : j->C;
+    return j->N * groups * qc_dw_bands(j);
 }
 /* pixels a row of a channel block's padded band: the padded width, or as far as the last 8 outputs read */
 static inline int64_t qc_dw_c8_wp(const qc_dw_job *j)
@@ -112,6 +129,8 @@ static inline int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + 3 * QC_DW_UP(j->W) + 2 * nr * ow + ow + QC_DW_UP(K);
     if (j->kind == 2) n += K * nr * ow + 2 * nr * ow;   /* quantized taps, qs, dx per pixel */
     if (K > QC_DW_EXACT_TAPS) n += 2 * nr * ow;         /* int32 chunk sums of I and S */
+    if (qc_dw_flat(j))   /* stride 2: the four phase planes of each input channel, ceil(H/2) rows of OW */
+        return j->sh == 2 ? QC_DW_UP(QC_DW_FG * 4 * ((j->H + 1) / 2) * j->OW) + 16 : 16;
     if (qc_dw_c8(j)) {   /* the block's band (rows, wp, 8), its weights (K, 8) */
         const int64_t c8 = QC_DW_UP(qc_dw_rows(j) * qc_dw_c8_wp(j) * 8) + QC_DW_UP(8 * K);
         n = c8 > n ? c8 : n;
@@ -676,6 +695,148 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
     }
     return 0;
 }
+/* ---- flat planes (AVX-512): one channel's output plane as a flat run of pixels, 16 a vector ----
+ * Output pixel p = oy*OW + ox reads, for tap t = (ky, kx), input (oy*s + dy, ox*s + dx), dy = ky*dh - ph,
+ * dx = kx*dw - pw. With OW == W (stride 1) that is the input's flat index p + dy*W + dx: for every lane of a vector
+ * the same offset, so a tap is one 16-float load, masked where the tap falls outside the image (j->fmask: bit l of
+ * entry (v, t) set when lane l of vector v reads an in-image value of tap t; lanes past OH*OW clear). Stride 2:
+ * the input is first split into its four phase planes, phase (ry, rx) holding x[2r + ry][2c + rx] at r*OW + c
+ * (OW == ceil(W/2)), and tap t reads phase ((dy mod 2), (dx mod 2)) at p + floor(dy/2)*OW + floor(dx/2): the same
+ * form. Masked lanes load +0, as the padding zeros of the other paths: each output is the same fma chain over the
+ * taps (ky-major, from +0) and the same epilogue as the channel blocks (qc_dw_item_c8), so the same bits, with
+ * no transposes and full vectors on small planes (14x14: 13 vectors against 16 pixels of 8 channels per row).
+ * A work item is (sample, channel, band of output rows); bands hold a multiple of 16 pixels (but the last), so a
+ * band starts at a whole vector of the mask table. The input rows a band reads are checked for NaN / inf first
+ * (stride 2: while they are split). */
+QC_TGT_512 static inline __m512 qc_dw_flat_epi(__m512 a, __m512 sc, __m512 bias, __m512 lo, __m512 hi, int tail, int pa,
+                                               __m512 ps, __m512 pt)
+{
+    /* qc_dw_epi_vec's operations with dx = 1 */
+    const __m512 f = _mm512_fmadd_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(sc, a, _mm512_setzero_ps()), bias);
+    return qc_tail_affine512(_mm512_min_ps(_mm512_max_ps(f, lo), hi), tail, pa, ps, pt);
+}
+
+/* output pixels [p0, p1) of output channels o[g] (g < QC_DW_FG; ng of them stored), input planes P[g]: per vector of
+ * 16 pixels, the fma chains over the taps (tap t at P[g] + toff[t] + p, lanes masked by j->fmask), the epilogue,
+ * the store */
+QC_TGT_512 static inline __attribute__((always_inline))
+void qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_t *toff, int64_t K, const int64_t *o,
+                    int ng, int64_t p0, int64_t p1, float *const *y, const int tail, const int pa)
+{
+    const float *w[QC_DW_FG];
+    __m512 sc[QC_DW_FG], bias[QC_DW_FG], ps[QC_DW_FG], pt[QC_DW_FG];
+    for (int g = 0; g < QC_DW_FG; ++g) {
+        w[g] = j->wq + o[g] * K;
+        sc[g] = _mm512_set1_ps(j->scale[o[g]]);
+        bias[g] = _mm512_set1_ps(j->bias[o[g]]);
+        ps[g] = _mm512_set1_ps(pa ? j->pa_s[o[g]] : 1.0f);
+        pt[g] = _mm512_set1_ps(pa ? j->pa_t[o[g]] : 0.0f);
+    }
+    const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
+    const float *P0 = P[0], *P1 = P[1], *P2 = P[2], *P3 = P[3], *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    for (int64_t p = p0; p < p1; p += 16) {
+        const uint16_t *m = j->fmask + (p >> 4) * K;
+        /* four named chains (an array of them was kept on the stack by GCC) */
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t t = 0; t < K; ++t) {
+            const __mmask16 mt = (__mmask16)m[t];
+            const int64_t off = toff[t] + p;
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(w0[t]), _mm512_maskz_loadu_ps(mt, P0 + off), a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(w1[t]), _mm512_maskz_loadu_ps(mt, P1 + off), a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(w2[t]), _mm512_maskz_loadu_ps(mt, P2 + off), a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(w3[t]), _mm512_maskz_loadu_ps(mt, P3 + off), a3);
+        }
+        const __mmask16 st = p1 - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p1 - p)) - 1);
+        const __m512 a[QC_DW_FG] = {a0, a1, a2, a3};
+        for (int g = 0; g < ng; ++g)
+            _mm512_mask_storeu_ps(y[g] + p, st, qc_dw_flat_epi(a[g], sc[g], bias[g], lo, hi, tail, pa, ps[g], pt[g]));
+    }
+}
+
+/* Work item (sample n, channels c0 .. c0 + QC_DW_FG - 1, band of output rows) of the flat planes. The last group
+ * of channels repeats its last channel in the chains it lacks (computed, not stored). scr: stride 2's phase planes,
+ * four per channel. Returns 1 when an input row read holds NaN / inf (nothing stored then). */
+QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, float *scr)
+{
+    const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, W = j->W, H = j->H;
+    const int64_t CG = (j->C + QC_DW_FG - 1) / QC_DW_FG, O = j->C * j->M;
+    const int64_t n = item / (CG * nb), c0 = (item / nb) % CG * QC_DW_FG, b = item % nb;
+    const int64_t oy0 = b * j->band, oy1 = oy0 + j->band < j->OH ? oy0 + j->band : j->OH, OHW = j->OH * OW;
+    const int ng = j->C - c0 < QC_DW_FG ? (int)(j->C - c0) : QC_DW_FG;
+    const int s = j->sh;
+    int64_t r0 = oy0 * s - j->ph, r1 = (oy1 - 1) * s - j->ph + (int64_t)(j->KH - 1) * j->dh + 1;   /* rows read */
+    r0 = r0 < 0 ? 0 : r0;
+    r1 = r1 > H ? H : r1;
+    const int64_t PP = (H + 1) / 2 * OW;   /* stride 2: floats of a phase plane */
+    __mmask16 bad = 0;
+    const float *P[QC_DW_FG];
+    int64_t toff[QC_DW_FLAT_TAPS];
+    for (int g = 0; g < QC_DW_FG; ++g) {
+        const float *xc = (const float *)j->x + (n * j->C + c0 + (g < ng ? g : ng - 1)) * H * W;
+        if (g >= ng) {
+            P[g] = P[ng - 1];
+            continue;
+        }
+        if (s == 1) {
+            P[g] = xc;
+            for (int64_t i = r0 * W; i < r1 * W; i += 16) {
+                const __mmask16 m = r1 * W - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (r1 * W - i)) - 1);
+                bad |= _mm512_fpclass_ps_mask(_mm512_maskz_loadu_ps(m, xc + i), QC_DW_NONFINITE);
+            }
+            continue;
+        }
+        float *ph = scr + g * 4 * PP;   /* phase (ry, rx) at ph + (2 ry + rx) PP */
+        P[g] = ph;
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+        for (int64_t iy = r0; iy < r1; ++iy) {
+            const float *src = xc + iy * W;
+            float *pe = ph + (iy & 1) * 2 * PP + (iy >> 1) * OW, *po = pe + PP;
+            for (int64_t x0 = 0; x0 < OW; x0 += 16) {
+                const int64_t i0 = 2 * x0, l0 = W - i0, l1 = W - i0 - 16, lo = OW - x0;
+                const __mmask16 m0 = l0 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << l0) - 1);
+                const __mmask16 m1 = l1 >= 16 ? (__mmask16)0xFFFF : l1 > 0 ? (__mmask16)((1u << l1) - 1) : 0;
+                const __mmask16 mo = lo >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << lo) - 1);
+                const __m512 va = _mm512_maskz_loadu_ps(m0, src + i0), vb = _mm512_maskz_loadu_ps(m1, src + i0 + 16);
+                bad |= _mm512_fpclass_ps_mask(va, QC_DW_NONFINITE) | _mm512_fpclass_ps_mask(vb, QC_DW_NONFINITE);
+                _mm512_mask_storeu_ps(pe + x0, mo, _mm512_permutex2var_ps(va, even, vb));
+                _mm512_mask_storeu_ps(po + x0, mo, _mm512_permutex2var_ps(va, odd, vb));
+            }
+        }
+    }
+    if (bad) return 1;
+    for (int64_t t = 0; t < K; ++t) {
+        const int64_t dy = t / j->KW * j->dh - j->ph, dx = t % j->KW * j->dw - j->pw;
+        if (s == 1) {
+            toff[t] = dy * W + dx;
+        } else {
+            const int64_t ry = dy & 1, rx = dx & 1;   /* two's complement: dy mod 2 for negative dy too */
+            toff[t] = (ry * 2 + rx) * PP + (dy - ry) / 2 * OW + (dx - rx) / 2;
+        }
+    }
+    const int hs = QC_ACT_HARDSWISH, si = QC_ACT_SILU, pa = j->pa_s != NULL;
+    const int64_t p0 = oy0 * OW, p1 = oy1 * OW;
+    for (int64_t m = 0; m < j->M; ++m) {
+        int64_t o[QC_DW_FG];
+        float *y[QC_DW_FG];
+        for (int g = 0; g < QC_DW_FG; ++g) {
+            o[g] = (c0 + (g < ng ? g : ng - 1)) * j->M + m;
+            y[g] = (float *)j->y + (n * O + o[g]) * OHW;
+        }
+        /* tail and pa constant per call: branch-free loops */
+        if (j->tail == hs) {
+            if (pa) qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, hs, 1);
+            else qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, hs, 0);
+        } else if (j->tail == si) {
+            if (pa) qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, si, 1);
+            else qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, si, 0);
+        } else {
+            if (pa) qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, 0, 1);
+            else qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, 0, 0);
+        }
+    }
+    return 0;
+}
 #endif
 
 /* the K floats of 1 in a thread's scratch (the weights of S's sums) */
@@ -692,6 +853,7 @@ static void qc_dw_thread_setup(const qc_dw_job *j, float *scr, const float **ptr
     const int64_t K = (int64_t)j->KH * j->KW, rs = qc_dw_rs(j), wph = qc_dw_wph(j);
     const int c8 = qc_dw_c8(j);
     int64_t *toff = (int64_t *)(ptrs + 2 * K);
+    if (qc_dw_flat(j)) return;   /* its taps: qc_dw_item_flat */
     for (int64_t ky = 0; ky < j->KH; ++ky)
         for (int64_t kx = 0; kx < j->KW; ++kx) {
             const int64_t cx = kx * j->dw;
@@ -710,6 +872,7 @@ static void qc_dw_thread_setup(const qc_dw_job *j, float *scr, const float **ptr
 static int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
 {
 #ifdef QC_DW_X86
+    if (qc_dw_flat(j)) return qc_dw_item_flat(j, item, scr);
     if (qc_dw_c8(j)) return qc_dw_item_c8(j, item, scr, (const int64_t *)(ptrs + 2 * (int64_t)j->KH * j->KW));
 #endif
     const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, ow = QC_DW_UP(OW);

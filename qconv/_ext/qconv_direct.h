@@ -382,14 +382,36 @@ QC_TGT_AVX2 static void qc_direct_mk_avx2(const float *w, const float *B, const 
     else qc_direct_mk_body(w, B, NULL, k0, k1, acc, first);   /* no offset table to read */
 }
 
-#define QC_TGT_DIRECT512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
+#define QC_TGT_DIRECT512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+
+/* The epilogue of the last k chunk in registers (qc_direct_mk512 with epi): channel row i of the micro-tile
+ * (i < 8) goes to y[i] (NULL: a channel past O, not stored), qc_direct_post_avx2's float32 operations on 16 lanes */
+typedef struct {
+    float *y[8];
+    float bias[8];
+    float lo, hi;
+    int tail;
+    const float *pa_s, *pa_t;   /* the tile's first channel's post_affine, or NULL */
+} qc_direct_epi512;
+
+QC_TGT_DIRECT512 static inline __attribute__((always_inline)) __m512 qc_direct_post512(const qc_direct_epi512 *e,
+                                                                                    int i, __m512 v)
+{
+    const int pa = e->pa_s != NULL;
+    v = _mm512_min_ps(_mm512_set1_ps(e->hi), _mm512_max_ps(_mm512_set1_ps(e->lo), _mm512_add_ps(v, _mm512_set1_ps(e->bias[i]))));
+    const __m512 ps = _mm512_set1_ps(pa ? e->pa_s[i] : 1.0f), pt = _mm512_set1_ps(pa ? e->pa_t[i] : 0.0f);
+    if (e->tail == QC_ACT_HARDSWISH) return qc_tail_affine512(v, QC_ACT_HARDSWISH, pa, ps, pt);
+    if (e->tail == QC_ACT_SILU) return qc_tail_affine512(v, QC_ACT_SILU, pa, ps, pt);
+    return qc_tail_affine512(v, 0, pa, ps, pt);
+}
 
 /* The AVX-512 micro-kernel: nb (1 or 2) weight blocks w[b] = w0 + b*K*4 of 4 channels x QC_DIRECT_NP512 pixels,
- * accumulators acc[b] (4 rows of 32) (+)= w[b][k0:k1] (k, 4) x rows B + koff[k] (koff NULL: row k at B + k*32).
+ * accumulators acc[b] (4 rows of 32) (+)= w[b][k0:k1] (k, 4) x rows B + koff[k] (koff NULL: row k at B + k*32);
+ * with epi (the last chunk, outputs one run of 32 each), the epilogue in registers into epi->y instead.
  * Each output is the same float32 FMA chain over k as in qc_direct_mk_body: the same results, bit for bit. */
 QC_TGT_DIRECT512 static inline __attribute__((always_inline)) void
 qc_direct_mk512_body(const float *w0, int64_t wstride, const float *B, const int64_t *koff, int64_t k0, int64_t k1,
-                     float *acc0, float *acc1, int first, const int nb)
+                     float *acc0, float *acc1, int first, const int nb, const qc_direct_epi512 *epi)
 {
     enum { NP = QC_DIRECT_NP512 };
     __m512 c[8][2];
@@ -418,20 +440,28 @@ qc_direct_mk512_body(const float *w0, int64_t wstride, const float *B, const int
     for (int i = 0; i < 8; ++i) {
         float *a = (i < 4 ? acc0 : acc1) + (i % 4) * NP;
         if (i >= 4 * nb) break;
+        if (epi) {
+            if (epi->y[i]) {
+                _mm512_storeu_ps(epi->y[i], qc_direct_post512(epi, i, c[i][0]));
+                _mm512_storeu_ps(epi->y[i] + 16, qc_direct_post512(epi, i, c[i][1]));
+            }
+            continue;
+        }
         _mm512_storeu_ps(a, c[i][0]);
         _mm512_storeu_ps(a + 16, c[i][1]);
     }
 }
-/* two blocks (acc1 = NULL: one) */
+/* two blocks (acc1 = NULL: one); epi: see qc_direct_mk512_body */
 QC_TGT_DIRECT512 static void qc_direct_mk512(const float *w0, int64_t wstride, const float *B, const int64_t *koff,
-                                             int64_t k0, int64_t k1, float *acc0, float *acc1, int first)
+                                             int64_t k0, int64_t k1, float *acc0, float *acc1, int first,
+                                             const qc_direct_epi512 *epi)
 {
     if (acc1) {
-        if (koff) qc_direct_mk512_body(w0, wstride, B, koff, k0, k1, acc0, acc1, first, 2);
-        else qc_direct_mk512_body(w0, wstride, B, NULL, k0, k1, acc0, acc1, first, 2);
+        if (koff) qc_direct_mk512_body(w0, wstride, B, koff, k0, k1, acc0, acc1, first, 2, epi);
+        else qc_direct_mk512_body(w0, wstride, B, NULL, k0, k1, acc0, acc1, first, 2, epi);
     } else {
-        if (koff) qc_direct_mk512_body(w0, wstride, B, koff, k0, k1, acc0, NULL, first, 1);
-        else qc_direct_mk512_body(w0, wstride, B, NULL, k0, k1, acc0, NULL, first, 1);
+        if (koff) qc_direct_mk512_body(w0, wstride, B, koff, k0, k1, acc0, NULL, first, 1, epi);
+        else qc_direct_mk512_body(w0, wstride, B, NULL, k0, k1, acc0, NULL, first, 1, epi);
     }
 }
 
@@ -538,13 +568,27 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
             for (int64_t st = 0; st < s1 - s0; ++st) {
                 const float *B = Bs[st];
                 const int64_t *koff = ks[st];
+                const int64_t p0 = (s0 + st) * NP;
+                /* the last chunk of a strip whose outputs are one run: the epilogue in the micro-kernel (AVX-512) */
+                const int fuse = j->vec == 2 && k1 == j->K && j->Wph == j->OW && grid - p0 >= NP && !j->out_nc4hw4;
                 for (int64_t ocb = g0; ocb < g1; ++ocb) {
                     float *a = acc + (st * QC_DIRECT_OG + ocb - g0) * AB;
 #ifdef QC_HAVE_X86
                     if (j->vec == 2) {   /* two blocks a call */
                         const int two = ocb + 1 < g1;
+                        qc_direct_epi512 e;
+                        if (fuse) {
+                            e.lo = j->lo, e.hi = j->hi, e.tail = j->tail;
+                            e.pa_s = j->pa_s ? j->pa_s + 4 * ocb : NULL, e.pa_t = j->pa_s ? j->pa_t + 4 * ocb : NULL;
+                            for (int i = 0; i < 8; ++i) {
+                                const int64_t o = 4 * ocb + i;
+                                const int in = o < j->O && (two || i < 4);
+                                e.y[i] = in ? j->y + (n * j->O + o) * ohw + p0 : NULL;
+                                e.bias[i] = in ? j->bias[o] : 0.0f;
+                            }
+                        }
                         qc_direct_mk512(j->wf + ocb * j->K * 4, j->K * 4, B, koff, k0, k1, a, two ? a + AB : NULL,
-                                        k0 == 0);
+                                        k0 == 0, fuse ? &e : NULL);
                         ocb += two;
                         continue;
                     }
@@ -558,6 +602,7 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
         for (int64_t st = s0; st < s1; ++st) {
             const int64_t p0 = st * NP, np = grid - p0 < NP ? grid - p0 : NP;
             const int contiguous = j->Wph == j->OW && np == NP && !j->out_nc4hw4;   /* outputs: one run of NP */
+            if (contiguous && j->vec == 2) continue;   /* stored by the micro-kernel */
             for (int64_t ocb = g0; ocb < g1; ++ocb)
                 for (int i = 0; i < QC_DIRECT_MR; ++i) {
                     const int64_t o = 4 * ocb + i;

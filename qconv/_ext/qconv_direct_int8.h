@@ -239,28 +239,6 @@ static inline void qc_di8_segments(const qc_di8_job *j, int64_t v0, qc_di8_segs 
     }
 }
 
-/* exp of 16 floats: qc_exp_scalar's float32 operations (the tail activation silu), so that the AVX-512 epilogue
- * gives the bits of the AVX2 and scalar ones */
-QC_TGT_VNNI static inline __m512 qc_exp512(__m512 x)
-{
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(QC_EXP_LO)), _mm512_set1_ps(QC_EXP_HI));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(QC_EXP_LOG2E)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(QC_EXP_LN2_HI), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(QC_EXP_LN2_LO), r);
-    __m512 p = _mm512_set1_ps(QC_EXP_P0);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P5));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    __asm__("" : "+v"(y));   /* the product as it is: silu adds 1 to it */
-    return y;
-}
-
 /* epilogue of one 16 x 16 accumulator tile (channels 16*ot.., virtual pixels v0..) into y of sample n; has_off,
  * hs (the tail activation's code, 0: none) and pa are constants in each of qc_di8_epi's calls, so every
  * combination compiles to a branch-free row loop */
@@ -283,7 +261,7 @@ void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, con
     }
     const int32_t zpu = j->z[n] + 128;
     const __m512 dx = _mm512_set1_ps(j->dx[n]), lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
-    const __m512 three = _mm512_set1_ps(3.0f), zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+    const __m512 zero = _mm512_setzero_ps();
     const int mmax = j->O - 16 * ot < 16 ? (int)(j->O - 16 * ot) : 16;
     const int64_t ohw = j->OH * j->OW;
     float *y0 = j->y + (n * j->O + 16 * ot) * ohw;
@@ -298,15 +276,7 @@ void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, con
         if (!last) { _mm512_store_ps(part + 16 * m, f); continue; }
         f = _mm512_fmadd_ps(dx, f, _mm512_set1_ps(bias[m]));
         f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
-        if (hs == QC_ACT_HARDSWISH)
-            f = _mm512_div_ps(_mm512_mul_ps(f, _mm512_min_ps(six, _mm512_max_ps(zero, _mm512_add_ps(f, three)))), six);
-        else if (hs == QC_ACT_SILU)
-            f = _mm512_div_ps(f, _mm512_add_ps(_mm512_set1_ps(1.0f), qc_exp512(_mm512_sub_ps(zero, f))));
-        if (pa) {
-            f = _mm512_mul_ps(f, _mm512_set1_ps(pas[m]));
-            __asm__("" : "+v"(f));   /* keep the float32 product: no fused multiply-add */
-            f = _mm512_add_ps(f, _mm512_set1_ps(pat[m]));
-        }
+        f = qc_tail_affine512(f, hs, pa, _mm512_set1_ps(pa ? pas[m] : 1.0f), _mm512_set1_ps(pa ? pat[m] : 0.0f));
         float *yo = y0 + m * ohw;
         if (nseg == 1) _mm512_mask_storeu_ps(yo + sg->off[0], sg->mask[0], f);
         else for (int s = 0; s < nseg; ++s) _mm512_mask_storeu_ps(yo + sg->off[s], sg->mask[s], f);

@@ -1337,6 +1337,51 @@ QC_TGT_AVX2 static inline __m256 qc_tail_affine_avx2(__m256 v, int tail, int pa,
 }
 #endif
 
+#ifdef QC_HAVE_X86
+/* exp of 16 floats: qc_exp_scalar's float32 operations (the tail activation silu), so that every AVX-512 epilogue
+ * gives the bits of the AVX2 and scalar ones */
+QC_TGT_512 static inline __m512 qc_exp512(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(QC_EXP_LO)), _mm512_set1_ps(QC_EXP_HI));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(QC_EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(QC_EXP_LN2_HI), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(QC_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(QC_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(QC_EXP_P5));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    __asm__("" : "+v"(y));   /* the product as it is: silu adds 1 to it */
+    return y;
+}
+
+/* 16 values in registers: the tail activation (code ``tail``, 0: none), then v * ps + pt (when pa): the float32
+ * operations of qc_tail_affine_avx2 (tail and pa constants at the call sites: the branches fold away) */
+QC_TGT_512 static inline __attribute__((always_inline)) __m512 qc_tail_affine512(__m512 v, int tail, int pa,
+                                                                                 __m512 ps, __m512 pt)
+{
+    const __m512 zero = _mm512_setzero_ps();
+    if (tail == QC_ACT_HARDSWISH) {   /* the value second in max / min: NaN propagates */
+        const __m512 six = _mm512_set1_ps(6.0f);
+        v = _mm512_div_ps(_mm512_mul_ps(v, _mm512_min_ps(six, _mm512_max_ps(zero, _mm512_add_ps(v, _mm512_set1_ps(3.0f))))),
+                          six);
+    } else if (tail == QC_ACT_SILU) {
+        v = _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), qc_exp512(_mm512_sub_ps(zero, v))));
+    }
+    if (pa) {
+        v = _mm512_mul_ps(v, ps);
+        __asm__("" : "+v"(v));   /* keep the float32 product: no fused multiply-add */
+        v = _mm512_add_ps(v, pt);
+    }
+    return v;
+}
+#endif
+
 /* the tail activation in place over v[0:n] (no-op for code 0 / relu / relu6) */
 static inline void qc_tail(float *v, int64_t n, int tail, int variant)
 {

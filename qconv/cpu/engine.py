@@ -325,11 +325,13 @@ class CpuEngine:
         quantization pass; 0 in block mode, where columns are quantized inside the GEMM loop), ``gemm_threads``
         and ``split`` (``"columns"``: threads take column tiles; ``"channels"``: fewer column tiles than threads,
         so they take output-channel tiles)."""
-        # depthwise path: split "planes" (threads take (sample, channel or block of 8 channels, row band) items);
+        # depthwise path: split "planes" (threads take (sample, channel or block of channels, row band) items) and
+        # the code that ran (``depthwise``: "flat", "blocks" or "planes", DepthwisePlan.last_path);
         if self._dw is not None:
             # quant_threads 0: no separate quantization pass (each thread quantizes the input rows it reads)
             last = self._dw.last_threads
-            return None if last is None else dict(quant_threads=last[0], gemm_threads=last[1], split="planes")
+            return None if last is None else dict(quant_threads=last[0], gemm_threads=last[1], split="planes",
+                                                  depthwise=self._dw.last_path)
         if self._last_direct:   # direct path: threads take (sample, strip of output pixels) items
             last = self._direct.last_threads
             return dict(quant_threads=0, gemm_threads=last[1], split="strips", winograd=self._direct.last_winograd)
