@@ -13,7 +13,7 @@ pytest.importorskip("qconv._ext._fused")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import qconv.onnx as qo  # noqa: E402
-from qconv.onnx import fusion  # noqa: E402
+from qconv.onnx import excite, fusion  # noqa: E402
 
 
 def _model(c, fh, fw, tail, extra=None):
@@ -63,9 +63,12 @@ def _model(c, fh, fw, tail, extra=None):
 
 
 def _sessions(model, threads):
+    """The model's sessions with and without fused chains; neither fuses its squeeze-excitation block
+    (tests/test_onnx_excite.py), so that the chain here keeps its Mul."""
     q = qo.quantize_model(model, measure=False)
-    fused = qo.InferenceSession(q, threads=threads)
     with pytest.MonkeyPatch.context() as m:
+        m.setattr(excite, "find_blocks", lambda *a, **k: [])
+        fused = qo.InferenceSession(q, threads=threads)
         m.setattr(fusion, "find_chains", lambda *a, **k: [])
         plain = qo.InferenceSession(q, threads=threads)
     return fused, plain

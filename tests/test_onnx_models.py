@@ -498,9 +498,9 @@ def test_float_model_runs_unchanged():
 
 @pytest.mark.parametrize("residual", [False, True])
 def test_squeeze_excite_block(residual):
-    """conv -> SE (GlobalAveragePool -> conv+Relu -> conv -> HardSigmoid -> Mul [-> Add x]) -> conv: the 1x1 convs
-    of 1x1 pixels between onnxruntime's own ops; the float model within the scheme's error, also with an SE
-    intermediate as a graph output."""
+    """conv -> SE (GlobalAveragePool -> conv+Relu -> conv -> HardSigmoid -> Mul [-> Add x]) -> conv: one fused
+    squeeze-excitation node (qconv/onnx/excite.py), the float model within the scheme's error; with an SE
+    intermediate as a graph output the block stays unfused (its 1x1 convs between onnxruntime's own ops), as close."""
     # ws2 large: the HardSigmoid saturates at both ends for some channels
     w = dict(w1=_w(16, 8, 3, 3), ws1=_w(4, 16, 1, 1, scale=4.0), bs1=_w(4), ws2=_w(16, 4, 1, 1, scale=12.0),
              bs2=_w(16, scale=3.0), w3=_w(8, 16, 1, 1))
@@ -517,10 +517,12 @@ def test_squeeze_excite_block(residual):
     x = RNG.standard_normal((2, 8, 9, 11)).astype(np.float32)
     with qo.InferenceSession(qo.quantize_model(model, "int8-ch-sym"), threads=2) as sess:
         assert [k.name for k in sess.kernels] == ["c1", "se1", "se2", "c3"]
+        assert [type(k).__name__ for k in sess.fused] == ["ExciteKernel"]
         y, = sess.run(None, {"x": x})
     assert sqnr_db(y, _float_run(model, {"x": x})[0]) >= 30
     model.graph.output.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, None))
     with qo.InferenceSession(qo.quantize_model(model, "int8-ch-sym"), threads=2) as sess:
+        assert not sess.fused
         ys = sess.run(None, {"x": x})
-    np.testing.assert_array_equal(ys[0], y)
+    assert sqnr_db(ys[0], y) >= 40
     assert sqnr_db(ys[1], _float_run(model, {"x": x})[1]) >= 30

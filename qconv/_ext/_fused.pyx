@@ -44,6 +44,13 @@ cdef extern from "qconv_fused.h" nogil:
         int64_t per_thread
     ctypedef int64_t (*rows_fn)(void *, int64_t, int64_t, int) noexcept nogil
     rows_fn qc_fused_rows()
+    ctypedef struct qc_se_job:
+        const float *x
+        const float *g
+        float *out
+        float *y
+        int64_t HW
+    rows_fn qc_se_rows(int which)
 
 
 cdef class Program:
@@ -129,3 +136,36 @@ cdef class Program:
         finally:
             free(j.leaf)
         return y
+
+
+def channel_means(const float[:, :, :, ::1] x, float[:, ::1] out, int threads):
+    """``out[n, c]`` = the mean of plane ``x[n, c]`` (float32 ``(N, C, H, W)`` -> ``(N, C)``; the sum in the order
+    ``qconv_fused.h`` states, the same on every thread count). Returns ``out``."""
+    cdef qc_se_job j
+    cdef int64_t rows = x.shape[0] * x.shape[1]
+    if out.shape[0] != x.shape[0] or out.shape[1] != x.shape[1]:
+        raise ValueError(f"out must be ({x.shape[0]}, {x.shape[1]}), got {tuple(out.shape)}")
+    j.HW = x.shape[2] * x.shape[3]
+    if rows == 0 or j.HW == 0:
+        raise ValueError("channel_means needs non-empty planes")
+    j.x, j.out = &x[0, 0, 0, 0], &out[0, 0]
+    with nogil:
+        _parallel_for(rows, max(1, 4096 // j.HW), <pool_fn> qc_se_rows(0), &j, threads)
+    return out
+
+
+def scale_channels(const float[:, :, :, ::1] x, const float[:, ::1] g, float[:, :, :, ::1] y, int threads):
+    """``y[n, c] = x[n, c] * g[n, c]`` (float32 ``(N, C, H, W)``, ``g`` ``(N, C)``; ``y`` apart from ``x``). Returns
+    ``y``."""
+    cdef qc_se_job j
+    cdef int64_t rows = x.shape[0] * x.shape[1]
+    if (y.shape[0] != x.shape[0] or y.shape[1] != x.shape[1] or y.shape[2] != x.shape[2] or y.shape[3] != x.shape[3]
+            or g.shape[0] != x.shape[0] or g.shape[1] != x.shape[1]):
+        raise ValueError("scale_channels: x and y must have one shape, g one value per (n, c)")
+    j.HW = x.shape[2] * x.shape[3]
+    if rows == 0 or j.HW == 0:
+        return y
+    j.x, j.g, j.y = &x[0, 0, 0, 0], &g[0, 0], &y[0, 0, 0, 0]
+    with nogil:
+        _parallel_for(rows, max(1, 4096 // j.HW), <pool_fn> qc_se_rows(1), &j, threads)
+    return y

@@ -116,4 +116,97 @@ static inline int64_t (*qc_fused_rows(void))(void *, int64_t, int64_t, int)
     return qc_fused_rows_c;
 }
 
+/* ---- squeeze-excitation blocks (qconv/onnx/excite.py): rows r = (n, c) of HW floats ----
+ * qc_se_means: out[r] = (sum of row r) / HW, the sum in 16 float32 partial sums (element i into sum i % 16, in
+ *              order), added pairwise (s_l + s_{l+8}, then +4, +2, +1): the same order on every CPU;
+ * qc_se_scale: y[r, i] = x[r, i] * g[r] (one float32 product). */
+typedef struct {
+    const float *x, *g;
+    float *out, *y;
+    int64_t HW;
+} qc_se_job;
+
+static inline __attribute__((always_inline)) void qc_se_means_body(const qc_se_job *j, int64_t r0, int64_t r1)
+{
+    const int64_t HW = j->HW;
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *p = j->x + r * HW;
+        float s[16] = {0};
+        int64_t i = 0;
+        for (; i + 16 <= HW; i += 16)
+            for (int l = 0; l < 16; ++l) s[l] += p[i + l];
+        for (int l = 0; i + l < HW; ++l) s[l] += p[i + l];
+        for (int w = 8; w >= 1; w /= 2)
+            for (int l = 0; l < w; ++l) s[l] += s[l + w];
+        j->out[r] = s[0] / (float)HW;
+    }
+}
+
+static inline __attribute__((always_inline)) void qc_se_scale_body(const qc_se_job *j, int64_t r0, int64_t r1)
+{
+    const int64_t HW = j->HW;
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *restrict p = j->x + r * HW;
+        float *restrict q = j->y + r * HW;
+        const float g = j->g[r];
+        for (int64_t i = 0; i < HW; ++i) q[i] = p[i] * g;
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* qc_se_means_body with the 16 partial sums in vector lanes (two ymm: lanes 0-7, 8-15), the same sums */
+__attribute__((target("avx2"))) static int64_t qc_se_means_avx2(void *ctx, int64_t r0, int64_t r1, int tid)
+{
+    const qc_se_job *j = (const qc_se_job *)ctx;
+    const int64_t HW = j->HW;
+    (void)tid;
+    for (int64_t r = r0; r < r1; ++r) {
+        const float *p = j->x + r * HW;
+        __m256 a = _mm256_setzero_ps(), b = a;
+        int64_t i = 0;
+        for (; i + 16 <= HW; i += 16) {
+            a = _mm256_add_ps(a, _mm256_loadu_ps(p + i));
+            b = _mm256_add_ps(b, _mm256_loadu_ps(p + i + 8));
+        }
+        const int64_t left = HW - i;   /* 0 .. 15: masked loads add +0 past the row */
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        a = _mm256_add_ps(a, _mm256_maskload_ps(p + i, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left), lane)));
+        b = _mm256_add_ps(b, _mm256_maskload_ps(p + i + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)left - 8), lane)));
+        a = _mm256_add_ps(a, b);                                                               /* w = 8 */
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));      /* w = 4 */
+        v = _mm_add_ps(v, _mm_movehl_ps(v, v));                                                /* w = 2 */
+        v = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));                                           /* w = 1 */
+        j->out[r] = _mm_cvtss_f32(v) / (float)HW;
+    }
+    return 0;
+}
+__attribute__((target("avx2"))) static int64_t qc_se_scale_avx2(void *ctx, int64_t r0, int64_t r1, int tid)
+{
+    (void)tid;
+    qc_se_scale_body((const qc_se_job *)ctx, r0, r1);
+    return 0;
+}
+#endif
+__attribute__((optimize("fp-contract=off"))) static int64_t qc_se_means_c(void *ctx, int64_t r0, int64_t r1, int tid)
+{
+    (void)tid;
+    qc_se_means_body((const qc_se_job *)ctx, r0, r1);
+    return 0;
+}
+static int64_t qc_se_scale_c(void *ctx, int64_t r0, int64_t r1, int tid)
+{
+    (void)tid;
+    qc_se_scale_body((const qc_se_job *)ctx, r0, r1);
+    return 0;
+}
+/* the row functions for this CPU (which = 0: means, 1: scale) */
+static inline int64_t (*qc_se_rows(int which))(void *, int64_t, int64_t, int)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (__builtin_cpu_supports("avx2")) return which ? qc_se_scale_avx2 : qc_se_means_avx2;
+#endif
+    return which ? qc_se_scale_c : qc_se_means_c;
+}
+
 #endif

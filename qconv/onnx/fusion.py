@@ -114,11 +114,11 @@ def _params(node, consts) -> tuple | None:
     return 0.0, 0.0, int(s[-2]), int(s[-1])
 
 
-def find_chains(nodes, inits, graph_outputs) -> list:
+def find_chains(nodes, inits, graph_outputs, skip=frozenset()) -> list:
     """The fusable :class:`Chain` s of a graph (``nodes``: :class:`wire.Node` in graph order, ``inits``: its
     initializers, ``graph_outputs``: output names), each of at least :data:`MIN_NODES` nodes and reading a
     ``QConv`` node's output; none in a graph with ``If`` / ``Loop`` / ``Scan`` nodes, whose bodies may read any
-    value."""
+    value. Nodes whose indices are in ``skip`` take no part."""
     if any(n.op_type in _SUBGRAPH_OPS for n in nodes):   # their bodies read outer values this does not see
         return []
     consts = _constant_values(nodes, inits)
@@ -132,7 +132,7 @@ def find_chains(nodes, inits, graph_outputs) -> list:
     members: dict = {}
     producer = {}
     for i, n in enumerate(nodes):
-        p = _params(n, consts)
+        p = None if i in skip else _params(n, consts)
         if p is None:
             continue
         params[i] = p
@@ -309,15 +309,15 @@ class FusedKernel:
         return slots[self.chain.program[-1][1]]
 
 
-def fuse(nodes, inits, graph_outputs, key_prefix: str, threads: int) -> tuple[dict, set, dict]:
+def fuse(nodes, inits, graph_outputs, key_prefix: str, threads: int, skip=frozenset()) -> tuple[dict, set, dict]:
     """``(replace, drop, kernels)`` for :func:`qconv.onnx.session._runtime_graph`: node index -> the ``QFused``
     NodeProto bytes that replaces a chain's last node, the indices of its other nodes (dropped), and
-    ``{key: FusedKernel}``."""
+    ``{key: FusedKernel}``. ``skip``: indices of nodes already fused elsewhere (squeeze-excitation blocks)."""
     from .._ext._ortops import KEY_ATTR
     from .nodes import DOMAIN
 
     replace, drop, kernels = {}, set(), {}
-    for chain in find_chains(nodes, inits, graph_outputs):
+    for chain in find_chains(nodes, inits, graph_outputs, skip):
         last = nodes[chain.nodes[-1]]
         name = f"qconv.fused/{last.name or chain.output}"
         key = f"{key_prefix}/{name}"

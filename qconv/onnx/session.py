@@ -45,7 +45,7 @@ def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_option
     initializers left out, and the nodes' prepared kernels. ``node_options``: ``{node name: {option: value}}``
     (``act_block``, ``act_allowed``) over ``layer_options`` per node. On the CPU (and with ``fuse_chains``) the
     elementwise chains between nodes become ``QFused`` nodes (:mod:`qconv.onnx.fusion`) with their kernels."""
-    kernels, replace, drop = {}, {}, set()
+    kernels, replace, drop, keys = {}, {}, set(), {}
     for i, node in enumerate(nodes):
         if not is_qnode(node):
             continue
@@ -54,14 +54,27 @@ def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_option
         if key in kernels:
             raise ValueError(f"two qconv nodes are named {qn.name!r}")
         kernels[key] = make_kernel(qn, **layer_options, **node_options.get(qn.name, {}))
+        keys[i] = key
         drop.update(n for n in node.input[1:] if n)
         replace[i] = wire.make_node(node.op_type, [node.input[0]], [node.output[0]], node.name, DOMAIN,
                                     {KEY_ATTR: key})
     dropped = set()
     if kernels and layer_options.get("device", "cpu") == "cpu" and fuse_chains:
+        from .excite import excite
         from .fusion import fuse
-        f_replace, dropped, fused = fuse(nodes, inits, set(wire.graph_outputs(data)), key_prefix,
-                                         layer_options.get("threads") or 1)
+        outputs, threads = set(wire.graph_outputs(data)), layer_options.get("threads") or 1
+        if not any(n.op_type in ("If", "Loop", "Scan") for n in nodes):   # their bodies may read any value
+            # squeeze-excitation blocks first (their qconv nodes run inside the block's kernel), then the chains
+            e_replace, dropped, excited = excite(nodes, inits, outputs, key_prefix, threads,
+                                                 {i: k for i, k in keys.items() if nodes[i].op_type == "QConv"},
+                                                 kernels)
+            for i in dropped:
+                replace.pop(i, None)
+            replace.update(e_replace)
+            kernels.update(excited)
+        f_replace, f_dropped, fused = fuse(nodes, inits, outputs, key_prefix, threads,
+                                           skip=dropped | set(replace) - set(keys))
+        dropped |= f_dropped
         replace.update(f_replace)
         kernels.update(fused)
     used = {n for i, node in enumerate(nodes) if i not in replace and i not in dropped for n in node.input}
@@ -285,10 +298,13 @@ class InferenceSession:
                                                                           act_quant=act_quant, **options),
                                        node_options)
         del nodes, inits
+        from .excite import ExciteKernel
         from .fusion import FusedKernel
-        self.kernels = [k for k in kernels.values() if not isinstance(k, FusedKernel)]   # one per qconv node
-        #: the fused elementwise chains' kernels (:mod:`qconv.onnx.fusion`; the CPU only)
-        self.fused = [k for k in kernels.values() if isinstance(k, FusedKernel)]
+        fused_types = (FusedKernel, ExciteKernel)
+        self.kernels = [k for k in kernels.values() if not isinstance(k, fused_types)]   # one per qconv node
+        #: the fused nodes' kernels: elementwise chains (:mod:`qconv.onnx.fusion`) and squeeze-excitation blocks
+        #: (:mod:`qconv.onnx.excite`; the CPU only)
+        self.fused = [k for k in kernels.values() if isinstance(k, fused_types)]
         #: ``{node name: activation mode}`` each qconv node runs with (``"float"`` for float activations)
         self.act_modes = {k.name: k.layer.spec.act_quant or "float" for k in self.kernels}
         KERNELS.update(kernels)
