@@ -385,14 +385,39 @@ QC_TGT_AVX2 static void qc_direct_mk_avx2(const float *w, const float *B, const 
 #define QC_TGT_DIRECT512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
 
 /* The epilogue of the last k chunk in registers (qc_direct_mk512 with epi): channel row i of the micro-tile
- * (i < 8) goes to y[i] (NULL: a channel past O, not stored), qc_direct_post_avx2's float32 operations on 16 lanes */
+ * (i < 8) goes to its NCHW plane y[i] (NULL: a channel past O, not stored), qc_direct_post_avx2's float32 operations
+ * on 16 lanes. The strip's 32 grid pixels are nseg runs of outputs: run s holds the lanes set in mask[s] (one
+ * output row, columns below OW), lane l at y[i] + off[s] + l. */
+#define QC_DIRECT_MAX_SEGS 8
 typedef struct {
     float *y[8];
     float bias[8];
     float lo, hi;
-    int tail;
+    int tail, nseg;
     const float *pa_s, *pa_t;   /* the tile's first channel's post_affine, or NULL */
+    int64_t off[QC_DIRECT_MAX_SEGS];
+    uint32_t mask[QC_DIRECT_MAX_SEGS];
 } qc_direct_epi512;
+
+/* the runs of grid pixels p0 .. p0+np-1 (np <= 32) that are outputs (column < OW), into e; 0 when there are more
+ * than QC_DIRECT_MAX_SEGS */
+static inline int qc_direct_segments(const qc_direct_job *j, int64_t p0, int64_t np, qc_direct_epi512 *e)
+{
+    e->nseg = 0;
+    for (int64_t t = 0; t < np;) {
+        const int64_t oy = (p0 + t) / j->Wph, ox = (p0 + t) % j->Wph;
+        const int64_t run = np - t < j->Wph - ox ? np - t : j->Wph - ox;
+        const int64_t keep = ox >= j->OW ? 0 : (run < j->OW - ox ? run : j->OW - ox);
+        if (keep > 0) {
+            if (e->nseg == QC_DIRECT_MAX_SEGS) return 0;
+            e->off[e->nseg] = oy * j->OW + ox - t;
+            e->mask[e->nseg] = (uint32_t)((((uint64_t)1 << keep) - 1) << t);
+            e->nseg++;
+        }
+        t += run;
+    }
+    return 1;
+}
 
 QC_TGT_DIRECT512 static inline __attribute__((always_inline)) __m512 qc_direct_post512(const qc_direct_epi512 *e,
                                                                                     int i, __m512 v)
@@ -442,8 +467,13 @@ qc_direct_mk512_body(const float *w0, int64_t wstride, const float *B, const int
         if (i >= 4 * nb) break;
         if (epi) {
             if (epi->y[i]) {
-                _mm512_storeu_ps(epi->y[i], qc_direct_post512(epi, i, c[i][0]));
-                _mm512_storeu_ps(epi->y[i] + 16, qc_direct_post512(epi, i, c[i][1]));
+                const __m512 v0 = qc_direct_post512(epi, i, c[i][0]), v1 = qc_direct_post512(epi, i, c[i][1]);
+                for (int s = 0; s < epi->nseg; ++s) {
+                    float *d = epi->y[i] + epi->off[s];
+                    const uint32_t m = epi->mask[s];
+                    if (m & 0xFFFFu) _mm512_mask_storeu_ps(d, (__mmask16)(m & 0xFFFFu), v0);
+                    if (m >> 16) _mm512_mask_storeu_ps(d + 16, (__mmask16)(m >> 16), v1);
+                }
             }
             continue;
         }
@@ -531,6 +561,7 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
     strips += (16 - ((uintptr_t)strips / sizeof(float)) % 16) % 16;   /* 64-byte aligned */
     const float *Bs[QC_DIRECT_NS];
     const int64_t *ks[QC_DIRECT_NS];
+    int stored[QC_DIRECT_NS] = {0};   /* strips whose epilogue ran in the micro-kernel */
     for (int64_t st = s0; st < s1; ++st) {
         const int64_t p0 = st * NP, np = grid - p0 < NP ? grid - p0 : NP;
         const float *B = j->xp + n * qc_direct_sample(j) + p0;
@@ -568,22 +599,27 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
             for (int64_t st = 0; st < s1 - s0; ++st) {
                 const float *B = Bs[st];
                 const int64_t *koff = ks[st];
-                const int64_t p0 = (s0 + st) * NP;
-                /* the last chunk of a strip whose outputs are one run: the epilogue in the micro-kernel (AVX-512) */
-                const int fuse = j->vec == 2 && k1 == j->K && j->Wph == j->OW && grid - p0 >= NP && !j->out_nc4hw4;
+                const int64_t p0 = (s0 + st) * NP, np = grid - p0 < NP ? grid - p0 : NP;
+#ifdef QC_HAVE_X86
+                /* the last chunk: the epilogue in the micro-kernel (AVX-512), stored run by run */
+                qc_direct_epi512 e;
+                const int fuse = j->vec == 2 && k1 == j->K && !j->out_nc4hw4 && qc_direct_segments(j, p0, np, &e);
+                stored[st] = fuse;
+#else
+                (void)p0, (void)np;
+#endif
                 for (int64_t ocb = g0; ocb < g1; ++ocb) {
                     float *a = acc + (st * QC_DIRECT_OG + ocb - g0) * AB;
 #ifdef QC_HAVE_X86
                     if (j->vec == 2) {   /* two blocks a call */
                         const int two = ocb + 1 < g1;
-                        qc_direct_epi512 e;
                         if (fuse) {
                             e.lo = j->lo, e.hi = j->hi, e.tail = j->tail;
                             e.pa_s = j->pa_s ? j->pa_s + 4 * ocb : NULL, e.pa_t = j->pa_s ? j->pa_t + 4 * ocb : NULL;
                             for (int i = 0; i < 8; ++i) {
                                 const int64_t o = 4 * ocb + i;
                                 const int in = o < j->O && (two || i < 4);
-                                e.y[i] = in ? j->y + (n * j->O + o) * ohw + p0 : NULL;
+                                e.y[i] = in ? j->y + (n * j->O + o) * ohw : NULL;
                                 e.bias[i] = in ? j->bias[o] : 0.0f;
                             }
                         }
@@ -602,7 +638,7 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
         for (int64_t st = s0; st < s1; ++st) {
             const int64_t p0 = st * NP, np = grid - p0 < NP ? grid - p0 : NP;
             const int contiguous = j->Wph == j->OW && np == NP && !j->out_nc4hw4;   /* outputs: one run of NP */
-            if (contiguous && j->vec == 2) continue;   /* stored by the micro-kernel */
+            if (stored[st - s0]) continue;   /* by the micro-kernel */
             for (int64_t ocb = g0; ocb < g1; ++ocb)
                 for (int i = 0; i < QC_DIRECT_MR; ++i) {
                     const int64_t o = 4 * ocb + i;
