@@ -182,8 +182,15 @@ def flat_cases(draw):
 @settings(deadline=None)
 def test_depthwise_flat_planes_keep_the_bits(case, affine):
     """Float activations on AVX-512 with NCHW in and out (qc_dw_item_flat: a channel's output plane as a flat run
-    of 16-pixel vectors, taps as masked loads, stride 2 through the input's phase planes): the same bits as the
-    8-channel blocks of the AVX2 kernel and on 1 and 2 threads, within the oracle's tolerance."""
+    of 16-pixel vectors, taps as masked loads, stride 2 through the input's phase planes; every layer they can take,
+    the speed policy lifted): the same bits as the 8-channel blocks of the AVX2 kernel and on 1 and 2 threads,
+    within the oracle's tolerance."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_depthwise, "FLAT_MAX_TAPS_WIDTH_S1", 1 << 30)
+        _check_flat_planes(case, affine)
+
+
+def _check_flat_planes(case, affine):
     geo, weight, x, bias, act = case
     rng = np.random.default_rng(geo.c)
     pa = (rng.standard_normal(geo.o).astype(np.float32), rng.standard_normal(geo.o).astype(np.float32))
@@ -204,6 +211,18 @@ def test_depthwise_flat_planes_keep_the_bits(case, affine):
     bad.reshape(-1)[-1 - int(rng.integers(0, geo.h * geo.w))] = np.inf
     with pytest.raises(ValueError, match="NaN or infinite"):
         flat.forward(bad)
+
+
+@pytest.mark.skipif("avx512vnni" not in KERNELS, reason="the flat planes need AVX-512")
+@pytest.mark.parametrize("k, s, hw, path", [(3, 1, 56, "flat"), (3, 1, 112, "blocks"), (5, 1, 28, "flat"),
+                                            (5, 1, 40, "blocks"), (3, 2, 112, "flat"), (5, 2, 80, "flat")])
+def test_depthwise_flat_planes_policy(k, s, hw, path):
+    """Stride 1 takes the flat planes up to FLAT_MAX_TAPS_WIDTH_S1 taps x output width (wider rows: the blocks'
+    rows of taps), stride 2 always."""
+    w = qconv.quantize_weight(np.ones((8, 1, k, k), np.float32), groups=8)
+    eng = CpuEngine(ConvSpec(w, None, s, k // 2, act_quant=None), threads=2, kernel="avx512vnni")
+    eng.forward(np.ones((1, 8, hw, hw), np.float32))
+    assert eng.last_call["depthwise"] == path
 
 
 @given(case=dw_cases(max_kernel=5), layout=st.sampled_from(["nchw", "nc4hw4"]),

@@ -78,10 +78,11 @@ EXACT_TAPS = QC_DW_EXACT_TAPS
 PLANE_FLOATS = 8192
 # the most entries of a flat planes' mask table (2 bytes each); larger planes take the channel blocks
 FLAT_MASKS_MAX = 1 << 22
-# stride-1 outputs wider than this take the channel blocks, whose rows of taps load each input pixel once per kernel
-# row: 3x3 over 32 channels at 112x112 took 1.10x the blocks' time in the flat planes, 144 at 56x56 0.86x (2026-12-06,
-# Zen 4, 2 threads, A/B)
-FLAT_MAX_WIDTH_S1 = 64
+# stride 1 with more taps x output width than this takes the channel blocks, whose rows of taps load each input pixel
+# once per kernel row; the flat planes load a tap's 16 pixels once per tap. Flat against blocks (2026-12-06, Zen 4, 2
+# threads): 3x3 at 56 wide 0.54-0.86x the time, at 112 wide 1.10x; 5x5 at 28 wide and below 0.79-0.95x, at 40 wide
+# (PP-OCRv4 det) 1.17x
+FLAT_MAX_TAPS_WIDTH_S1 = 800
 
 _engine_mod = None
 
@@ -407,7 +408,7 @@ cdef class DepthwisePlan:
         j.x = <const void *> &xb[0]
         j.flat, j.fmask = 0, NULL
         if not band:
-            if (self.v512 and qc_dw_flat_ok(&j) and (self.sh == 2 or ow <= FLAT_MAX_WIDTH_S1)
+            if (self.v512 and qc_dw_flat_ok(&j) and (self.sh == 2 or self.KH * self.KW * ow <= FLAT_MAX_TAPS_WIDTH_S1)
                     and (oh * ow + 15) // 16 * self.KH * self.KW <= FLAT_MASKS_MAX):
                 fmask = self.flat_masks(H, W)
                 band = self.flat_band(N, oh, ow, threads)
