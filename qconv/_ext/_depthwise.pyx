@@ -15,6 +15,10 @@ to a 32-channel tile and a 4-value reduction step, and runs one tiny GEMM per gr
    activations into NCHW float outputs (NC4HW4 too with channel multiplier 1) run on AVX2 in blocks of 8 channels
    instead (items: sample, block, band; the channels in the vector lanes), with the same bits; with float
    activations an asymmetric weight is prepared dequantized (``q*s + a``, scale 1), so it runs as a symmetric one.
+   On AVX-512 CPUs, NCHW to NCHW with stride 1 or 2 and "same" padding, they run as flat planes instead
+   (``qc_dw_item_flat``: items of 4 channels and a band; a channel's output plane as one run of 16-pixel vectors,
+   each tap a masked load, :meth:`DepthwisePlan.flat_masks`), again with the same bits, where that measured faster
+   (:data:`FLAT_MAX_TAPS_WIDTH_S1`).
 
 Results do not depend on the thread count or the band size.
 """
