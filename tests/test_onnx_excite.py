@@ -118,3 +118,17 @@ def test_what_is_a_block():
     assert excite.find_blocks(_nodes(other), {}, {"y"}, qn) == []
     softmax = block[:4] + [("Softmax", ["e"], "g"), block[5]]
     assert excite.find_blocks(_nodes(softmax), {}, {"y"}, qn) == []
+
+
+def test_kernel_refuses_nonfinite_input_and_takes_other_ranks():
+    """A NaN / inf in x is a ValueError naming the node (as the qconv nodes it replaces would raise); a 3-D input
+    takes the numpy path: the same gate, x times it."""
+    k = excite.ExciteKernel([("HardSigmoid", 0.5, 0.5)], threads=2, name="se")
+    x = np.ones((1, 3, 4, 5), np.float32)
+    x[0, 1, 2, 3] = np.nan
+    with pytest.raises(ValueError, match="'se'.*NaN or infinite"):
+        k(x, np.empty_like(x))
+    x3 = np.random.default_rng(0).standard_normal((2, 3, 7)).astype(np.float32)
+    y3 = k(x3, np.empty_like(x3))
+    g = np.clip(x3.mean(axis=2, keepdims=True) * np.float32(0.5) + np.float32(0.5), 0, 1)
+    np.testing.assert_allclose(y3, x3 * g, rtol=1e-6)
