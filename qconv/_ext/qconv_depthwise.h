@@ -30,6 +30,10 @@
  * taps load each input pixel once per kernel row (qc_dw_c8_mac_row; 5x5 layers of PP-OCRv4 rec and det 0.79-0.88x
  * the time, 2026-12-05, AMX Xeon, 2 threads, A/B).
  *
+ * On AVX-512 CPUs the same float activations, NCHW to NCHW with stride 1 or 2 and "same" padding, run as flat
+ * planes (qc_dw_item_flat, below: a channel's output plane one run of 16-pixel vectors, each tap a masked load) where
+ * the caller's policy says they are faster: the same bits again.
+ *
  * vec = 1 runs the AVX2 + FMA code (target attributes, picked at run time by the caller), vec = 0 portable C.
  */
 #ifndef QCONV_DEPTHWISE_H
