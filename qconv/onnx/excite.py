@@ -28,12 +28,14 @@ UNARY = ("Identity", "Relu", "Sigmoid", "HardSigmoid", "HardSwish", "Clip")
 @dataclass
 class Block:
     """A squeeze-excitation block: node indices of its GlobalAveragePool, of the nodes between (graph order) and of
-    its Mul; ``x`` the pooled (and scaled) value, ``output`` the Mul's."""
+    its Mul; ``x`` the pooled (and scaled) value, ``output`` the Mul's; ``params``: middle elementwise node index ->
+    ``(p0, p1)`` (:func:`qconv.onnx.fusion._params`; Sigmoid and Identity ``(0, 0)``)."""
     pool: int
     middle: list
     mul: int
     x: str
     output: str
+    params: dict
 
 
 def find_blocks(nodes, inits, graph_outputs, qconv_nodes) -> list:
@@ -50,18 +52,21 @@ def find_blocks(nodes, inits, graph_outputs, qconv_nodes) -> list:
     for i, n in enumerate(nodes):
         if n.op_type != "GlobalAveragePool" or n.domain not in ("", "ai.onnx") or len(n.output) != 1:
             continue
-        x, cur, middle = n.input[0], n.output[0], []
+        x, cur, middle, params = n.input[0], n.output[0], [], {}
         while cur not in graph_outputs and len(readers.get(cur, [])) == 1:
             k = readers[cur][0]
             m = nodes[k]
             if (m.op_type == "Mul" and m.domain in ("", "ai.onnx") and len(m.input) == 2
                     and sorted(m.input) == sorted([x, cur]) and x != cur):
                 if any(j in qconv_nodes for j in middle):
-                    blocks.append(Block(i, middle, k, x, m.output[0]))
+                    blocks.append(Block(i, middle, k, x, m.output[0], params))
                 break
             plain = m.domain in ("", "ai.onnx") and m.op_type in UNARY and len(m.output) == 1
-            if plain and m.op_type in ("HardSigmoid", "HardSwish", "Clip", "Relu") and _params(m, consts) is None:
-                break
+            if plain:
+                p = (0.0, 0.0) if m.op_type in ("Sigmoid", "Identity") else _params(m, consts)
+                if p is None:
+                    break
+                params[k] = p[:2]
             if not (k in qconv_nodes or plain) or m.input[0] != cur:
                 break
             middle.append(k)
@@ -168,18 +173,15 @@ def excite(nodes, inits, graph_outputs, key_prefix: str, threads: int, qconv_key
     from .._ext._ortops import KEY_ATTR
     from .nodes import DOMAIN
 
-    consts = _constant_values(nodes, inits)
     replace, drop, out = {}, set(), {}
     for b in find_blocks(nodes, inits, graph_outputs, set(qconv_keys)):
         steps = []
         for k in b.middle:
-            m = nodes[k]
             if k in qconv_keys:
                 kern = kernels[qconv_keys[k]]
                 steps.append(_float_conv(kern) or kern)
-            elif m.op_type != "Identity":
-                p = _params(m, consts) if m.op_type != "Sigmoid" else (0.0, 0.0)
-                steps.append((m.op_type, p[0], p[1]))
+            elif nodes[k].op_type != "Identity":
+                steps.append((nodes[k].op_type,) + tuple(b.params[k]))
         mul = nodes[b.mul]
         name = f"qconv.excite/{mul.name or b.output}"
         key = f"{key_prefix}/{name}"
