@@ -1,4 +1,5 @@
-"""The CPU engine's direct float-activation path (qconv._ext._direct: act_quant=None, one group) against the
+"""The CPU engine's direct float-activation path (qconv._ext._direct: act_quant=None, one group or groups of a
+multiple of 4 output channels) against the
 oracle over the property space (kernel sizes, strides, padding, dilation, odd channel counts, int8 / int4, blocks,
 both layouts, batches), bitwise across thread counts, its Winograd F(2x2, 3x3) for 3x3 stride-1 layers, and its
 hand-over to the GEMM for small outputs."""
@@ -103,6 +104,60 @@ def test_avx512_micro_kernel_equals_avx2_bitwise(case, nc4hw4, in_place):
         eng = CpuEngine(spec, kernel=kernel, threads=2)
         assert eng.path == "direct" and f"{_direct.STRIP_PIXELS_AVX512}-pixel strips" in eng.describe()
         assert np.array_equal(eng.forward(xin, layout).view(np.uint32), want.view(np.uint32))
+
+
+@st.composite
+def grouped_cases(draw):
+    """A grouped conv whose groups have a multiple of 4 output channels (RegNet's 8 a group, ResNeXt's 4), 2-9
+    input channels a group (one is depthwise), any kernel / stride / padding / dilation, at least one strip of
+    output pixels."""
+    g, cpg, opg = draw(st.integers(2, 6)), draw(st.integers(2, 9)), 4 * draw(st.integers(1, 3))
+    k, s = draw(st.integers(1, 5)), draw(st.integers(1, 3))
+    p, d = draw(st.integers(0, k - 1)), draw(st.integers(1, 2)) if k > 1 else 1
+    h, w = draw(st.integers(d * (k - 1) + 1, 18)) + 6 * s, draw(st.integers(d * (k - 1) + 1, 18)) + 6 * s
+    geo = qst.ConvGeometry(draw(st.integers(1, 2)), g * cpg, g * opg, h, w, (k, k), (s, s), (p, p), (d, d), g)
+    weight = draw(qst.quantized_weights(geo))
+    x = draw(qst.activations((geo.n, geo.c, h, w)))
+    bias = np.random.default_rng(draw(st.integers(0, 99))).standard_normal(geo.o).astype(np.float32)
+    return geo, weight, x, bias, draw(st.sampled_from([None, "relu", "relu6", "silu"]))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@settings(max_examples=30)
+@given(case=grouped_cases(), nc4hw4=st.booleans())
+def test_grouped_direct_matches_reference_bitwise_over_threads(kernel, case, nc4hw4):
+    """Grouped convs on the direct path: each block of 4 output channels reads its own group's planes (a wrong
+    group offset mixes groups: the oracle fails), two blocks a micro-tile only within a group; bitwise over thread
+    counts, and the AVX-512 micro-kernel equals AVX2 bit for bit."""
+    geo, weight, x, bias, act = case
+    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, None)
+    eng = CpuEngine(spec, kernel=kernel, threads=1)
+    assert eng.path == "direct"
+    xin, layout = (P4.pack_array(x), "nc4hw4") if nc4hw4 else (x, "nchw")
+    y1 = eng.forward(xin, layout)
+    assert eng.last_call["split"] == "strips"
+    y = P4.unpack_array(y1, geo.o) if nc4hw4 else y1
+    assert_matches_reference(y, x, weight, bias, **geo.conv_kwargs(), activation=act, act_quant=None)
+    yt = CpuEngine(spec, kernel=kernel, threads=3).forward(xin, layout)
+    assert np.array_equal(yt.view(np.uint32), y1.view(np.uint32))
+    if kernel in _direct.AVX512_KERNELS:
+        want = CpuEngine(spec, kernel="avx2", threads=2).forward(xin, layout)
+        assert np.array_equal(y1.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_grouped_direct_where_it_applies(kernel):
+    """Groups of 6 output channels (not a multiple of 4) take the GEMM; 3x3 grouped layers above Winograd's size
+    and 1x1 grouped layers (no in-place read: the planes of every group) run the strips; all match the oracle."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 24, 70, 70)).astype(np.float32)
+    for o, k, pad in ((18, 3, 1), (24, 3, 1), (24, 1, 0)):
+        w = qconv.quantize_weight(rng.standard_normal((o, 8, k, k)).astype(np.float32), groups=3)
+        eng = CpuEngine(ConvSpec(w, None, 1, pad, act_quant=None), kernel=kernel, threads=2)
+        assert eng.path == ("gemm" if o == 18 else "direct")
+        assert_matches_reference(eng.forward(x), x, w, None, 1, pad, act_quant=None)
+        if eng.path == "direct":
+            assert eng.last_call["split"] == "strips" and not eng.last_call["winograd"]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

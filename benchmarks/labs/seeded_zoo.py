@@ -6,14 +6,16 @@ own process, the same threads and input:
 
 * ``resnet18``: 3x3 convs, a 7x7 stem, MaxPool;
 * ``mobilenet_v2``: inverted residuals (1x1 expand, 3x3 depthwise, 1x1 project), ReLU6;
-* ``efficientnet_b0``: MBConv blocks (3x3 and 5x5 depthwise, squeeze-excitation), SiLU.
+* ``efficientnet_b0``: MBConv blocks (3x3 and 5x5 depthwise, squeeze-excitation), SiLU;
+* ``regnet_y_400mf``: grouped 3x3 convs (8 channels a group) in bottleneck blocks with squeeze-excitation;
+* ``convnext_tiny``: 7x7 depthwise convs, LayerNormalization, the MLP as MatMuls on NHWC tensors with an erf GELU.
 
 qconv rows: ``qconv-nocalib`` is ``quantize_model(path)`` (float activations); ``qconv-default`` is
 ``quantize_model(path, calibration=<4 seeded pictures>)`` (smoothing and the activation search). The input is
 another seeded picture (blocky noise in an ImageNet-normalised range); the SQNR against onnxruntime float says
 little about real accuracy (random weights), but the speed is the architecture's. Public API only::
 
-    taskset -c 0,1 .venv/bin/python -m benchmarks.labs.seeded_zoo [--arch resnet18,mobilenet_v2,efficientnet_b0]
+    taskset -c 0,1 .venv/bin/python -m benchmarks.labs.seeded_zoo [--arch resnet18,mobilenet_v2,...]
         [--threads 2] [--repeat 20] [--rounds 3]
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ class _Graph:
     def __init__(self, seed: int):
         self.rng = np.random.default_rng(seed)
         self.nodes, self.inits, self.n = [], [], 0
+        self.opset = 13
 
     def node(self, op, ins, **attrs):
         self.n += 1
@@ -51,13 +54,13 @@ class _Graph:
         self.inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
         return name
 
-    def conv(self, x, cin, cout, k, s=1, groups=1, act="relu", bn=True):
-        """Conv (+ BatchNormalization) (+ activation: relu, relu6, silu, sigmoid or None)."""
+    def conv(self, x, cin, cout, k, s=1, groups=1, act="relu", bn=True, pad=None):
+        """Conv (+ BatchNormalization) (+ activation: relu, relu6, silu, sigmoid or None); ``pad``: k // 2 if None."""
         r = self.rng
         p = f"w{self.n + 1}"
         w = self.const(p + ".w", r.standard_normal((cout, cin // groups, k, k)) * np.sqrt(2.0 / (cin // groups * k * k)))
         b = self.const(p + ".b", r.standard_normal(cout) * 0.05)
-        y = self.node("Conv", [x, w, b], strides=[s, s], pads=[k // 2] * 4, group=groups)
+        y = self.node("Conv", [x, w, b], strides=[s, s], pads=[k // 2 if pad is None else pad] * 4, group=groups)
         if bn:
             y = self.node("BatchNormalization", [y] + [self.const(f"{p}.{n}", v) for n, v in (
                 ("g", 1 + 0.1 * r.standard_normal(cout)), ("be", 0.1 * r.standard_normal(cout)),
@@ -85,7 +88,7 @@ class _Graph:
 
         g = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 224, 224])],
                               [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], self.inits)
-        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset)]), path)
 
 
 def _resnet18(g: _Graph) -> str:
@@ -109,13 +112,67 @@ def _inverted_residuals(g: _Graph, stem: int, blocks, last: int, act: str, se: b
             y = g.conv(x, cin, hid, 1, act=act) if t != 1 else x
             y = g.conv(y, hid, hid, k, st, groups=hid, act=act)
             if se:   # squeeze-excitation: a quarter of the block's input channels
-                sq = max(1, cin // 4)
-                z = g.conv(g.node("GlobalAveragePool", [y]), hid, sq, 1, act=act, bn=False)
-                y = g.node("Mul", [y, g.conv(z, sq, hid, 1, act="sigmoid", bn=False)])
+                y = _squeeze_excite(g, y, hid, max(1, cin // 4), act)
             y = g.conv(y, hid, c, 1, act=None)
             x = g.node("Add", [y, x]) if st == 1 and cin == c else y
             cin = c
     return g.head(g.conv(x, cin, last, 1, act=act), last)
+
+
+def _squeeze_excite(g: _Graph, y, hid: int, sq: int, act: str) -> str:
+    """``y * Sigmoid(conv(act(conv(GlobalAveragePool(y)))))``, 1x1 convs with bias, no BatchNormalization."""
+    z = g.conv(g.node("GlobalAveragePool", [y]), hid, sq, 1, act=act, bn=False)
+    return g.node("Mul", [y, g.conv(z, sq, hid, 1, act="sigmoid", bn=False)])
+
+
+def _regnet_y_400mf(g: _Graph) -> str:
+    """RegNetY-400MF: bottleneck blocks of grouped 3x3 convs (8 channels a group) with squeeze-excitation."""
+    x, cin = g.conv("x", 3, 32, 3, 2), 32
+    for w, d in [(48, 1), (104, 3), (208, 6), (440, 6)]:
+        for i in range(d):
+            s = 2 if i == 0 else 1
+            y = g.conv(x, cin, w, 1)
+            y = g.conv(y, w, w, 3, s, groups=w // 8)
+            y = g.conv(_squeeze_excite(g, y, w, int(round(0.25 * cin)), "relu"), w, w, 1, act=None)
+            sc = g.conv(x, cin, w, 1, s, act=None) if (s != 1 or cin != w) else x
+            x, cin = g.node("Relu", [g.node("Add", [y, sc])]), w
+    return g.head(x, cin)
+
+
+def _convnext_tiny(g: _Graph) -> str:
+    """ConvNeXt-T: 7x7 depthwise convs, LayerNormalization over channels, the MLP as MatMuls on NHWC with an
+    erf GELU, layer scale, patchify stem and 2x2 stride-2 downsampling (opset 17)."""
+    g.opset = 17
+    r = g.rng
+
+    def norm(y, c, nchw=True):   # LayerNormalization over C: on NCHW tensors between two Transposes
+        if nchw:
+            y = g.node("Transpose", [y], perm=[0, 2, 3, 1])
+        y = g.node("LayerNormalization", [y, g.const(f"ln{g.n}.g", 1 + 0.1 * r.standard_normal(c)),
+                                          g.const(f"ln{g.n}.b", 0.1 * r.standard_normal(c))], axis=-1, epsilon=1e-6)
+        return g.node("Transpose", [y], perm=[0, 3, 1, 2]) if nchw else y
+
+    def linear(y, cin, cout):
+        w = g.const(f"fc{g.n}.w", r.standard_normal((cin, cout)) * np.sqrt(1.0 / cin))
+        return g.node("Add", [g.node("MatMul", [y, w]), g.const(f"fc{g.n}.b", 0.05 * r.standard_normal(cout))])
+
+    x = norm(g.conv("x", 3, 96, 4, 4, act=None, bn=False, pad=0), 96)
+    cin = 96
+    for stage, (c, d) in enumerate([(96, 3), (192, 3), (384, 9), (768, 3)]):
+        if stage:
+            x = g.conv(norm(x, cin), cin, c, 2, 2, act=None, bn=False, pad=0)
+        for _ in range(d):
+            y = g.conv(x, c, c, 7, groups=c, act=None, bn=False)
+            y = linear(norm(g.node("Transpose", [y], perm=[0, 2, 3, 1]), c, nchw=False), c, 4 * c)
+            e = g.node("Erf", [g.node("Div", [y, g.const(f"gelu{g.n}.d", 1.4142135)])])
+            y = g.node("Mul", [g.node("Mul", [y, g.node("Add", [e, g.const(f"gelu{g.n}.one", 1.0)])]),
+                               g.const(f"gelu{g.n}.h", 0.5)])
+            y = g.node("Transpose", [linear(y, 4 * c, c)], perm=[0, 3, 1, 2])
+            y = g.node("Mul", [y, g.const(f"ls{g.n}", (0.3 + 0.1 * r.random(c)).reshape(c, 1, 1))])
+            x = g.node("Add", [y, x])
+        cin = c
+    f = g.node("Flatten", [norm(g.node("GlobalAveragePool", [x]), cin)])
+    return linear(f, cin, 1000)
 
 
 ARCHS = {
@@ -126,6 +183,8 @@ ARCHS = {
     "efficientnet_b0": lambda g: _inverted_residuals(
         g, 32, [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3), (6, 5, 1, 112, 3),
                 (6, 5, 2, 192, 4), (6, 3, 1, 320, 1)], 1280, "silu", se=True),
+    "regnet_y_400mf": _regnet_y_400mf,
+    "convnext_tiny": _convnext_tiny,
 }
 
 

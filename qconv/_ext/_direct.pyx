@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The direct float-activation path of the qconv CPU engine (``act_quant=None``, ``groups == 1``).
+"""The direct float-activation path of the qconv CPU engine (``act_quant=None``; grouped convs whose groups have
+a multiple of 4 output channels too).
 
 :class:`DirectPlan` runs a layer with float activations without the tiled GEMM's two transposes: output pixels
 sit in the vector lanes, so the NCHW input is read as it is (a 1x1 stride-1 conv reads it in place, others build
@@ -29,7 +30,7 @@ cdef extern from "qconv_direct.h" nogil:
     ctypedef struct qc_direct_job:
         int64_t N, C, H, W, OH, OW, K
         int32_t KH, KW, sh, sw, ph, pw, dh, dw
-        int32_t O, OCB, NB
+        int32_t O, OCB, NB, G
         int64_t kblock
         const uint8_t *q
         int32_t bits
@@ -80,8 +81,10 @@ WINOGRAD_TILE = (2, 2)
 
 def is_direct(spec):
     """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a layer this path runs: float activations
-    (``act_quant=None``) and one group."""
-    return spec.act_quant is None and spec.weight.groups == 1
+    (``act_quant=None``) and one group, or groups of a multiple of 4 output channels each (a micro-tile's
+    channels then share their input planes)."""
+    w = spec.weight
+    return spec.act_quant is None and (w.groups == 1 or (w.out_channels // w.groups) % 4 == 0)
 
 
 cdef int64_t _layout(qc_direct_job *j, int nt, int64_t *parts) noexcept nogil:
@@ -173,7 +176,7 @@ cdef class DirectPlan:
     portable code, the others AVX2 + FMA).
 
     Prepared arrays: ``q`` uint8 ``(ceil(O/4), K, 4)`` the int8 codes, or ``(ceil(O/4), K, 2)`` two int4 codes a
-    byte (channel 2m low nibble, 2m+1 high), ``K = C*KH*KW`` in ``(c, ky, kx)`` order, four output channels
+    byte (channel 2m low nibble, 2m+1 high), ``K = (C/groups)*KH*KW`` in ``(c, ky, kx)`` order, four output channels
     interleaved; ``scale`` / ``offset`` float32 ``(O, n_blocks)``
     (``offset`` None when symmetric); ``bias`` float32 ``(O,)``.
     """
@@ -184,7 +187,7 @@ cdef class DirectPlan:
     # True when the last forward call ran Winograd
     cdef readonly bint last_winograd
     cdef object q, scale, offset, bias, pa_s, pa_t
-    cdef int C, O, OCB, NB, KH, KW, sh, sw, ph, pw, dh, dw, tail, bits
+    cdef int C, O, OCB, NB, G, KH, KW, sh, sw, ph, pw, dh, dw, tail, bits
     cdef int64_t K, kblock
     cdef float lo, hi
     # (quantization threads, conv threads) of the last forward call (no quantization pass: 0)
@@ -192,7 +195,8 @@ cdef class DirectPlan:
 
     def __init__(self, spec, str kernel, bint winograd=True):
         if not is_direct(spec):
-            raise ValueError("the direct path takes float activations (act_quant=None) and groups == 1")
+            raise ValueError("the direct path takes float activations (act_quant=None) and one group, or groups "
+                             "of a multiple of 4 output channels")
         w = spec.weight
         self.spec = spec
         self.kernel = kernel
@@ -202,8 +206,8 @@ cdef class DirectPlan:
         o, c = w.out_channels, w.in_channels
         (self.KH, self.KW), (self.sh, self.sw) = spec.kernel_size, spec.stride
         (self.ph, self.pw), (self.dh, self.dw) = spec.padding, spec.dilation
-        self.C, self.O, self.OCB, self.NB = c, o, -(-o // 4), w.n_blocks
-        self.K = c * self.KH * self.KW
+        self.C, self.O, self.OCB, self.NB, self.G = c, o, -(-o // 4), w.n_blocks, w.groups
+        self.K = c // w.groups * self.KH * self.KW
         self.kblock = w.block_channels * self.KH * self.KW
         q = np.zeros((self.OCB * 4, self.K), np.int8)
         q[:o] = w.q.reshape(o, self.K)
@@ -239,7 +243,7 @@ cdef class DirectPlan:
         j.C, j.OH, j.OW, j.K = self.C, oh, ow, self.K
         j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (self.KH, self.KW, self.sh, self.sw, self.ph, self.pw,
                                                           self.dh, self.dw)
-        j.O, j.OCB, j.NB, j.kblock = self.O, self.OCB, self.NB, self.kblock
+        j.O, j.OCB, j.NB, j.G, j.kblock = self.O, self.OCB, self.NB, self.G, self.kblock
         j.in_nc4hw4 = not nchw_input
         j.out_nc4hw4 = nc4hw4_output
         j.vec = self.vec

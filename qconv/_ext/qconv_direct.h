@@ -1,4 +1,4 @@
-/* Direct float-activation convolution of the qconv CPU engine (act_quant=None, groups == 1), pixels in vector lanes.
+/* Direct float-activation convolution of the qconv CPU engine (act_quant=None), pixels in vector lanes.
  *
  * The GEMM path puts channels in the vector lanes, so an NCHW input is transposed to pixel-major rows first and
  * every output tile is transposed back on its store; for the many-pixel, few-channel layers of vision models those
@@ -14,6 +14,9 @@
  *       grid is OH x Wph; its columns ox >= OW are computed and dropped. The caller makes xp per call (one pass
  *       over the input, which also checks it for NaN / inf); a 1x1 stride-1 unpadded conv on NCHW reads x itself
  *       (xp = x, Wph = W), checking the rows each strip reads.
+ *   Grouped convs (G groups, O/G a multiple of 4 output channels each): K = (C/G)*KH*KW, koff indexes the first
+ *       group's channels and a block of 4 output channels reads its group's planes, (4*ocb / (O/G)) * (C/G)
+ *       channels further (qc_direct_goff); a micro-tile pairs two blocks of one group only.
  *   wf  float32 (OCB, K, 4): the weight dequantized, wf = scale[o, b]*q + offset[o, b] (b = k / kblock: a block
  *       holds block_channels input channels x all taps), four output channels interleaved per k (channels past O
  *       are 0). Made per call and freed after it: no float copy of the weight outlives a call.
@@ -59,9 +62,10 @@
                            * (NCHW rows of different channels are far apart: short runs defeat the prefetchers) */
 
 typedef struct {
-    int64_t N, C, H, W, OH, OW, K;  /* input (N, C, H, W), output (N, O, OH, OW), K = C*KH*KW */
+    int64_t N, C, H, W, OH, OW, K;  /* input (N, C, H, W), output (N, O, OH, OW), K = (C/G)*KH*KW */
     int32_t KH, KW, sh, sw, ph, pw, dh, dw;
     int32_t O, OCB, NB;              /* output channels, their blocks of 4, weight blocks per channel */
+    int32_t G;                       /* groups (1: dense); O/G is a multiple of 4 when G > 1 */
     int64_t kblock;                  /* k values per weight block */
     const uint8_t *q;                /* (OCB, K, 4) int8 codes, or (OCB, K, 2) bytes of two int4 codes (channel
                                       * 2m in the low nibble, 2m+1 in the high one, two's complement); channels past
@@ -97,7 +101,8 @@ typedef struct {
 /* fill in_place, Hph, Wph, psw, wino */
 static inline void qc_direct_setup(qc_direct_job *j)
 {
-    j->in_place = j->KH == 1 && j->KW == 1 && j->sh == 1 && j->sw == 1 && j->ph == 0 && j->pw == 0 && !j->in_nc4hw4;
+    j->in_place = j->KH == 1 && j->KW == 1 && j->sh == 1 && j->sw == 1 && j->ph == 0 && j->pw == 0 && !j->in_nc4hw4
+                  && j->G == 1;
     j->Hph = j->in_place ? j->H : (j->H + 2 * (int64_t)j->ph + j->sh - 1) / j->sh;
     j->Wph = j->in_place ? j->W : (j->W + 2 * (int64_t)j->pw + j->sw - 1) / j->sw;
     j->psw = j->sw;
@@ -105,7 +110,7 @@ static inline void qc_direct_setup(qc_direct_job *j)
     j->kc = j->in_place && j->K <= QC_DIRECT_KC_IN_PLACE ? j->K : QC_DIRECT_KC;
     j->np = QC_DIRECT_NP;
 #ifdef QC_HAVE_X86
-    j->wino = j->winograd && j->vec && j->KH == 3 && j->KW == 3 && j->sh == 1 && j->sw == 1 && j->dh == 1
+    j->wino = j->winograd && j->vec && j->G == 1 && j->KH == 3 && j->KW == 3 && j->sh == 1 && j->sw == 1 && j->dh == 1
               && j->dw == 1 && !j->in_nc4hw4 && !j->out_nc4hw4 && j->OH * j->OW >= QC_WINO_MIN_PIXELS;
     if (j->wino) {   /* 2*TH + 2 padded rows and 2*TW + 2 columns, as even and odd columns: every patch inside */
         j->Hph = 2 * ((j->OH + 1) / 2) + 2;
@@ -158,13 +163,20 @@ static inline int64_t qc_direct_wf_floats(const qc_direct_job *j)
 static void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
 {
     const int64_t hw = j->Hph * j->Wph;
-    for (int64_t c = 0; c < j->C; ++c)
+    for (int64_t c = 0; c < j->C / j->G; ++c)
         for (int ky = 0; ky < j->KH; ++ky)
             for (int kx = 0; kx < j->KW; ++kx) {
                 const int64_t ty = (int64_t)ky * j->dh, tx = (int64_t)kx * j->dw;
                 koff[(c * j->KH + ky) * j->KW + kx] = ((c * j->sh + ty % j->sh) * j->sw + tx % j->sw) * hw
                                                       + ty / j->sh * j->Wph + tx / j->sw;
             }
+}
+
+/* floats from the first group's planes to those of output channel block ocb's group (0 for dense convs) */
+static inline int64_t qc_direct_goff(const qc_direct_job *j, int64_t ocb)
+{
+    if (j->G == 1) return 0;
+    return 4 * ocb / (j->O / j->G) * (j->C / j->G) * j->sh * j->psw * j->Hph * j->Wph;
 }
 
 #ifdef QC_HAVE_X86
@@ -181,6 +193,29 @@ static inline int qc_direct_bad(const qc_direct_job *j, const float *v, int64_t 
 }
 
 #ifdef QC_HAVE_X86
+#define QC_TGT_DIRECT512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+
+/* both column phases of a row at once: r0[col] = s[2*col - pw], r1[col] = s[2*col + 1 - pw] where the index is in
+ * [0, W), else 0, for col < ncols; 32 source floats (masked loads: nothing outside the row is read) give 16 of
+ * each. The AVX2 deinterleave below, one phase a call, took as long as the layer's multiply-adds on stride-2
+ * grouped layers (208 channels at 28x28). */
+QC_TGT_DIRECT512 static void qc_direct_deint2_512(const float *s, int64_t W, int64_t pw, float *r0, float *r1,
+                                                  int64_t ncols)
+{
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+    for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
+        const int64_t base = 2 * c0 - pw;   /* source index of the window's first float */
+        const int64_t lo = base < 0 ? -base : 0, hi = W - base < 32 ? W - base : 32;
+        const uint64_t m = hi > lo ? ((hi >= 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1)) : 0;
+        const __m512 a = _mm512_maskz_loadu_ps((__mmask16)(m & 0xFFFF), s + base);
+        const __m512 b = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), s + base + 16);
+        const __mmask16 st = (__mmask16)(ncols - c0 >= 16 ? 0xFFFF : (1u << (ncols - c0)) - 1);
+        _mm512_mask_storeu_ps(r0 + c0, st, _mm512_permutex2var_ps(a, ie, b));
+        _mm512_mask_storeu_ps(r1 + c0, st, _mm512_permutex2var_ps(a, io, b));
+    }
+}
+
 /* row[col] = s[ix0 + 2*col] where 0 <= ix0 + 2*col < W, else 0, for col < ncols: 16 floats deinterleaved at a time */
 QC_TGT_AVX2 static void qc_direct_deint2_avx2(const float *s, int64_t W, int64_t ix0, float *row, int64_t ncols)
 {
@@ -198,14 +233,15 @@ QC_TGT_AVX2 static void qc_direct_deint2_avx2(const float *s, int64_t W, int64_t
 #endif
 
 /* the phase planes of sample n, channel c into xp (qc_direct_sample layout); returns 1 when the channel holds NaN /
- * inf (x*0 is NaN exactly for them) */
+ * inf (x*0 is NaN exactly for them): an NCHW plane is checked whole, in one run (row by row, 7x7 planes spent a
+ * third of a grouped layer's time in the checks), NC4HW4 rows as they are copied */
 static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
 {
     const int64_t hw = j->Hph * j->Wph, step = j->in_nc4hw4 ? 4 : 1;
     const float *src = j->in_nc4hw4 ? j->x + ((c / 4) * j->N + n) * j->H * j->W * 4 + c % 4
                                     : j->x + (n * j->C + c) * j->H * j->W;
     float *dst = xp + n * qc_direct_sample(j) + c * j->sh * j->psw * hw;
-    int bad = 0;
+    int bad = step == 1 ? qc_direct_bad(j, src, j->H * j->W) : 0;
     for (int64_t iyp = 0; iyp < j->Hph * j->sh; ++iyp) {
         const int64_t iy = iyp - j->ph;
         for (int rx = 0; rx < j->psw; ++rx) {
@@ -220,14 +256,16 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                 const int64_t b = j->pw + j->W < j->Wph ? j->pw + j->W : j->Wph;
                 memset(row, 0, (size_t)a * sizeof(float));
                 memcpy(row + a, s, (size_t)(b - a) * sizeof(float));
-                bad |= qc_direct_bad(j, row + a, b - a);
                 memset(row + b, 0, (size_t)(j->Wph - b) * sizeof(float));
                 continue;
             }
 #ifdef QC_HAVE_X86
+            if (j->vec == 2 && step == 1 && j->psw == 2) {   /* both phases: row, then row + hw */
+                qc_direct_deint2_512(s, j->W, j->pw, row, row + hw, j->Wph);
+                break;
+            }
             if (j->vec && step == 1 && j->psw == 2) {
                 qc_direct_deint2_avx2(s, j->W, rx - j->pw, row, j->Wph);
-                bad |= qc_direct_bad(j, row, j->Wph);
                 continue;
             }
 #endif
@@ -235,7 +273,7 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                 const int64_t ix = col * j->psw + rx - j->pw;
                 row[col] = ix >= 0 && ix < j->W ? s[ix * step] : 0.0f;
             }
-            bad |= qc_direct_bad(j, row, j->Wph);
+            if (step != 1) bad |= qc_direct_bad(j, row, j->Wph);
         }
     }
     return bad;
@@ -381,8 +419,6 @@ QC_TGT_AVX2 static void qc_direct_mk_avx2(const float *w, const float *B, const 
     if (koff) qc_direct_mk_body(w, B, koff, k0, k1, acc, first);
     else qc_direct_mk_body(w, B, NULL, k0, k1, acc, first);   /* no offset table to read */
 }
-
-#define QC_TGT_DIRECT512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
 
 /* The epilogue of the last k chunk in registers (qc_direct_mk512 with epi): channel row i of the micro-tile
  * (i < 8) goes to its NCHW plane y[i] (NULL: a channel past O, not stored), qc_direct_post_avx2's float32 operations
@@ -610,9 +646,10 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
 #endif
                 for (int64_t ocb = g0; ocb < g1; ++ocb) {
                     float *a = acc + (st * QC_DIRECT_OG + ocb - g0) * AB;
+                    const float *Bg = B + qc_direct_goff(j, ocb);
 #ifdef QC_HAVE_X86
-                    if (j->vec == 2) {   /* two blocks a call */
-                        const int two = ocb + 1 < g1;
+                    if (j->vec == 2) {   /* two blocks a call (of one group) */
+                        const int two = ocb + 1 < g1 && qc_direct_goff(j, ocb + 1) == qc_direct_goff(j, ocb);
                         if (fuse) {
                             e.lo = j->lo, e.hi = j->hi, e.tail = j->tail;
                             e.pa_s = j->pa_s ? j->pa_s + 4 * ocb : NULL, e.pa_t = j->pa_s ? j->pa_t + 4 * ocb : NULL;
@@ -623,15 +660,15 @@ static int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
                                 e.bias[i] = in ? j->bias[o] : 0.0f;
                             }
                         }
-                        qc_direct_mk512(j->wf + ocb * j->K * 4, j->K * 4, B, koff, k0, k1, a, two ? a + AB : NULL,
+                        qc_direct_mk512(j->wf + ocb * j->K * 4, j->K * 4, Bg, koff, k0, k1, a, two ? a + AB : NULL,
                                         k0 == 0, fuse ? &e : NULL);
                         ocb += two;
                         continue;
                     }
-                    if (j->vec) qc_direct_mk_avx2(j->wf + ocb * j->K * 4, B, koff, k0, k1, a, k0 == 0);
+                    if (j->vec) qc_direct_mk_avx2(j->wf + ocb * j->K * 4, Bg, koff, k0, k1, a, k0 == 0);
                     else
 #endif
-                        qc_direct_mk_scalar(j->wf + ocb * j->K * 4, B, koff, k0, k1, a, k0 == 0);
+                        qc_direct_mk_scalar(j->wf + ocb * j->K * 4, Bg, koff, k0, k1, a, k0 == 0);
                 }
             }
         }

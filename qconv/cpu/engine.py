@@ -22,7 +22,8 @@ of the dequantized weight, phase planes of the padded input for any stride / pad
 conv reads its input in place), a 4-channel x 24-pixel FMA micro-kernel (AVX2; with the ``avx512vnni`` and ``amx``
 kernels 8 channels x 32 pixels, the same bits); large 3x3 stride-1 layers run Winograd
 F(2x2, 3x3) on the same micro-kernel (``qconv_winograd.h``, ``$QCONV_CPU_WINOGRAD=0`` turns it off). Calls of fewer than
-:data:`DIRECT_MIN_PIXELS` output pixels a sample, grouped convs and ``Linear`` (``direct=False``) take the GEMM:
+:data:`DIRECT_MIN_PIXELS` output pixels a sample, grouped convs whose groups' output channels are not a multiple of 4
+and ``Linear`` (``direct=False``) take the GEMM:
 the input goes into pixel-major float32 rows and ``qconv_float.h``'s kernels convert the weight codes to float
 per tile and accumulate with FMA: ``y = sum_k scale_k * sum(q*x) + offset_k * sum(x) + bias`` in float32. Without
 VNNI, an FMA does as many multiply-adds a cycle as the int8 path's ``vpmaddubsw`` sequence, so the quantization
@@ -362,7 +363,8 @@ class CpuEngine:
     @property
     def path(self) -> str:
         """``"depthwise"`` (:class:`~qconv._ext._depthwise.DepthwisePlan`, nothing else prepared), ``"direct"``
-        (float activations, one group: :class:`~qconv._ext._direct.DirectPlan`; the GEMM is prepared on the first
+        (float activations, one group or groups of a multiple of 4 output channels:
+        :class:`~qconv._ext._direct.DirectPlan`; the GEMM is prepared on the first
         call of fewer than :data:`DIRECT_MIN_PIXELS` output pixels a sample) or ``"gemm"`` (the tiled GEMM:
         :attr:`layout` tiles, tables and a native plan)."""
         return "depthwise" if self._dw is not None else "direct" if self._direct is not None else "gemm"
@@ -452,7 +454,8 @@ class CpuEngine:
 
     def _direct_plan(self):
         """The direct float path (:class:`qconv._ext._direct.DirectPlan`) or None. Option ``direct``: None =
-        automatic (float activations, one group, not depthwise) unless ``$QCONV_CPU_DIRECT=0``, False = the GEMM
+        automatic (float activations, one group or groups of a multiple of 4 output channels, not depthwise) unless
+        ``$QCONV_CPU_DIRECT=0``, False = the GEMM
         path, True = the direct path (a ValueError for other layers)."""
         opt = self._direct_option
         if opt is not None and not isinstance(opt, (bool, np.bool_)):
@@ -460,7 +463,8 @@ class CpuEngine:
         able = (_direct is not None and self._float_act and self.output_qparams is None
                 and _direct.is_direct(self.spec))
         if opt and not able:
-            raise ValueError("direct=True needs float activations (act_quant=None), one group, and the built "
+            raise ValueError("direct=True needs float activations (act_quant=None), one group or groups of a multiple "
+                             "of 4 output channels, and the built "
                              "qconv._ext._direct extension")
         want = os.environ.get(ENV_DIRECT, "1") != "0" if opt is None else bool(opt)
         if not (want and able):
