@@ -199,8 +199,8 @@ static inline int qc_direct_bad(const qc_direct_job *j, const float *v, int64_t 
  * [0, W), else 0, for col < ncols; 32 source floats (masked loads: nothing outside the row is read) give 16 of
  * each. The AVX2 deinterleave below, one phase a call, took as long as the layer's multiply-adds on stride-2
  * grouped layers (208 channels at 28x28). */
-QC_TGT_DIRECT512 static void qc_direct_deint2_512(const float *s, int64_t W, int64_t pw, float *r0, float *r1,
-                                                  int64_t ncols)
+QC_TGT_DIRECT512 static inline __attribute__((always_inline)) void
+qc_direct_deint2_512(const float *s, int64_t W, int64_t pw, float *r0, float *r1, int64_t ncols)
 {
     const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
@@ -218,7 +218,8 @@ QC_TGT_DIRECT512 static void qc_direct_deint2_512(const float *s, int64_t W, int
 
 /* row[col] = s[col - pw] where the index is in [0, W), else 0, for col < ncols: 16 columns a masked load and store
  * (memset, memcpy, memset a row took a third of a grouped layer at 14x14, 2026-12-06) */
-QC_TGT_DIRECT512 static void qc_direct_row1_512(const float *s, int64_t W, int64_t pw, float *row, int64_t ncols)
+QC_TGT_DIRECT512 static inline __attribute__((always_inline)) void
+qc_direct_row1_512(const float *s, int64_t W, int64_t pw, float *row, int64_t ncols)
 {
     for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
         const int64_t base = c0 - pw;
@@ -226,6 +227,30 @@ QC_TGT_DIRECT512 static void qc_direct_row1_512(const float *s, int64_t W, int64
         const __mmask16 m = (__mmask16)(hi > lo ? ((1u << hi) - 1) & ~((1u << lo) - 1) : 0);
         const __mmask16 st = (__mmask16)(ncols - c0 >= 16 ? 0xFFFF : (1u << (ncols - c0)) - 1);
         _mm512_mask_storeu_ps(row + c0, st, _mm512_maskz_loadu_ps(m, s + base));
+    }
+}
+
+/* the phase planes of one NCHW channel plane src (H x W) into dst (qc_direct_pad's layout), psw 1 or 2: rows in phase
+ * order, no division a row (7x7 and 14x14 planes: a grouped layer's padding took as long as its multiply-adds) */
+QC_TGT_DIRECT512 static void qc_direct_plane512(const qc_direct_job *j, const float *src, float *dst)
+{
+    const int64_t hw = j->Hph * j->Wph;
+    for (int ry = 0; ry < j->sh; ++ry) {
+        float *row = dst + (int64_t)ry * j->psw * hw;
+        for (int64_t r = 0; r < j->Hph; ++r, row += j->Wph) {
+            const int64_t iy = r * j->sh + ry - j->ph;
+            if (iy < 0 || iy >= j->H) {
+                for (int rx = 0; rx < j->psw; ++rx)
+                    for (int64_t c0 = 0; c0 < j->Wph; c0 += 16) {
+                        const int64_t left = j->Wph - c0;
+                        _mm512_mask_storeu_ps(row + rx * hw + c0, (__mmask16)(left >= 16 ? 0xFFFF : (1u << left) - 1),
+                                              _mm512_setzero_ps());
+                    }
+                continue;
+            }
+            if (j->psw == 1) qc_direct_row1_512(src + iy * j->W, j->W, j->pw, row, j->Wph);
+            else qc_direct_deint2_512(src + iy * j->W, j->W, j->pw, row, row + hw, j->Wph);
+        }
     }
 }
 
@@ -255,6 +280,12 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                                     : j->x + (n * j->C + c) * j->H * j->W;
     float *dst = xp + n * qc_direct_sample(j) + c * j->sh * j->psw * hw;
     int bad = step == 1 ? qc_direct_bad(j, src, j->H * j->W) : 0;
+#ifdef QC_HAVE_X86
+    if (j->vec == 2 && step == 1 && j->psw <= 2) {
+        qc_direct_plane512(j, src, dst);
+        return bad;
+    }
+#endif
     for (int64_t iyp = 0; iyp < j->Hph * j->sh; ++iyp) {
         const int64_t iy = iyp - j->ph;
         for (int rx = 0; rx < j->psw; ++rx) {
@@ -264,12 +295,6 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                 continue;
             }
             const float *s = src + iy * j->W * step;
-#ifdef QC_HAVE_X86
-            if (j->vec == 2 && step == 1 && j->psw == 1) {
-                qc_direct_row1_512(s, j->W, j->pw, row, j->Wph);
-                continue;
-            }
-#endif
             if (step == 1 && j->psw == 1) {   /* zeros, the row, zeros */
                 const int64_t a = j->pw < j->Wph ? j->pw : j->Wph;
                 const int64_t b = j->pw + j->W < j->Wph ? j->pw + j->W : j->Wph;
@@ -279,10 +304,6 @@ static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp
                 continue;
             }
 #ifdef QC_HAVE_X86
-            if (j->vec == 2 && step == 1 && j->psw == 2) {   /* both phases: row, then row + hw */
-                qc_direct_deint2_512(s, j->W, j->pw, row, row + hw, j->Wph);
-                break;
-            }
             if (j->vec && step == 1 && j->psw == 2) {
                 qc_direct_deint2_avx2(s, j->W, rx - j->pw, row, j->Wph);
                 continue;
