@@ -1,7 +1,8 @@
 """Squeeze-excitation blocks of the CPU session as one node (qconv/onnx/excite.py, the row loops of
 qconv/_ext/_fused.pyx): the native channel means and scaling against numpy, what is and is not a block, and the
-fused session against the unfused one (the same qconv nodes; the means summed in another order, Sigmoid in numpy:
-float32 rounding apart) over gates, channel counts, plane sizes, batches and threads."""
+fused session against the unfused one (the same qconv nodes; the means and the gate's products summed in another
+order, Sigmoid by qconv's exp: float32 rounding apart) over gates, channel counts, plane sizes, batches and threads;
+the native gate against float64 numpy."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -38,6 +39,54 @@ def test_channel_means_and_scaling(n, c, h, w, threads, seed):
         _fused.channel_means(x, np.empty((n, c + 1), np.float32), threads)
     with pytest.raises(ValueError):
         _fused.scale_channels(x, g, np.empty((n, c, h, w + 1), np.float32), threads)
+
+
+def _gate_reference(v, steps):
+    """The gate of ``_fused.excite_gate`` in float64 numpy."""
+    v = v.astype(np.float64)
+    for st_ in steps:
+        if st_[0] == "Conv":
+            _, wt, b, act, ps, pt = st_
+            v = v @ wt.astype(np.float64) + b
+            if act in (1, 2):
+                v = np.maximum(v, 0)
+            if act == 2:
+                v = np.minimum(v, 6)
+            if act == 3:
+                v = v * np.clip(v + 3, 0, 6) / 6
+            if act == 4:
+                v = v / (1 + np.exp(-v))
+            if ps is not None:
+                v = v * ps + pt
+            continue
+        op, p0, p1 = st_
+        v = {10: lambda v: np.maximum(v, 0), 11: lambda v: np.clip(v * p0 + p1, 0, 1),
+             13: lambda v: np.clip(v, p0, p1), 14: lambda v: v * np.clip(v * p0 + p1, 0, 1),
+             20: lambda v: 1 / (1 + np.exp(-v))}[op](v)
+    return v
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3), c=st.integers(1, 70), r=st.integers(1, 40), act=st.sampled_from(sorted(
+    _fused.GATE_ACTS.values())), op=st.sampled_from(sorted(_fused.GATE_OPS.values())), affine=st.booleans(),
+       seed=st.integers(0, 2**31))
+def test_native_gate_against_numpy(n, c, r, act, op, affine, seed):
+    """conv (every activation, with and without post_affine) -> op -> conv -> Sigmoid on (N, C) means: float32 within
+    rounding of float64 numpy, the AVX2 lanes and the tails of odd channel counts included."""
+    rng = np.random.default_rng(seed)
+
+    def conv(cin, cout, a):
+        pa = (rng.standard_normal(cout).astype(np.float32), rng.standard_normal(cout).astype(np.float32))
+        return ("Conv", np.ascontiguousarray((rng.standard_normal((cin, cout)) / np.sqrt(cin)).astype(np.float32)),
+                rng.standard_normal(cout).astype(np.float32), a, *(pa if affine else (None, None)))
+
+    steps = [conv(c, r, act), (op, 0.2, 0.5) if op != 13 else (op, -0.5, 1.5), conv(r, c, 0), (20, 0.0, 0.0)]
+    v = rng.standard_normal((n, c)).astype(np.float32)
+    got = _fused.excite_gate(v, steps)
+    assert got.shape == (n, c) and got.dtype == np.float32
+    np.testing.assert_allclose(got, _gate_reference(v, steps), rtol=2e-5, atol=2e-6)
+    with pytest.raises(ValueError, match="transposed weight"):
+        _fused.excite_gate(np.ones((n, c + 1), np.float32), steps)
 
 
 def _model(c, r, gate, identity, relu_node):

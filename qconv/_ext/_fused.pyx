@@ -24,6 +24,9 @@ from ._cpu cimport _parallel_for, pool_fn
 
 # instruction codes (qconv.onnx.fusion.OPS holds the names)
 OP_CODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Relu": 10, "HardSigmoid": 11, "Clip": 13, "HardSwish": 14}
+# the squeeze-excitation gate's elementwise ops (excite_gate) and a conv step's activations
+GATE_OPS = {"Relu": 10, "HardSigmoid": 11, "Clip": 13, "HardSwish": 14, "Sigmoid": 20}
+GATE_ACTS = {None: 0, "relu": 1, "relu6": 2, "hardswish": 3, "silu": 4}
 KIND_FULL, KIND_CHANNEL, KIND_SCALAR = 0, 1, 2
 # a program without Resize leaves runs over rows of up to this many floats: a plane's rows are merged (each row's
 # fixed cost made an Add + Relu over 440 planes of 7x7 6x numpy's time, 2026-12-06); a row's temporaries stay in L1
@@ -59,6 +62,9 @@ cdef extern from "qconv_fused.h" nogil:
         float *y
         int64_t HW
     rows_fn qc_se_rows(int which)
+    void qc_gate_conv(const float *v, int64_t N, int64_t C, const float *wt, const float *b, int64_t O, int act,
+                      const float *ps, const float *pt, float *u)
+    void qc_gate_op(float *v, int64_t n, int op, float p0, float p1)
 
 
 cdef class Program:
@@ -191,3 +197,40 @@ def scale_channels(const float[:, :, :, ::1] x, const float[:, ::1] g, float[:, 
     with nogil:
         _parallel_for(rows, max(1, 4096 // j.HW), <pool_fn> qc_se_rows(1), &j, threads)
     return y
+
+
+def excite_gate(const float[:, ::1] means, list steps):
+    """A squeeze-excitation gate on the channel means ``(N, C)`` (float32): ``steps`` in order, each
+    ``("Conv", wt, b, act, ps, pt)`` (``wt`` float32 C-contiguous ``(C, O)``: the 1x1 weight transposed, ``b``
+    ``(O,)``, ``act`` a code of
+    :data:`GATE_ACTS`, ``ps``, ``pt`` ``(O,)`` or None: a 1x1 conv's post_affine) or ``(op, p0, p1)`` (``op`` a code
+    of :data:`GATE_OPS`), in ``qconv_fused.h``'s float32 arithmetic. Returns a new float32 ``(N, C_last)``."""
+    cdef float[:, ::1] v = np.array(means, np.float32)
+    cdef float[:, ::1] u
+    cdef const float[:, ::1] w
+    cdef const float[::1] b, ps, pt
+    cdef const float *pps
+    cdef const float *ppt
+    cdef int act, op
+    cdef float p0, p1
+    for step in steps:
+        if step[0] == "Conv":
+            w, b = step[1], step[2]
+            if w.shape[0] != v.shape[1] or b.shape[0] != w.shape[1]:
+                raise ValueError(f"a gate conv of transposed weight {tuple(w.shape)} on {v.shape[1]} channels")
+            act = step[3]
+            pps = ppt = NULL
+            if step[4] is not None:
+                ps, pt = step[4], step[5]
+                if ps.shape[0] != w.shape[1] or pt.shape[0] != w.shape[1]:
+                    raise ValueError("a gate conv's post_affine must have one value per output channel")
+                pps, ppt = &ps[0], &pt[0]
+            u = np.empty((v.shape[0], w.shape[1]), np.float32)
+            with nogil:
+                qc_gate_conv(&v[0, 0], v.shape[0], v.shape[1], &w[0, 0], &b[0], w.shape[1], act, pps, ppt, &u[0, 0])
+            v = u
+        else:
+            op, p0, p1 = step[0], step[1], step[2]
+            with nogil:
+                qc_gate_op(&v[0, 0], v.shape[0] * v.shape[1], op, p0, p1)
+    return np.asarray(v)

@@ -16,6 +16,8 @@
 
 #include <stdint.h>
 
+#include "qconv_kernels.h"   /* qc_exp_scalar / qc_exp_avx2, the tail activations (the gate) */
+
 #define QC_FUSED_MAX_SLOTS 64
 
 typedef struct {
@@ -200,6 +202,130 @@ static int64_t qc_se_scale_c(void *ctx, int64_t r0, int64_t r1, int tid)
     qc_se_scale_body((const qc_se_job *)ctx, r0, r1);
     return 0;
 }
+/* ---- the squeeze-excitation gate (qconv/onnx/excite.py) on the (N, C) channel means, float32 ----
+ * qc_gate_conv: u[n, o] = post(tail(clamp(sum_c wt[c, o] v[n, c] + b[o]))): wt the 1x1 conv's dequantized weight
+ *   transposed, (C, O); each sum in c order, products and sums rounded one at a time; act 0 none, 1 relu, 2 relu6,
+ *   3 hardswish, 4 silu (qconv_kernels.h's tail functions), post (ps, pt: NULL or (O,)) u*ps + pt;
+ * qc_gate_op: v = op(v) in place, codes of _fused.GATE_OPS: 10 max(v, 0), 11 clamp(v*p0 + p1, 0, 1), 13 clamp(v,
+ *   p0, p1), 14 v * clamp(v*p0 + p1, 0, 1), 20 1 / (1 + exp(-v)) (qc_exp_scalar's exp).
+ * The AVX2 forms give the same bits. */
+static inline __attribute__((always_inline)) void qc_gate_sums(const float *v, int64_t N, int64_t C, const float *wt,
+                                                               const float *b, int64_t O, int act, float *u)
+{
+    for (int64_t n = 0; n < N; ++n) {
+        float *un = u + n * O;
+        for (int64_t o = 0; o < O; ++o) un[o] = 0.0f;
+        for (int64_t c = 0; c < C; ++c) {
+            const float x = v[n * C + c], *wr = wt + c * O;
+            for (int64_t o = 0; o < O; ++o) un[o] += wr[o] * x;
+        }
+        for (int64_t o = 0; o < O; ++o) {
+            float y = un[o] + b[o];
+            if (act == 1 || act == 2) y = y > 0.0f ? y : 0.0f;
+            if (act == 2) y = y < 6.0f ? y : 6.0f;
+            un[o] = y;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void qc_gate_post(float *u, int64_t N, int64_t O, const float *ps,
+                                                               const float *pt)
+{
+    if (ps)
+        for (int64_t n = 0; n < N; ++n)
+            for (int64_t o = 0; o < O; ++o) u[n * O + o] = u[n * O + o] * ps[o] + pt[o];
+}
+
+static inline float qc_sigmoid_scalar(float x)
+{
+    float e = qc_exp_scalar(-x);
+    QC_FP_KEEP(e);
+    return 1.0f / (1.0f + e);
+}
+
+static inline __attribute__((always_inline)) void qc_gate_op_body(float *v, int64_t i0, int64_t n, int op, float p0,
+                                                                  float p1)
+{
+    for (int64_t i = i0; i < n; ++i) {
+        float x = v[i], t;
+        switch (op) {
+        case 10: x = x > 0.0f ? x : 0.0f; break;
+        case 11: t = x * p0; t = t + p1; x = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t); break;
+        case 13: x = x < p0 ? p0 : (x > p1 ? p1 : x); break;
+        case 14: t = x * p0; t = t + p1; x = x * (t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t)); break;
+        case 20: x = qc_sigmoid_scalar(x); break;
+        default: break;
+        }
+        v[i] = x;
+    }
+}
+
+__attribute__((optimize("fp-contract=off"))) static void qc_gate_conv_c(const float *v, int64_t N, int64_t C,
+                                                                        const float *wt, const float *b, int64_t O,
+                                                                        int act, const float *ps, const float *pt,
+                                                                        float *u)
+{
+    qc_gate_sums(v, N, C, wt, b, O, act, u);
+    if (act >= 3) qc_tail_scalar(u, N * O, act == 3 ? QC_ACT_HARDSWISH : QC_ACT_SILU);
+    qc_gate_post(u, N, O, ps, pt);
+}
+
+__attribute__((optimize("fp-contract=off"))) static void qc_gate_op_c(float *v, int64_t n, int op, float p0, float p1)
+{
+    qc_gate_op_body(v, 0, n, op, p0, p1);
+}
+
+#ifdef QC_HAVE_X86
+__attribute__((target("avx2,fma"), optimize("fp-contract=off"))) static void qc_gate_conv_avx2(
+    const float *v, int64_t N, int64_t C, const float *wt, const float *b, int64_t O, int act, const float *ps,
+    const float *pt, float *u)
+{
+    qc_gate_sums(v, N, C, wt, b, O, act, u);
+    if (act >= 3) {
+        const int tail = act == 3 ? QC_ACT_HARDSWISH : QC_ACT_SILU;
+        int64_t i = 0;
+        for (; i + 8 <= N * O; i += 8) _mm256_storeu_ps(u + i, qc_tail_avx2_v(_mm256_loadu_ps(u + i), tail));
+        qc_tail_scalar(u + i, N * O - i, tail);
+    }
+    qc_gate_post(u, N, O, ps, pt);
+}
+
+__attribute__((target("avx2,fma"), optimize("fp-contract=off"))) static void qc_gate_op_avx2(float *v, int64_t n, int op,
+                                                                                           float p0, float p1)
+{
+    int64_t i = 0;
+    if (op == 20)
+        for (; i + 8 <= n; i += 8) {
+            const __m256 e = qc_exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(v + i)));
+            _mm256_storeu_ps(v + i, _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+        }
+    qc_gate_op_body(v, i, n, op, p0, p1);
+}
+#endif
+
+static void qc_gate_conv(const float *v, int64_t N, int64_t C, const float *wt, const float *b, int64_t O, int act,
+                         const float *ps, const float *pt, float *u)
+{
+#ifdef QC_HAVE_X86
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        qc_gate_conv_avx2(v, N, C, wt, b, O, act, ps, pt, u);
+        return;
+    }
+#endif
+    qc_gate_conv_c(v, N, C, wt, b, O, act, ps, pt, u);
+}
+
+static void qc_gate_op(float *v, int64_t n, int op, float p0, float p1)
+{
+#ifdef QC_HAVE_X86
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        qc_gate_op_avx2(v, n, op, p0, p1);
+        return;
+    }
+#endif
+    qc_gate_op_c(v, n, op, p0, p1);
+}
+
 /* the row functions for this CPU (which = 0: means, 1: scale) */
 static inline int64_t (*qc_se_rows(int which))(void *, int64_t, int64_t, int)
 {

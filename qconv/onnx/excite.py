@@ -6,11 +6,11 @@ GlobalAveragePool and a Mul over the whole NCHW tensor plus a call per small nod
 Zen 4, 2026-12-06) the 16 blocks' GlobalAveragePool and Mul took 3.0x and 1.8x the time of onnxruntime's own
 NCHWc ones, and each conv on one pixel 25-40 us. :func:`find_blocks` finds the blocks; :class:`ExciteKernel`
 runs one: the channel means and the scaling in native row loops (``qconv._ext._fused``: one pass over ``x`` each),
-the middle on the ``(N, C, 1, 1)`` means through the qconv nodes' own kernels and float32 numpy.
+the middle on the ``(N, C)`` means natively too (``_fused.excite_gate``: 1x1 convs as products of their dequantized
+weights, the elementwise ops), a node that is more than a 1x1 conv through its own kernel.
 
-Each value is float32: the means are summed in the order ``qconv_fused.h`` states (not onnxruntime's), Sigmoid is
-``1 / (1 + exp(-v))`` in numpy, the other ops as :mod:`qconv.onnx.fusion` computes them, the convs exactly as their
-nodes run unfused.
+Each value is float32: the means and the products' sums are summed in the order ``qconv_fused.h`` states (not
+onnxruntime's), Sigmoid is ``1 / (1 + exp(-v))``, the other ops as :mod:`qconv.onnx.fusion` computes them.
 """
 from __future__ import annotations
 
@@ -85,6 +85,21 @@ class ExciteKernel:
 
         self.name, self.steps, self.threads = name, steps, max(1, int(threads))
         self._fused = _fused
+        # runs of steps for _fused.excite_gate (lists), between the qconv kernels of nodes that are more than that
+        self._segments: list = []
+        for step in steps:
+            if not isinstance(step, tuple):
+                self._segments.append(step)
+                continue
+            if not self._segments or not isinstance(self._segments[-1], list):
+                self._segments.append([])
+            op, p0, p1 = step
+            if op == "Conv":
+                (w, b), (act, pa) = p0, p1
+                self._segments[-1].append(("Conv", np.ascontiguousarray(w.T), b, _fused.GATE_ACTS[act],
+                                           *(pa if pa is not None else (None, None))))
+            else:
+                self._segments[-1].append((_fused.GATE_OPS[op], float(p0), float(p1)))
 
     def out_shape(self, shape) -> tuple:
         shape = tuple(shape)
@@ -94,31 +109,15 @@ class ExciteKernel:
 
     def gate(self, means: np.ndarray) -> np.ndarray:
         """``g`` (float32 ``(N, C, 1, 1)``) of the channel means ``(N, C, 1, 1)``: the middle nodes in order."""
-        v = means
-        f32 = np.float32
-        for step in self.steps:
-            if not isinstance(step, tuple):
-                out = np.empty(step.out_shape(v.shape), np.float32)
-                v = step(np.ascontiguousarray(v), out)
+        n = means.shape[0]
+        v = np.ascontiguousarray(means, np.float32).reshape(n, -1)
+        for seg in self._segments:
+            if isinstance(seg, list):
+                v = self._fused.excite_gate(v, seg)
                 continue
-            op, p0, p1 = step
-            if op == "Conv":   # p0: (weight (O, C), bias (O,)), p1: (activation, post_affine or None)
-                (w, b), (act, pa) = p0, p1
-                v = (v.reshape(v.shape[0], -1) @ w.T + b).reshape(v.shape[0], -1, 1, 1)
-                v = _activate(v, act)
-                if pa is not None:
-                    v = v * pa[0].reshape(1, -1, 1, 1) + pa[1].reshape(1, -1, 1, 1)
-            elif op == "Relu":
-                v = np.maximum(v, f32(0))
-            elif op == "Sigmoid":
-                v = f32(1) / (f32(1) + np.exp(-v))
-            elif op == "Clip":
-                v = np.minimum(np.maximum(v, f32(p0)), f32(p1))
-            elif op in ("HardSigmoid", "HardSwish"):
-                r = np.clip(v * f32(p0) + f32(p1), f32(0), f32(1))
-                v = v * r if op == "HardSwish" else r
-            v = v.astype(np.float32, copy=False)
-        return v
+            x = np.ascontiguousarray(v.reshape(n, -1, 1, 1))
+            v = seg(x, np.empty(seg.out_shape(x.shape), np.float32)).reshape(n, -1)
+        return v.reshape(n, -1, 1, 1)
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         n, c = x.shape[:2]
@@ -138,26 +137,15 @@ class ExciteKernel:
         return y
 
 
-def _activate(v: np.ndarray, act) -> np.ndarray:
-    """A qconv layer's activation in float32 numpy (``qconv.reference``'s definitions)."""
-    f32 = np.float32
-    if act in ("relu", "relu6"):
-        v = np.maximum(v, f32(0))
-        return np.minimum(v, f32(6)) if act == "relu6" else v
-    if act == "hardswish":
-        return v * np.minimum(np.maximum(v + f32(3), f32(0)), f32(6)) / f32(6)
-    if act == "silu":
-        return v / (f32(1) + np.exp(-v))
-    return v
-
-
 def _float_conv(kernel):
     """``("Conv", (weight (O, C), bias), (activation, post_affine))``: a qconv node's 1x1 conv on one pixel as a
     float32 matrix-vector product of its dequantized weight (float activations: the oracle's ``act_quant=None``),
-    or None for a node that is more than that (a larger kernel, groups, padding, a depth-to-space output)."""
+    or None for a node that is more than that (a larger kernel, groups, padding, a depth-to-space output, an
+    activation the gate does not take)."""
     spec = getattr(getattr(kernel, "layer", None), "spec", None)
     if (spec is None or spec.kernel_size != (1, 1) or spec.groups != 1 or spec.padding != (0, 0)
-            or getattr(kernel, "block", 1) != 1 or any(getattr(kernel, "extra_pad", ())) or kernel.host_affine):
+            or getattr(kernel, "block", 1) != 1 or any(getattr(kernel, "extra_pad", ())) or kernel.host_affine
+            or spec.activation not in ("relu", "relu6", "hardswish", "silu", None)):
         return None
     w = np.ascontiguousarray(spec.weight.dequantize().reshape(spec.weight.q.shape[0], -1), np.float32)
     pa = spec.post_affine
