@@ -88,7 +88,9 @@ class _Graph:
 
         g = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 224, 224])],
                               [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], self.inits)
-        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset)]), path)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset)])
+        m.ir_version = 8   # ONNX 1.12's: what opset 17 needs, and older onnxruntime wheels load it
+        onnx.save(m, path)
 
 
 def _resnet18(g: _Graph) -> str:
