@@ -201,10 +201,10 @@ def scale_channels(const float[:, :, :, ::1] x, const float[:, ::1] g, float[:, 
 
 def excite_gate(const float[:, ::1] means, list steps):
     """A squeeze-excitation gate on the channel means ``(N, C)`` (float32): ``steps`` in order, each
-    ``("Conv", wt, b, act, ps, pt)`` (``wt`` float32 C-contiguous ``(C, O)``: the 1x1 weight transposed, ``b``
-    ``(O,)``, ``act`` a code of
-    :data:`GATE_ACTS`, ``ps``, ``pt`` ``(O,)`` or None: a 1x1 conv's post_affine) or ``(op, p0, p1)`` (``op`` a code
-    of :data:`GATE_OPS`), in ``qconv_fused.h``'s float32 arithmetic. Returns a new float32 ``(N, C_last)``."""
+    ``("Conv", wt, b, act, ps, pt)`` (``wt`` float32 C-contiguous ``(C, O)``: the 1x1 weight transposed; ``b``
+    ``(O,)``; ``act`` a code of :data:`GATE_ACTS`; ``ps``, ``pt`` ``(O,)`` or None: a post_affine) or ``(op, p0,
+    p1)`` (``op`` a code of :data:`GATE_OPS`), in ``qconv_fused.h``'s float32 arithmetic. Returns a new float32
+    ``(N, C_last)``."""
     cdef float[:, ::1] v = np.array(means, np.float32)
     cdef float[:, ::1] u
     cdef const float[:, ::1] w
