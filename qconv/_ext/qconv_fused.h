@@ -33,6 +33,33 @@ typedef struct {
     int64_t per_thread;
 } qc_fused_job;
 
+/* o[x] = op(a[x]), x < W, for the unary codes 10 max(a, 0), 11 clamp(a*p0 + p1, 0, 1), 13 clamp(a, p0, p1), 14
+ * a * clamp(a*p0 + p1, 0, 1) (o may be a: each element is read before it is written, at its own index); the chains'
+ * rows and the squeeze-excitation gate share it */
+static inline __attribute__((always_inline)) void qc_unary_row(float *o, const float *a, int64_t W, int op, float p0,
+                                                               float p1)
+{
+    switch (op) {
+    case 10: for (int64_t x = 0; x < W; ++x) o[x] = a[x] > 0.0f ? a[x] : 0.0f; break;
+    case 11:
+        for (int64_t x = 0; x < W; ++x) {
+            float v = a[x] * p0;
+            v = v + p1;
+            o[x] = v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
+        }
+        break;
+    case 13: for (int64_t x = 0; x < W; ++x) o[x] = a[x] < p0 ? p0 : (a[x] > p1 ? p1 : a[x]); break;
+    case 14:
+        for (int64_t x = 0; x < W; ++x) {
+            float v = a[x] * p0;
+            v = v + p1;
+            o[x] = a[x] * (v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v));
+        }
+        break;
+    default: break;
+    }
+}
+
 static inline __attribute__((always_inline)) void qc_fused_rows_body(const qc_fused_job *j, int64_t r0, int64_t r1,
                                                                      int tid)
 {
@@ -70,23 +97,7 @@ static inline __attribute__((always_inline)) void qc_fused_rows_body(const qc_fu
             case 1: for (int64_t x = 0; x < W; ++x) o[x] = a[x] - b[x]; break;
             case 2: for (int64_t x = 0; x < W; ++x) o[x] = a[x] * b[x]; break;
             case 3: for (int64_t x = 0; x < W; ++x) o[x] = a[x] / b[x]; break;
-            case 10: for (int64_t x = 0; x < W; ++x) o[x] = a[x] > 0.0f ? a[x] : 0.0f; break;
-            case 11:
-                for (int64_t x = 0; x < W; ++x) {
-                    float v = a[x] * p0;
-                    v = v + p1;
-                    o[x] = v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
-                }
-                break;
-            case 13: for (int64_t x = 0; x < W; ++x) o[x] = a[x] < p0 ? p0 : (a[x] > p1 ? p1 : a[x]); break;
-            case 14:
-                for (int64_t x = 0; x < W; ++x) {
-                    float v = a[x] * p0;
-                    v = v + p1;
-                    o[x] = a[x] * (v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v));
-                }
-                break;
-            default: break;
+            default: qc_unary_row(o, a, W, in[0], p0, p1); break;
             }
             rows[in[1]] = o;
         }
@@ -246,18 +257,11 @@ static inline float qc_sigmoid_scalar(float x)
 static inline __attribute__((always_inline)) void qc_gate_op_body(float *v, int64_t i0, int64_t n, int op, float p0,
                                                                   float p1)
 {
-    for (int64_t i = i0; i < n; ++i) {
-        float x = v[i], t;
-        switch (op) {
-        case 10: x = x > 0.0f ? x : 0.0f; break;
-        case 11: t = x * p0; t = t + p1; x = t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t); break;
-        case 13: x = x < p0 ? p0 : (x > p1 ? p1 : x); break;
-        case 14: t = x * p0; t = t + p1; x = x * (t < 0.0f ? 0.0f : (t > 1.0f ? 1.0f : t)); break;
-        case 20: x = qc_sigmoid_scalar(x); break;
-        default: break;
-        }
-        v[i] = x;
+    if (op != 20) {
+        qc_unary_row(v + i0, v + i0, n - i0, op, p0, p1);
+        return;
     }
+    for (int64_t i = i0; i < n; ++i) v[i] = qc_sigmoid_scalar(v[i]);
 }
 
 __attribute__((optimize("fp-contract=off"))) static void qc_gate_conv_c(const float *v, int64_t N, int64_t C,
