@@ -166,6 +166,24 @@ cdef class ConvGeometry:
     cdef readonly float lo, hi
 
 
+# A layer's prepared call on one input shape for the custom operator (qconv_native.h); NativeCall owns one
+cdef extern from "qconv_native.h" nogil:
+    enum:
+        QC_NATIVE_MAX_DIMS
+    ctypedef struct qc_native:
+        int64_t (*run)(const qc_native *self, const float *x, float *y, void *scratch) noexcept nogil
+        int64_t scratch_bytes
+        int32_t disabled
+        int32_t nd, ond
+        int64_t dims[8]
+        int64_t odims[8]
+
+
+cdef class NativeCall:
+    cdef void *mem              # the preparing module's struct; its first member is the qc_native
+    cdef readonly object keep   # what the struct's pointers point into (the plan, its arrays)
+
+
 # --- nogil helpers of _cpu (see their docstrings there) ---
 ctypedef int64_t (*pool_fn)(void *ctx, int64_t begin, int64_t end, int tid) noexcept nogil
 cdef int64_t _parallel_for(int64_t n, int64_t chunk, pool_fn fn, void *ctx, int nthreads) noexcept nogil
@@ -173,6 +191,9 @@ cdef void _pool_testing(int stall_tid, int stall_ms, int count) noexcept nogil
 cdef int64_t _pool_chunks(int tid) noexcept nogil
 cdef void _geometry_into(ConvGeometry geo, ConvJob *j)
 cdef void *_alloc(size_t n) noexcept nogil
+cdef NativeCall _native_call(size_t nbytes, xshape, yshape, int64_t scratch_bytes, keep)
+cdef int _fill_tensor(const float *x, int64_t n, const float *tail, int64_t tail_quads, int tail_lanes, int threads,
+                      int variant, float *qs, int32_t *z, float *dx, int64_t N) noexcept nogil
 cdef int64_t _refuse_allocations(int64_t k) noexcept nogil
 cdef int64_t _quantize(QuantJob *q, int nthreads) noexcept nogil
 cdef void _indirect(const ConvJob *j, int64_t p0, int ncols, const uint8_t **AP, int32_t *S) noexcept nogil

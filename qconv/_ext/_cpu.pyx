@@ -31,7 +31,7 @@ cimport cython
 from libc.stdint cimport uint8_t, int8_t, uint16_t, int32_t, int64_t, uint64_t
 from libc.string cimport memcpy, memset
 from libc.math cimport fabsf, roundf
-from libc.stdlib cimport free
+from libc.stdlib cimport calloc, free
 
 KERNELS = {"scalar": QC_KERNEL_SCALAR, "avx2": QC_KERNEL_AVX2, "avx512vnni": QC_KERNEL_AVX512VNNI,
            "amx": QC_KERNEL_AMX}
@@ -107,6 +107,54 @@ cdef extern from *:
 cdef void *_alloc(size_t n) noexcept nogil:
     """``malloc`` through the refusal hook (for the other native modules)."""
     return qc_alloc(n)
+
+
+cdef class NativeCall:
+    """A layer's prepared call on one input shape that the onnxruntime custom operator runs without Python
+    (``qconv_native.h``): made by a CPU plan's ``native`` method, owning the plan's struct (whose first member is the
+    ``qc_native``) and references to what it points into. ``address``: the ``qc_native``'s address."""
+
+    @property
+    def address(self):
+        return <size_t> self.mem
+
+    @property
+    def shapes(self):
+        """(input shape, output shape) it was prepared for."""
+        cdef qc_native *b = <qc_native *> self.mem
+        return tuple(b.dims[i] for i in range(b.nd)), tuple(b.odims[i] for i in range(b.ond))
+
+    def disable(self):
+        """From now on the custom operator does not run this call (it takes the Python path): the layer it
+        prepared is no longer the node's."""
+        (<qc_native *> self.mem).disabled = 1
+
+    def __dealloc__(self):
+        free(self.mem)
+
+
+cdef NativeCall _native_call(size_t nbytes, xshape, yshape, int64_t scratch_bytes, keep):
+    """A :class:`NativeCall` of a zeroed ``nbytes`` struct (``>= sizeof(qc_native)``) whose ``qc_native`` holds the
+    shapes and the scratch size (its ``run`` is the caller's to set); None when out of memory or a shape has more
+    than ``QC_NATIVE_MAX_DIMS`` dimensions."""
+    cdef NativeCall c
+    cdef qc_native *b
+    cdef int i
+    if len(xshape) > QC_NATIVE_MAX_DIMS or len(yshape) > QC_NATIVE_MAX_DIMS or nbytes < sizeof(qc_native):
+        return None
+    b = <qc_native *> calloc(1, nbytes)
+    if b == NULL:
+        return None
+    c = NativeCall.__new__(NativeCall)
+    c.mem = b
+    c.keep = keep
+    b.nd, b.ond = len(xshape), len(yshape)
+    for i in range(b.nd):
+        b.dims[i] = xshape[i]
+    for i in range(b.ond):
+        b.odims[i] = yshape[i]
+    b.scratch_bytes = scratch_bytes
+    return c
 
 
 cdef int64_t _refuse_allocations(int64_t k) noexcept nogil:

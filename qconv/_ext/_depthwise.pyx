@@ -33,7 +33,7 @@ from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
 
 from . import _cpu
-from ._cpu cimport _parallel_for
+from ._cpu cimport _parallel_for, qc_native, NativeCall, _native_call
 
 
 
@@ -162,6 +162,24 @@ cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
     free(r.fails)
     free(r.tried)
     return bad
+
+
+ctypedef struct _DwNative:
+    qc_native base
+    qc_dw_job j     # every field but x and y
+    int nt
+
+
+cdef int64_t _dw_native_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
+    """qc_native.run of :meth:`DepthwisePlan.native`: the prepared job on ``x`` into ``y`` (nonzero: a NaN / inf
+    input, or no scratch: the Python path runs again and raises)."""
+    cdef const _DwNative *d = <const _DwNative *> n
+    cdef qc_dw_job j = d.j
+    cdef int64_t fails = 0, bad
+    j.x = <const void *> x
+    j.y = <void *> y
+    bad = _run(&j, d.nt, &fails)
+    return bad != 0 or fails != 0
 
 
 cdef class DepthwisePlan:
@@ -360,30 +378,69 @@ cdef class DepthwisePlan:
         cdef qc_dw_job j
         cdef const uint8_t[::1] xb = x.reshape(-1).view(np.uint8)
         cdef uint8_t[::1] yb = y.reshape(-1).view(np.uint8)
-        cdef const float[::1] qsv, dxv, wqv, scv, biv, ofv, pasv, patv
-        cdef const int32_t[::1] zv
-        cdef const uint16_t[::1] fmv
-        cdef int64_t N, C, H, W, bad = 0, fails = 0
+        cdef int64_t N, H, W, bad = 0, fails = 0
         cdef int qlo, qhi, nt
-        C = self.C
         if nchw_input:
             N, H, W = x.shape[0], x.shape[2], x.shape[3]
         else:
             N, H, W = x.shape[1], x.shape[2], x.shape[3]
+        qs, z, dx, qlo, qhi = self._params(x, nchw_input != 0, N, param_threads, self._covers(H, W))
+        self._fill_job(&j, N, H, W, nchw_input, nc4hw4_output, threads, qs, z, dx, qlo, qhi)
+        j.x = <const void *> &xb[0]
+        j.y = <void *> &yb[0]
+        nt = threads
+        with nogil:
+            bad = _run(&j, nt, &fails)
+        if fails:
+            raise MemoryError("the depthwise path could not allocate its scratch")
+        self.last_threads = (0, nt)
+        self.last_path = "flat" if j.flat else "blocks" if qc_dw_c8(&j) else "planes"
+        if bad:
+            raise ValueError("x contains NaN or infinite values")
+        return y
+
+    def native(self, tuple xshape, tuple yshape, int threads):
+        """The call of :meth:`forward` (NCHW float32 ``x`` of ``xshape`` into NCHW float32 ``y`` of ``yshape``,
+        ``threads`` threads) as a :class:`~qconv._ext._cpu.NativeCall` for the custom operator; None where a call
+        must look at ``x`` first (activation ranges of ``act_quant`` "tensor" / "row" / "block") or the output is int8."""
+        cdef _DwNative *d
+        cdef NativeCall call
+        cdef int64_t N = xshape[0], H = xshape[2], W = xshape[3]
+        if self.mode != "float" or self.out_int8 or not self._covers(H, W):
+            return None
+        qs, z, dx, qlo, qhi = self._params(None, True, N, 1, True)
+        call = _native_call(sizeof(_DwNative), xshape, yshape, 0, None)
+        if call is None:
+            return None
+        d = <_DwNative *> call.mem
+        fmask = self._fill_job(&d.j, N, H, W, 1, 0, threads, qs, z, dx, qlo, qhi)
+        call.keep = (self, qs, z, dx, fmask)
+        d.nt = threads
+        d.base.run = _dw_native_run
+        return call
+
+    def _covers(self, int64_t H, int64_t W):
+        """Whether the bands' row fills read every input value (rows -ph .. (oh-1)*sh + (KH-1)*dh - ph, contiguously
+        when a band's rows overlap the next band's)."""
+        oh = self.spec.out_hw(H, W)[0]
+        return ((self.KH - 1) * self.dh + 1 >= self.sh
+                and (oh - 1) * self.sh + (self.KH - 1) * self.dh - self.ph >= H - 1)
+
+    cdef object _fill_job(self, qc_dw_job *j, int64_t N, int64_t H, int64_t W, int nchw_input, int nc4hw4_output,
+                          int threads, qs, z, dx, int qlo, int qhi):
+        """Every field of ``j`` but ``x`` and ``y`` for a call on ``(N, H, W)`` input (the band and the flat planes'
+        masks memoised per shape); returns the masks array ``j.fmask`` points into (or None)."""
+        cdef const float[::1] qsv = qs, dxv = dx, wqv = self.wq, scv = self.scale, biv = self.bias
+        cdef const float[::1] ofv, pasv, patv
+        cdef const int32_t[::1] zv = z
+        cdef const uint16_t[::1] fmv
         key = (N, H, W, threads, nchw_input, nc4hw4_output)
         if key != self._shape_key:
             # the band and the flat planes' masks: below, once the job says which path runs
             self._shape_val = self.spec.out_hw(H, W) + (0, None)
             self._shape_key = key
         oh, ow, band, fmask = self._shape_val
-        # the bands' fills read rows -ph .. (oh-1)*sh + (KH-1)*dh - ph, contiguously when a band's rows overlap
-        # the next band's
-        cover = ((self.KH - 1) * self.dh + 1 >= self.sh
-                 and (oh - 1) * self.sh + (self.KH - 1) * self.dh - self.ph >= H - 1)
-        qs, z, dx, qlo, qhi = self._params(x, nchw_input != 0, N, param_threads, cover)
-        qsv, zv, dxv = qs, z, dx
-        wqv, scv, biv = self.wq, self.scale, self.bias
-        j.N, j.C, j.H, j.W, j.OH, j.OW = N, C, H, W, oh, ow
+        j.N, j.C, j.H, j.W, j.OH, j.OW = N, self.C, H, W, oh, ow
         j.M, j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (self.M, self.KH, self.KW, self.sh, self.sw, self.ph,
                                                                self.pw, self.dh, self.dw)
         j.in_nc4hw4 = not nchw_input
@@ -406,30 +463,21 @@ cdef class DepthwisePlan:
             j.pa_s, j.pa_t = &pasv[0], &patv[0]
         j.out_nc4hw4 = nc4hw4_output
         j.out_int8, j.oscale, j.ozp = self.out_int8, self.oscale, self.ozp
-        j.y = <void *> &yb[0]
         j.vec = self.vec
         j.kind = self.kind
-        j.x = <const void *> &xb[0]
+        j.x = NULL
+        j.y = NULL
         j.flat, j.fmask = 0, NULL
         if not band:
-            if (self.v512 and qc_dw_flat_ok(&j) and (self.sh == 2 or self.KH * self.KW * ow <= FLAT_MAX_TAPS_WIDTH_S1)
+            if (self.v512 and qc_dw_flat_ok(j) and (self.sh == 2 or self.KH * self.KW * ow <= FLAT_MAX_TAPS_WIDTH_S1)
                     and (oh * ow + 15) // 16 * self.KH * self.KW <= FLAT_MASKS_MAX):
                 fmask = self.flat_masks(H, W)
                 band = self.flat_band(N, oh, ow, threads)
             else:
-                band = self.band_rows(N, H, W, threads, qc_dw_c8(&j))
+                band = self.band_rows(N, H, W, threads, qc_dw_c8(j))
             self._shape_val = (oh, ow, band, fmask)
         if fmask is not None:
             fmv = fmask.reshape(-1)
             j.flat, j.fmask = 1, &fmv[0]
         j.band = band
-        nt = threads
-        with nogil:
-            bad = _run(&j, nt, &fails)
-        if fails:
-            raise MemoryError("the depthwise path could not allocate its scratch")
-        self.last_threads = (0, nt)
-        self.last_path = "flat" if j.flat else "blocks" if qc_dw_c8(&j) else "planes"
-        if bad:
-            raise ValueError("x contains NaN or infinite values")
-        return y
+        return fmask

@@ -17,7 +17,7 @@ from libc.stdint cimport uint8_t, int32_t, int64_t
 from libc.string cimport memset
 
 from ..layouts.int4 import ONNX_INT4
-from ._cpu cimport _parallel_for
+from ._cpu cimport _parallel_for, qc_native, NativeCall, _native_call
 
 
 cdef extern from "qconv_direct.h" nogil:
@@ -169,6 +169,21 @@ cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
     return _parallel_for(qc_direct_items(j), 1, _strip_items, &r, nt)
 
 
+ctypedef struct _DirectNative:
+    qc_native base
+    qc_direct_job j     # shape, weights and epilogue (the run sets x, y and the buffer's parts)
+    int nt
+
+
+cdef int64_t _direct_native_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
+    """qc_native.run of :meth:`DirectPlan.native` (nonzero: a NaN / inf input)."""
+    cdef const _DirectNative *d = <const _DirectNative *> n
+    cdef qc_direct_job j = d.j
+    j.x = x
+    j.y = y
+    return _run(&j, d.nt, <float *> scratch) != 0
+
+
 cdef class DirectPlan:
     """Prepared float-activation layer (built by :class:`qconv.cpu.CpuEngine` when :func:`is_direct` holds).
 
@@ -233,12 +248,12 @@ cdef class DirectPlan:
         return int(sum(a.nbytes for a in (self.q, self.scale, self.bias) + (() if self.offset is None
                                                                            else (self.offset,))))
 
-    cdef void _job(self, qc_direct_job *j, x, bint nchw_input, bint nc4hw4_output):
-        """The shape and mode fields of ``j`` for input ``x`` (pointers are the caller's)."""
+    cdef void _job(self, qc_direct_job *j, tuple shape, bint nchw_input, bint nc4hw4_output):
+        """The shape and mode fields of ``j`` for input of ``shape`` (pointers are the caller's)."""
         if nchw_input:
-            j.N, j.H, j.W = x.shape[0], x.shape[2], x.shape[3]
+            j.N, j.H, j.W = shape[0], shape[2], shape[3]
         else:
-            j.N, j.H, j.W = x.shape[1], x.shape[2], x.shape[3]
+            j.N, j.H, j.W = shape[1], shape[2], shape[3]
         oh, ow = self.spec.out_hw(j.H, j.W)
         j.C, j.OH, j.OW, j.K = self.C, oh, ow, self.K
         j.KH, j.KW, j.sh, j.sw, j.ph, j.pw, j.dh, j.dw = (self.KH, self.KW, self.sh, self.sw, self.ph, self.pw,
@@ -255,29 +270,16 @@ cdef class DirectPlan:
         transform), the phase planes of the input (none for an in-place 1x1 conv) and each thread's scratch."""
         cdef qc_direct_job j
         cdef int64_t parts[4]
-        self._job(&j, x, nchw_input, not nchw_input if nc4hw4_output is None else nc4hw4_output)
+        self._job(&j, x.shape, nchw_input, not nchw_input if nc4hw4_output is None else nc4hw4_output)
         return _layout(&j, threads, parts)
 
-    def forward(self, x, int nchw_input, y, int nc4hw4_output, int threads, buf):
-        """Run the layer. ``x``: float32 C-contiguous NCHW ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)``
-        (its padding lanes ignored), validated by the engine; ``y``: float32 NCHW ``(N, O, OH, OW)`` or NC4HW4
-        ``(ceil(O/4), N, OH, OW, 4)`` (the caller zeroes its padding lanes); ``buf``: float32 scratch of at least
-        :meth:`buffer_floats` values (the engine's arena), 8-byte aligned. Returns ``y``; a ValueError when the
-        input holds NaN / inf."""
-        cdef qc_direct_job j
-        cdef const float[::1] xv = x.reshape(-1)
-        cdef float[::1] yv = y.reshape(-1)
+    cdef void _bind(self, qc_direct_job *j):
+        """The weight, table and epilogue fields of ``j`` (pointers into this plan's arrays)."""
         cdef const uint8_t[:, :, ::1] qv = self.q
         cdef const float[:, ::1] scv = self.scale
         cdef const float[:, ::1] ofv
         cdef const float[::1] biv = self.bias
         cdef const float[::1] pasv, patv
-        cdef float[::1] bv = buf
-        cdef int64_t bad = 0
-        cdef int nt = threads
-        self._job(&j, x, nchw_input, nc4hw4_output)
-        if bv.shape[0] < self.buffer_floats(x, nchw_input, threads, nc4hw4_output) or (<size_t> &bv[0]) % 8:
-            raise ValueError("buf is too small or not 8-byte aligned")
         j.q = &qv[0, 0, 0]
         j.bits = self.bits
         j.scale = &scv[0, 0]
@@ -291,6 +293,43 @@ cdef class DirectPlan:
         if self.pa_s is not None:
             pasv, patv = self.pa_s, self.pa_t
             j.pa_s, j.pa_t = &pasv[0], &patv[0]
+
+    def native(self, tuple xshape, tuple yshape, int threads):
+        """The call of :meth:`forward` (NCHW float32 ``x`` of ``xshape`` into NCHW float32 ``y`` of ``yshape``,
+        ``threads`` threads, the buffer from the caller's scratch) as a :class:`~qconv._ext._cpu.NativeCall` for the
+        custom operator, or None when out of memory."""
+        cdef _DirectNative *d
+        cdef NativeCall call
+        cdef int64_t parts[4]
+        cdef qc_direct_job j
+        self._job(&j, xshape, 1, 0)
+        nbytes = 4 * _layout(&j, threads, parts)
+        call = _native_call(sizeof(_DirectNative), xshape, yshape, nbytes, self)
+        if call is None:
+            return None
+        d = <_DirectNative *> call.mem
+        self._job(&d.j, xshape, 1, 0)
+        self._bind(&d.j)
+        d.nt = threads
+        d.base.run = _direct_native_run
+        return call
+
+    def forward(self, x, int nchw_input, y, int nc4hw4_output, int threads, buf):
+        """Run the layer. ``x``: float32 C-contiguous NCHW ``(N, C, H, W)`` or NC4HW4 ``(ceil(C/4), N, H, W, 4)``
+        (its padding lanes ignored), validated by the engine; ``y``: float32 NCHW ``(N, O, OH, OW)`` or NC4HW4
+        ``(ceil(O/4), N, OH, OW, 4)`` (the caller zeroes its padding lanes); ``buf``: float32 scratch of at least
+        :meth:`buffer_floats` values (the engine's arena), 8-byte aligned. Returns ``y``; a ValueError when the
+        input holds NaN / inf."""
+        cdef qc_direct_job j
+        cdef const float[::1] xv = x.reshape(-1)
+        cdef float[::1] yv = y.reshape(-1)
+        cdef float[::1] bv = buf
+        cdef int64_t bad = 0
+        cdef int nt = threads
+        self._job(&j, x.shape, nchw_input, nc4hw4_output)
+        if bv.shape[0] < self.buffer_floats(x, nchw_input, threads, nc4hw4_output) or (<size_t> &bv[0]) % 8:
+            raise ValueError("buf is too small or not 8-byte aligned")
+        self._bind(&j)
         j.x = &xv[0]
         j.y = &yv[0]
         with nogil:

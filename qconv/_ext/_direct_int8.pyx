@@ -14,7 +14,8 @@ import numpy as np
 from .._validate import tail_code
 
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
-from ._cpu cimport _parallel_for
+from . import _cpu
+from ._cpu cimport _parallel_for, _fill_tensor, qc_native, NativeCall, _native_call
 
 
 cdef extern from "qconv_direct_int8.h" nogil:
@@ -74,6 +75,35 @@ cdef int64_t _run_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nog
 
 cdef int64_t _vnni_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
     qc_di8_vnni_run(<const qc_di8_job *> ctx, i0, i1)
+    return 0
+
+
+ctypedef struct _Di8Native:
+    qc_native base
+    qc_di8_job j                # shape, weights, its own tap offsets (the run sets x, y, the scratch pointers)
+    int nt, amx, variant
+    int64_t chunk, items, count, psum_at, params_at
+
+
+cdef int64_t _di8_native_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
+    """qc_native.run of :meth:`DirectInt8Plan.native`: the per-tensor activation parameters (the engine's
+    fill_tensor_params), then the plan's three passes (nonzero: a NaN / inf input, or no memory)."""
+    cdef const _Di8Native *d = <const _Di8Native *> n
+    cdef qc_di8_job j = d.j
+    cdef uint8_t *s = <uint8_t *> scratch
+    cdef float *qs = <float *> (s + d.params_at)
+    cdef int32_t *z = <int32_t *> (qs + j.N)
+    cdef float *dx = <float *> (z + j.N)
+    if _fill_tensor(x, d.count, NULL, 0, 0, d.nt, d.variant, qs, z, dx, j.N) != 1:
+        return 1
+    j.x, j.y = x, y
+    j.qs, j.z, j.dx = qs, z, dx
+    j.xq = s
+    j.psum = <int32_t *> (s + d.psum_at) if j.offset != NULL else NULL
+    _parallel_for(j.N * j.planes, 1, _quant_items, &j, d.nt)
+    if j.psum != NULL:
+        _parallel_for(j.N * j.rows, 4, _psum_items, &j, d.nt)
+    _parallel_for(d.items, d.chunk, _run_items if d.amx else _vnni_items, &j, d.nt)
     return 0
 
 
@@ -186,6 +216,37 @@ cdef class DirectInt8Plan:
     def nbytes(self):
         """Bytes of the prepared weights and tables one call reads."""
         return int(sum(a.nbytes for a in self.keep if a is not None))
+
+    def native(self, tuple xshape, tuple yshape, int threads):
+        """The engine's direct int8 call (per-tensor activation parameters, then :meth:`forward`) of NCHW float32
+        ``x`` of ``xshape`` into ``y`` of ``yshape`` on ``threads`` threads, as a
+        :class:`~qconv._ext._cpu.NativeCall` for the custom operator; None when out of memory."""
+        cdef _Di8Native *d
+        cdef NativeCall call
+        cdef int64_t N = xshape[0], H = xshape[2], W = xshape[3], OH = yshape[2], OW = yshape[3], nb
+        cdef int64_t[::1] tv
+        self._shape(N, H, W, OH, OW)
+        nb = (N * self.job.sample_bytes + 63) // 64 * 64
+        psum_at = nb
+        if self.job.offset != NULL:
+            nb += (4 * N * self.job.nblocks * self.job.psum_len + 63) // 64 * 64
+        toff = np.zeros(self.toff.shape[0], np.int64)   # its own: the plan's follow the last forward's shape
+        call = _native_call(sizeof(_Di8Native), xshape, yshape, nb + 12 * N, (self, toff))
+        if call is None:
+            return None
+        d = <_Di8Native *> call.mem
+        d.j = self.job
+        tv = toff
+        qc_di8_offsets(&d.j, &tv[0])
+        d.j.toff = &tv[0]
+        d.j.qlo, d.j.qhi = -128, 127
+        d.nt, d.amx, d.variant = threads, self.use_amx, _cpu.KERNELS[self.kernel]
+        d.items = qc_di8_amx_items(&d.j) if self.use_amx else qc_di8_vnni_items(&d.j)
+        d.chunk = max(1, d.items // (8 * threads))
+        d.count = N * self.job.C * H * W
+        d.psum_at, d.params_at = psum_at, nb
+        d.base.run = _di8_native_run
+        return call
 
     def forward(self, x, y, qs, z, dx, uint8_t[::1] scratch, int threads):
         """``y`` (float32 NCHW, C-contiguous) = the layer on float32 NCHW ``x`` (C-contiguous, finite), with the

@@ -22,6 +22,8 @@ from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
 
+from ._cpu cimport qc_native
+
 cnp.import_array()
 
 cdef extern from "Python.h":
@@ -61,9 +63,24 @@ cdef object _resolve = None    # key (str) -> prepared kernel
 cdef object _on_error = None   # exception -> None
 
 
+cdef extern from "qconv_native_scratch.h" nogil:
+    void *qc_native_scratch(int64_t nbytes)
+
+
 ctypedef struct _kernel:
     qc_ort_api api
     PyObject *obj
+    const qc_native *nat   # the kernel's native call (kernel.native(shape)), NULL until its first call offers one
+    int asked              # 1 once kernel.native was asked (once per kernel)
+
+cdef bint _native_on = True
+
+
+def set_native(bint on) -> None:
+    """Whether kernels' native calls run (default True); False sends every call through Python (tests compare
+    the two)."""
+    global _native_on
+    _native_on = on
 
 
 def install(resolve, on_error) -> None:
@@ -99,6 +116,8 @@ cdef OrtStatus *_create(const qc_ort_op *op, qc_ort_api api, const OrtKernelInfo
         free(key)
         return qc_ort_status(api, "qconv: out of memory creating a kernel")
     k.api = api
+    k.nat = NULL
+    k.asked = 0
     with gil:
         try:
             if _resolve is None:
@@ -145,6 +164,12 @@ cdef OrtStatus *_run(_kernel *k, OrtKernelContext *ctx, size_t n, const float **
             return s
         ya = cnp.PyArray_SimpleNewFromData(<int>ond, shape, cnp.NPY_FLOAT32, <void *>y)
         kernel(*arrays, ya)
+        if not k.asked and n == 1:
+            k.asked = 1
+            native = getattr(kernel, "native", None)
+            call = native(arrays[0].shape) if native is not None else None
+            if call is not None:   # the kernel keeps it alive as long as itself (never replaced)
+                k.nat = <const qc_native *><size_t>call.address
         return NULL
     except BaseException as exc:
         return _error(k.api, exc)
@@ -165,8 +190,32 @@ cdef OrtStatus *_compute(void *kp, OrtKernelContext *ctx) noexcept nogil:
         s = qc_ort_input(k.api, ctx, i, &xs[i], dims + i * MAX_DIMS, MAX_DIMS, &nds[i])
         if s != NULL:
             return s
+    if k.nat != NULL and _native_on and n == 1 and _native(k, ctx, xs[0], dims, nds[0]):
+        return NULL
     with gil:
         return _run(k, ctx, n, xs, dims, nds)
+
+
+cdef bint _native(_kernel *k, OrtKernelContext *ctx, const float *x, const int64_t *dims, size_t nd) noexcept nogil:
+    """The kernel's native call when x has the shape it was prepared for; False when it did not run (another
+    shape, no scratch memory, an output not allocated) or found something wrong (a NaN / inf input): the Python
+    path then runs the call (and raises)."""
+    cdef const qc_native *c = k.nat
+    cdef float *y = NULL
+    cdef void *scratch = NULL
+    cdef size_t i
+    if c.disabled or <size_t>c.nd != nd:
+        return False
+    for i in range(nd):
+        if c.dims[i] != dims[i]:
+            return False
+    if c.scratch_bytes:
+        scratch = qc_native_scratch(c.scratch_bytes)
+        if scratch == NULL:
+            return False
+    if qc_ort_output(k.api, ctx, 0, c.odims, c.ond, &y) != NULL:   # (the Python path asks again, and reports it)
+        return False
+    return c.run(c, x, y, scratch) == 0
 
 
 cdef void _destroy(void *kp) noexcept nogil:

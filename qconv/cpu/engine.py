@@ -683,6 +683,32 @@ class CpuEngine:
         with self._lock:
             return self._run(x, True, y, n, h, w, y.shape[2], y.shape[3])
 
+    def native_call(self, xshape: tuple, yshape: tuple):
+        """The call ``forward_nchw_unchecked`` makes on a float32 NCHW input of ``xshape`` (into ``yshape``), as a
+        :class:`qconv._ext._cpu.NativeCall` that onnxruntime's custom operator runs without Python: the same plan,
+        threads and bits, on the depthwise, direct float and direct int8 paths; None on the others (the tiled GEMM,
+        static int8 inputs or outputs, activation ranges the depthwise path reads first)."""
+        if self.int8_input or self.output_qparams is not None or len(xshape) != 4 or len(yshape) != 4:
+            return None
+        n, _, h, w = xshape
+        oh, ow = yshape[2], yshape[3]
+        o = self.spec.out_channels
+        if self._dw is not None:
+            macs = n * oh * ow * o * self.spec.weight.taps
+            if self._dw.channel_blocks(0):
+                serial = macs < SERIAL_MACS // DW_BLOCK_SERIAL_DIV
+            else:
+                serial = macs < SERIAL_MACS and n * self.spec.in_channels < DW_SERIAL_PLANES
+            return self._dw.native(tuple(xshape), tuple(yshape), 1 if serial else self.threads)
+        if self._direct is not None and oh * ow >= DIRECT_MIN_PIXELS:
+            macs = n * oh * ow * o * self.spec.in_channels * self.spec.weight.taps
+            return self._direct.native(tuple(xshape), tuple(yshape), 1 if macs < SERIAL_MACS else self.threads)
+        if self._direct_int8_able and n * oh * ow >= self.amx_min_cols:
+            macs = n * oh * ow * o * self.spec.in_channels * self.spec.weight.taps
+            return self._di8_plan().native(tuple(xshape), tuple(yshape),
+                                                 1 if macs < SERIAL_MACS else self.threads)
+        return None
+
     def _run(self, x, nchw: bool, y, n, h, w, oh, ow):
         """The call itself on checked arguments (the caller holds ``self._lock``)."""
         o = self.spec.out_channels
@@ -726,18 +752,23 @@ class CpuEngine:
             self._plan.release()
         return y
 
-    def _forward_direct_int8(self, x, y, n, h, w, oh, ow):
-        """The direct int8 conv (:class:`~qconv._ext._direct_int8.DirectInt8Plan`) of a float32 NCHW ``x`` into
-        ``y``: per-tensor activation parameters as the GEMM path computes them, then the plan (bitwise the GEMM
-        path's results)."""
+    def _di8_plan(self):
+        """The layer's :class:`~qconv._ext._direct_int8.DirectInt8Plan` (made on first use)."""
         if self._direct_int8_plan is None:
             from ..layouts.amx import AmxConvWeightLayout
             self._direct_int8_plan = _direct_int8.DirectInt8Plan(
                 self.spec, AmxConvWeightLayout.for_weight(self.spec.weight), self.spec.post_affine, self.kernel)
+        return self._direct_int8_plan
+
+    def _forward_direct_int8(self, x, y, n, h, w, oh, ow):
+        """The direct int8 conv (:class:`~qconv._ext._direct_int8.DirectInt8Plan`) of a float32 NCHW ``x`` into
+        ``y``: per-tensor activation parameters as the GEMM path computes them, then the plan (bitwise the GEMM
+        path's results)."""
+        plan = self._di8_plan()
         key = ("direct_int8", n, h, w)
         sizes = self._sizes.get(key)
         if sizes is None:   # (multiply-adds, the arena's take tuple) per input shape
-            nbytes = self._direct_int8_plan.scratch_bytes(n, h, w, oh, ow)
+            nbytes = plan.scratch_bytes(n, h, w, oh, ow)
             V.check_alloc(nbytes, "the direct int8 conv's scratch")
             if len(self._sizes) >= 8:
                 self._sizes.clear()
@@ -749,7 +780,7 @@ class CpuEngine:
         s = scratch.arena().take_all(sizes[1])
         if not _cpu.fill_tensor_params(x.reshape(-1), nt, self.kernel, s["qs"], s["z"], s["dx"]):
             raise ValueError("x contains NaN or infinite values")
-        self._direct_int8_plan.forward(x, y, s["qs"], s["z"], s["dx"], s["Q"], nt)
+        plan.forward(x, y, s["qs"], s["z"], s["dx"], s["Q"], nt)
         self._last_direct_int8 = nt
         return y
 

@@ -84,6 +84,7 @@ class ConvKernel:
                                 **options)
 
         self._build, self._layers, self.last_shape, self._shapes = build, {}, None, {}
+        self._native = None
         self.set_act_quant(act_quant)
 
     def set_act_quant(self, mode) -> None:
@@ -91,8 +92,22 @@ class ConvKernel:
         activation search of :mod:`qconv.onnx.accuracy` switches nodes of one session between runs)."""
         if mode not in self._layers:
             self._layers[mode] = self._build(mode)
+        if self._native is not None and self._layers[mode] is not self.layer:
+            self._native.disable()
         self.layer = self._layers[mode]
         self._forward = _engine_forward(self.layer)
+
+    def native(self, shape):
+        """The node's call on an input of ``shape`` as a :class:`qconv._ext._cpu.NativeCall` that the custom operator
+        runs without Python (the engine's :meth:`~qconv.cpu.CpuEngine.native_call`), or None: asked once per
+        kernel, after its first call; the kernel keeps it (disabled when :meth:`set_act_quant` changes the layer)."""
+        native_call = getattr(self.layer.engine, "native_call", None)
+        if (self._native is not None or native_call is None or self._forward is None or self.block > 1
+                or any(self.extra_pad) or self.host_affine is not None):
+            return None
+        shape = tuple(shape)
+        self._native = native_call(shape, self.out_shape(shape))
+        return self._native
 
     def macs(self) -> int:
         """Multiply-adds of the node's last call (0 before its first): what its activation mode weighs."""
