@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 import qconv.onnx as qo  # noqa: E402
 from qconv._ext import _ortops  # noqa: E402
 from qconv.onnx import kernels as qk  # noqa: E402
+from test_onnx_excite import _model as se_model  # noqa: E402
 
 
 def _model(c, m, k, stride, seed=0):
@@ -149,3 +150,25 @@ def test_native_calls_from_concurrent_threads():
     for t in threads:
         t.join()
     assert not errors
+
+
+@settings(max_examples=10, deadline=None)
+@given(c=st.integers(2, 24), r=st.integers(1, 8), gate=st.sampled_from(["sigmoid", "hard"]), relu_node=st.booleans(),
+       n=st.integers(1, 2), hw=st.tuples(st.integers(1, 9), st.integers(1, 9)), threads=st.sampled_from([1, 2]))
+def test_native_squeeze_excitation_gives_the_python_bits(c, r, gate, relu_node, n, hw, threads):
+    q = qo.quantize_model(se_model(c, r, gate, False, relu_node), measure=False)
+    sess = qo.InferenceSession(q, threads=threads)
+    x = np.random.default_rng(c + n).standard_normal((n, c) + hw).astype(np.float32)
+    _ortops.set_native(False)
+    want = _run(sess, x)
+    _ortops.set_native(True)
+    try:
+        _run(sess, x)
+        assert [k._native is not None for k in sess.fused] == [True]
+        assert np.array_equal(_run(sess, x).view(np.uint32), want.view(np.uint32))
+        bad = x.copy()
+        bad[-1, -1, 0, 0] = np.inf
+        with pytest.raises(Exception, match="NaN or infinite"):
+            _run(sess, bad)
+    finally:
+        _ortops.set_native(True)

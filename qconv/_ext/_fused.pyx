@@ -20,7 +20,7 @@ import numpy as np
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport malloc, free
 
-from ._cpu cimport _parallel_for, pool_fn
+from ._cpu cimport _parallel_for, pool_fn, qc_native, NativeCall, _native_call
 
 # instruction codes (qconv.onnx.fusion.OPS holds the names)
 OP_CODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Relu": 10, "HardSigmoid": 11, "Clip": 13, "HardSwish": 14}
@@ -234,3 +234,94 @@ def excite_gate(const float[:, ::1] means, list steps):
             with nogil:
                 qc_gate_op(&v[0, 0], v.shape[0] * v.shape[1], op, p0, p1)
     return np.asarray(v)
+
+
+# the most gate steps a native squeeze-excitation call holds (a block has 3-6)
+DEF GATE_MAX_STEPS = 16
+
+ctypedef struct _GateStep:
+    int conv                    # 1: qc_gate_conv, 0: qc_gate_op
+    const float *w              # conv: (cin, cout) transposed weight, bias, post_affine or NULL
+    const float *b
+    const float *ps
+    const float *pt
+    int64_t cout
+    int act, op
+    float p0, p1
+
+
+ctypedef struct _ExciteNative:
+    qc_native base
+    int64_t N, C, HW, width     # width: the most channels a gate value has
+    int nsteps, threads
+    _GateStep steps[GATE_MAX_STEPS]
+
+
+cdef int64_t _excite_native_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
+    """qc_native.run of :func:`excite_native`: channel_means, the gate (excite_gate's steps), scale_channels, as the
+    Python kernel calls them (nonzero: a mean is NaN / inf)."""
+    cdef const _ExciteNative *d = <const _ExciteNative *> n
+    cdef float *bufs[2]
+    cdef float *v = <float *> scratch
+    cdef qc_se_job j
+    cdef int64_t i, c = d.C, rows = d.N * d.C, chunk = max(1, 4096 // d.HW)
+    cdef int k, cur = 0
+    cdef const _GateStep *st
+    bufs[0] = v + d.N * d.width
+    bufs[1] = bufs[0] + d.N * d.width
+    j.HW, j.x, j.out = d.HW, x, v
+    _parallel_for(rows, chunk, <pool_fn> qc_se_rows(0), &j, d.threads)
+    for i in range(rows):
+        if v[i] - v[i] != 0:
+            return 1
+    for k in range(d.nsteps):
+        st = &d.steps[k]
+        if st.conv:
+            qc_gate_conv(v, d.N, c, st.w, st.b, st.cout, st.act, st.ps, st.pt, bufs[cur])
+            v, c, cur = bufs[cur], st.cout, 1 - cur
+        else:
+            qc_gate_op(v, d.N * c, st.op, st.p0, st.p1)
+    j.x, j.g, j.y = x, v, y
+    _parallel_for(rows, chunk, <pool_fn> qc_se_rows(1), &j, d.threads)
+    return 0
+
+
+def excite_native(tuple shape, list steps, int threads):
+    """A squeeze-excitation call (``channel_means``, ``excite_gate(means, steps)``, ``scale_channels``; float32
+    NCHW ``x`` of ``shape`` into ``y`` of the same shape on ``threads`` threads) as a
+    :class:`~qconv._ext._cpu.NativeCall` for the custom operator; None when the steps are more than it holds,
+    do not end on ``C`` channels, or the planes are empty."""
+    cdef _ExciteNative *d
+    cdef NativeCall call
+    cdef const float[:, ::1] w
+    cdef const float[::1] b, ps, pt
+    cdef int64_t N = shape[0], C = shape[1], H = shape[2], W = shape[3], c = shape[1], width = shape[1]
+    cdef int k
+    if len(steps) > GATE_MAX_STEPS or N * C * H * W == 0:
+        return None
+    for step in steps:
+        if step[0] == "Conv":
+            if step[1].shape[0] != c:
+                return None
+            c = step[1].shape[1]
+            width = max(width, c)
+    if c != C:
+        return None
+    call = _native_call(sizeof(_ExciteNative), shape, shape, 4 * 3 * N * width, steps)
+    if call is None:
+        return None
+    d = <_ExciteNative *> call.mem
+    d.N, d.C, d.HW, d.width, d.nsteps, d.threads = N, C, H * W, width, len(steps), threads
+    for k, step in enumerate(steps):
+        if step[0] == "Conv":
+            w, b = step[1], step[2]
+            d.steps[k].conv, d.steps[k].w, d.steps[k].b, d.steps[k].cout, d.steps[k].act = 1, &w[0, 0], &b[0], \
+                w.shape[1], step[3]
+            d.steps[k].ps = d.steps[k].pt = NULL
+            if step[4] is not None:
+                ps, pt = step[4], step[5]
+                d.steps[k].ps, d.steps[k].pt = &ps[0], &pt[0]
+        else:
+            d.steps[k].conv, d.steps[k].op, d.steps[k].p0, d.steps[k].p1 = 0, step[0], step[1], step[2]
+    d.base.run = _excite_native_run
+    return call

@@ -119,6 +119,15 @@ class ExciteKernel:
             v = seg(x, np.empty(seg.out_shape(x.shape), np.float32)).reshape(n, -1)
         return v.reshape(n, -1, 1, 1)
 
+    def native(self, shape):
+        """The call on a float32 NCHW input of ``shape`` as a :class:`qconv._ext._cpu.NativeCall` that the custom
+        operator runs without Python (``_fused.excite_native``: the same native passes and gate), or None: when a
+        middle node is a qconv kernel, or for other ranks."""
+        if len(shape) != 4 or len(self._segments) != 1 or not isinstance(self._segments[0], list):
+            return None
+        self._native = self._fused.excite_native(tuple(shape), self._segments[0], self.threads)
+        return self._native
+
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         n, c = x.shape[:2]
         if x.ndim != 4 or not x.size:   # other ranks (and empty planes): numpy, one op at a time
