@@ -325,6 +325,7 @@ class InferenceSession:
             #: the :class:`~qconv.onnx.device_graph.DeviceGraph` that runs the model on an OpenCL device (None on
             #: the CPU and the reference, where onnxruntime runs the graph)
             self.device_graph = None
+            self._first_run = True   # the CPU: the run that makes the nodes' native calls (see run())
             if engine_cls.__name__ == "OpenCLEngine":
                 from .device_graph import DeviceGraph
                 self.device_graph = DeviceGraph(data, kernels, device)
@@ -411,7 +412,14 @@ class InferenceSession:
             return self.device_graph.run(output_names, input_feed)
         take_error()
         try:
-            return sess.run(output_names, input_feed, run_options)
+            out = sess.run(output_names, input_feed, run_options)
+            if self._first_run:
+                # the first run made the nodes' native calls, whose scratch is the custom operator's: the
+                # calling thread's arena then holds sizes that only the Python path of those nodes needed
+                self._first_run = False
+                from ..cpu import scratch
+                scratch.release()
+            return out
         except Exception as exc:
             kernel_exc = take_error()
             if kernel_exc is not None:
