@@ -33,7 +33,7 @@ from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
 
 from . import _cpu
-from ._cpu cimport _parallel_for, qc_native, NativeCall, _native_call
+from ._cpu cimport _parallel_for, _chunk_of, qc_native, NativeCall, _native_call
 
 
 
@@ -152,7 +152,7 @@ cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
     if r.scr == NULL or r.ptrs == NULL or r.fails == NULL or r.tried == NULL:
         fails[0] = nitems
     else:
-        bad = _parallel_for(nitems, 1, _items, &r, nt)
+        bad = _parallel_for(nitems, _chunk_of(nitems, nt), _items, &r, nt)
         for t in range(nt):
             fails[0] += r.fails[t]
             free(r.scr[t])

@@ -17,7 +17,7 @@ from libc.stdint cimport uint8_t, int32_t, int64_t
 from libc.string cimport memset
 
 from ..layouts.int4 import ONNX_INT4
-from ._cpu cimport _parallel_for, qc_native, NativeCall, _native_call
+from ._cpu cimport _parallel_for, _chunk_of, qc_native, NativeCall, _native_call
 
 
 cdef extern from "qconv_direct.h" nogil:
@@ -162,11 +162,11 @@ cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
         npl = j.N * qc_direct_sample(j)
         memset(r.xp + npl, 0, qc_direct_slack(j) * sizeof(float))
         j.xp = r.xp
-        bad = _parallel_for(j.N * j.C, 1, _pad_planes, &r, nt)
+        bad = _parallel_for(j.N * j.C, _chunk_of(j.N * j.C, nt), _pad_planes, &r, nt)
     if bad:
         return bad
-    _parallel_for(j.OCB, 1, _dequant_blocks, &r, nt)
-    return _parallel_for(qc_direct_items(j), 1, _strip_items, &r, nt)
+    _parallel_for(j.OCB, _chunk_of(j.OCB, nt), _dequant_blocks, &r, nt)
+    return _parallel_for(qc_direct_items(j), _chunk_of(qc_direct_items(j), nt), _strip_items, &r, nt)
 
 
 ctypedef struct _DirectNative:

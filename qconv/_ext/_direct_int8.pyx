@@ -15,7 +15,7 @@ from .._validate import tail_code
 
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
 from . import _cpu
-from ._cpu cimport _parallel_for, _fill_tensor, qc_native, NativeCall, _native_call
+from ._cpu cimport _parallel_for, _chunk_of, _fill_tensor, qc_native, NativeCall, _native_call
 
 
 cdef extern from "qconv_direct_int8.h" nogil:
@@ -100,7 +100,7 @@ cdef int64_t _di8_native_run(const qc_native *n, const float *x, float *y, void 
     j.qs, j.z, j.dx = qs, z, dx
     j.xq = s
     j.psum = <int32_t *> (s + d.psum_at) if j.offset != NULL else NULL
-    _parallel_for(j.N * j.planes, 1, _quant_items, &j, d.nt)
+    _parallel_for(j.N * j.planes, _chunk_of(j.N * j.planes, d.nt), _quant_items, &j, d.nt)
     if j.psum != NULL:
         _parallel_for(j.N * j.rows, 4, _psum_items, &j, d.nt)
     _parallel_for(d.items, d.chunk, _run_items if d.amx else _vnni_items, &j, d.nt)
@@ -278,7 +278,7 @@ cdef class DirectInt8Plan:
         items = qc_di8_amx_items(j) if amx else qc_di8_vnni_items(j)
         chunk = max(1, items // (8 * threads))
         with nogil:
-            _parallel_for(N * nq, 1, _quant_items, j, threads)
+            _parallel_for(N * nq, _chunk_of(N * nq, threads), _quant_items, j, threads)
             if j.psum != NULL:
                 _parallel_for(N * j.rows, 4, _psum_items, j, threads)
             _parallel_for(items, chunk, _run_items if amx else _vnni_items, j, threads)
