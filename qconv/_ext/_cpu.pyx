@@ -862,7 +862,7 @@ cdef int64_t _run(ConvJob *j, int nthreads) noexcept nogil:
     j.used_threads = nthreads
     j.channel_split = 0
     if ntiles >= nthreads or nthreads == 1:
-        return _parallel_for(ntiles, 1, _run_tiles, &r, nthreads)
+        return _parallel_for(ntiles, _chunk_of(ntiles, nthreads), _run_tiles, &r, nthreads)
     j.channel_split = 1
     # channel split: slot = tile index (ntiles < nthreads slots exist); tiny serial set-up and store
     for tile in range(ntiles):
