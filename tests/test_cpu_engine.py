@@ -4,7 +4,7 @@ validation. Every micro-kernel this CPU runs is exercised (forced through the ``
 threaded quantization and GEMM (column split, or channel split when there are fewer column tiles than threads)."""
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("qconv._ext._cpu")
@@ -566,3 +566,27 @@ def test_forward_nchw_unchecked_is_forward(case):
     x[1, 0, 0, 0] = np.inf
     with pytest.raises(ValueError, match="NaN or infinite"):
         eng.forward_nchw_unchecked(x, y)
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=st.integers(1, 70), o=st.integers(1, 80), k=st.sampled_from([1, 3]), bits=st.sampled_from([8, 4]),
+       block=st.sampled_from([0, 16, 32]), sym=st.booleans(), half=st.booleans(), n=st.integers(1, 2),
+       act=st.sampled_from([None, "relu6", "hardswish"]), threads=st.sampled_from([1, 2]),
+       kernel=st.sampled_from(sorted(k_ for k_ in ("avx2", "avx512vnni", "scalar") if _cpu.kernel_supported(k_))),
+       seed=st.integers(0, 2**31))
+def test_float_activations_on_one_output_pixel(c, o, k, bits, block, sym, half, n, act, threads, kernel, seed):
+    """act_quant=None on the GEMM path with one output column per sample (a linear layer on one row, a conv on one
+    pixel: qconv_float.h's one-column kernel for int8 codes) against the oracle: taps with padding, blocks,
+    offsets, float16 and float32 tables, and enough multiply-adds that two threads split the channels."""
+    rng = np.random.default_rng(seed)
+    if block and c % block:
+        block = 0
+    w = qconv.quantize_weight((rng.standard_normal((o, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32), bits=bits,
+                              block_size=block, symmetric=sym, scale_dtype="float16" if half else "float32")
+    bias = rng.standard_normal(o).astype(np.float32)
+    x = rng.standard_normal((n, c, 1, 1)).astype(np.float32)
+    layer = qconv.Conv2d(w, bias, padding=k // 2, activation=act, act_quant=None, kernel=kernel, threads=threads,
+                         direct=False)
+    with serial_thresholds(macs=0 if threads > 1 else None):
+        y = layer(x)
+    assert_matches_reference(y, x, w, bias, padding=k // 2, activation=act, act_quant=None)

