@@ -590,3 +590,12 @@ def test_float_activations_on_one_output_pixel(c, o, k, bits, block, sym, half, 
     with serial_thresholds(macs=0 if threads > 1 else None):
         y = layer(x)
     assert_matches_reference(y, x, w, bias, padding=k // 2, activation=act, act_quant=None)
+
+
+def test_last_call_is_none_before_the_first_call():
+    w = qconv.quantize_weight(np.ones((8, 8, 3, 3), np.float32))
+    for act in (None, "tensor", "row"):
+        layer = qconv.Conv2d(w, act_quant=act, threads=1)
+        assert layer.engine.last_call is None
+        layer(np.ones((1, 8, 3, 3), np.float32))   # one output pixel: the GEMM path
+        assert layer.engine.last_call["gemm_threads"] == 1

@@ -342,8 +342,8 @@ class CpuEngine:
             return dict(quant_threads=0, gemm_threads=last[1], split="strips", winograd=self._direct.last_winograd)
         if self._last_direct_int8:   # direct int8 conv: threads take (sample, channel tiles, pixel runs) items
             return dict(quant_threads=self._last_direct_int8, gemm_threads=self._last_direct_int8, split="direct-int8")
-        last = self._plan.last_threads
-        if last is None:
+        last = None if self._plan is None else self._plan.last_threads
+        if last is None:   # (no call yet)
             return None
         return dict(quant_threads=last[0], gemm_threads=last[1], split="channels" if last[2] else "columns")
 
