@@ -16,7 +16,7 @@ python3 -c "from qconv._ext import _cpu, _cpu_probes as P; print('best', _cpu.be
 if [ "$what" = tests ] || [ "$what" = all ]; then
   CI=true timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rfs --tb=short -p no:cacheprovider -n 12 ${TESTS:-tests/test_cpu_amx.py \
     tests/test_cpu_direct_int8.py tests/test_cpu_direct.py tests/test_cpu_fused.py tests/test_cpu_kernels.py tests/test_cpu_engine.py tests/test_cpu_block.py tests/test_cpu_depthwise.py \
-    tests/test_cpu_pool.py tests/test_layouts.py} > "$OUT/tests.log" 2>&1
+    tests/test_cpu_pool.py tests/test_layouts.py tests/test_onnx_native_calls.py} > "$OUT/tests.log" 2>&1
   rc=$?
   # every test of tests/test_cpu_amx.py runs on this host (it has AMX): a skip there is a failure
   skipped=$(grep -c "^SKIPPED .*test_cpu_amx.py" "$OUT/tests.log")
