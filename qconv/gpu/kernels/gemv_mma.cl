@@ -231,9 +231,6 @@ void gemv_mma(__global const float *x,
     __local uint2 xb[4 * (KS / 2) * 4]; /* [digit column][step pair][t]: the B fragments (b0, b1) */
 #ifdef ASYM
     __local float xsum[NXB];            /* sums of x per XB channels: the offsets' factor */
-#ifdef XSUM_QUAD
-    __local float qsum[NXB * (XB / 4)]; /* sums of x per quad */
-#endif
 #endif
     __local float red[QT];              /* max |x| */
     __local long part[SPLIT * 16 * 2];  /* the warps' sums [SPLIT][16 rows][t = 0, 1] */
@@ -267,12 +264,7 @@ void gemv_mma(__global const float *x,
     for (int i = 0; i < NPQ; ++i) {
         const int p = lin + i * QT;
         if (p < KS * 4) {
-            const float4 u = XREG ? xv[i] : load_quad(x, p);
-#if defined(ASYM) && defined(XSUM_QUAD)
-            if (p < NXB * (XB / 4))
-                qsum[p] = (u.x + u.y) + (u.z + u.w);
-#endif
-            const float4 v = u * sc.x * sc.y;
+            const float4 v = (XREG ? xv[i] : load_quad(x, p)) * sc.x * sc.y;
             /* slot order of the step's channels (see the header): digits of each in one word */
 #if QBITS == 4
             const uint d0 = digits(v.x), d1 = digits(v.z), d2 = digits(v.y), d3 = digits(v.w);
@@ -289,7 +281,7 @@ void gemv_mma(__global const float *x,
             xw[3 * KS * 4 + o] = prmt(lo01, lo23, 0x5410u); /* column 3: d3 */
         }
     }
-#if defined(ASYM) && !defined(XSUM_QUAD)
+#ifdef ASYM
     for (int b = lin; b < NXB; b += QT) {
         float s = 0.0f;
         for (int k = b * XB; k < min(IC, (b + 1) * XB); ++k)
@@ -298,16 +290,6 @@ void gemv_mma(__global const float *x,
     }
 #endif
     barrier(CLK_LOCAL_MEM_FENCE);
-#if defined(ASYM) && defined(XSUM_QUAD)
-    for (int b = lin; b < NXB; b += QT) {
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < XB / 4; ++i)
-            s += b * (XB / 4) + i < KS * 4 ? qsum[b * (XB / 4) + i] : 0.0f;
-        xsum[b] = s;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-#endif
 #if defined(NBLK1) && defined(ASYM)
     float xtotal = 0.0f;
     for (int b = 0; b < NXB; ++b)
