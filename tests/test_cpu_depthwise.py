@@ -214,11 +214,12 @@ def _check_flat_planes(case, affine):
 
 
 @pytest.mark.skipif("avx512vnni" not in KERNELS, reason="the flat planes need AVX-512")
-@pytest.mark.parametrize("k, s, hw, path", [(3, 1, 56, "flat"), (3, 1, 112, "blocks"), (5, 1, 28, "flat"),
-                                            (5, 1, 40, "blocks"), (3, 2, 112, "flat"), (5, 2, 80, "flat")])
+@pytest.mark.parametrize("k, s, hw, path", [(3, 1, 56, "flat"), (3, 1, 112, "flat"), (3, 1, 320, "flat"),
+                                            (5, 1, 28, "flat"), (5, 1, 40, "blocks"), (7, 1, 14, "flat"),
+                                            (7, 1, 28, "blocks"), (3, 2, 112, "flat"), (5, 2, 80, "flat")])
 def test_depthwise_flat_planes_policy(k, s, hw, path):
-    """Stride 1 takes the flat planes up to FLAT_MAX_TAPS_WIDTH_S1 taps x output width (wider rows: the blocks'
-    rows of taps), stride 2 always."""
+    """Stride 1 takes the flat planes for kernels of up to FLAT_ANY_WIDTH_TAPS taps, and for larger ones up to
+    FLAT_MAX_TAPS_WIDTH_S1 taps x output width (wider rows: the blocks' rows of taps); stride 2 always."""
     w = qconv.quantize_weight(np.ones((8, 1, k, k), np.float32), groups=8)
     eng = CpuEngine(ConvSpec(w, None, s, k // 2, act_quant=None), threads=2, kernel="avx512vnni")
     eng.forward(np.ones((1, 8, hw, hw), np.float32))

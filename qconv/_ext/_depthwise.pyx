@@ -84,9 +84,12 @@ PLANE_FLOATS = 8192
 FLAT_MASKS_MAX = 1 << 22
 # stride 1 with more taps x output width than this takes the channel blocks, whose rows of taps load each input pixel
 # once per kernel row; the flat planes load a tap's 16 pixels once per tap. Flat against blocks (2026-12-06, Zen 4, 2
-# threads): 3x3 at 56 wide 0.54-0.86x the time, at 112 wide 1.10x; 5x5 at 28 wide and below 0.79-0.95x, at 40 wide
-# (PP-OCRv4 det) 1.17x
+# threads): 5x5 at 28 wide and below 0.79-0.95x the time, at 40 wide (PP-OCRv4 det) 1.17-1.32x, at 56-80 1.11-1.22x
 FLAT_MAX_TAPS_WIDTH_S1 = 800
+# ... unless the kernel has at most this many taps: with the parallel-for's chunks of several items (_chunk_of) flat
+# 3x3 planes took 0.65-0.91x the blocks' time at every width measured, 28 to 320 (16@112 57 against 65 us, 32@224 365
+# against 471, 16@320 514 against 563; the night of 2026-12-06, Zen 4, 2 threads)
+FLAT_ANY_WIDTH_TAPS = 9
 
 _engine_mod = None
 
@@ -469,7 +472,8 @@ cdef class DepthwisePlan:
         j.y = NULL
         j.flat, j.fmask = 0, NULL
         if not band:
-            if (self.v512 and qc_dw_flat_ok(j) and (self.sh == 2 or self.KH * self.KW * ow <= FLAT_MAX_TAPS_WIDTH_S1)
+            if (self.v512 and qc_dw_flat_ok(j) and (self.sh == 2 or self.KH * self.KW <= FLAT_ANY_WIDTH_TAPS
+                                                    or self.KH * self.KW * ow <= FLAT_MAX_TAPS_WIDTH_S1)
                     and (oh * ow + 15) // 16 * self.KH * self.KW <= FLAT_MASKS_MAX):
                 fmask = self.flat_masks(H, W)
                 band = self.flat_band(N, oh, ow, threads)
