@@ -190,16 +190,20 @@ cdef OrtStatus *_compute(void *kp, OrtKernelContext *ctx) noexcept nogil:
         s = qc_ort_input(k.api, ctx, i, &xs[i], dims + i * MAX_DIMS, MAX_DIMS, &nds[i])
         if s != NULL:
             return s
-    if k.nat != NULL and _native_on and n == 1 and _native(k, ctx, xs[0], dims, nds[0]):
-        return NULL
+    if k.nat != NULL and _native_on and n == 1:
+        if _native(k, ctx, xs[0], dims, nds[0], &s):
+            return NULL
+        if s != NULL:   # onnxruntime could not allocate the output
+            return s
     with gil:
         return _run(k, ctx, n, xs, dims, nds)
 
 
-cdef bint _native(_kernel *k, OrtKernelContext *ctx, const float *x, const int64_t *dims, size_t nd) noexcept nogil:
+cdef bint _native(_kernel *k, OrtKernelContext *ctx, const float *x, const int64_t *dims, size_t nd,
+                  OrtStatus **status) noexcept nogil:
     """The kernel's native call when x has the shape it was prepared for; False when it did not run (another
-    shape, no scratch memory, an output not allocated) or found something wrong (a NaN / inf input): the Python
-    path then runs the call (and raises)."""
+    shape, no scratch memory; ``*status``: onnxruntime's error when it could not allocate the output) or found
+    something wrong (a NaN / inf input): the Python path then runs the call (and raises)."""
     cdef const qc_native *c = k.nat
     cdef float *y = NULL
     cdef void *scratch = NULL
@@ -213,7 +217,8 @@ cdef bint _native(_kernel *k, OrtKernelContext *ctx, const float *x, const int64
         scratch = qc_native_scratch(c.scratch_bytes)
         if scratch == NULL:
             return False
-    if qc_ort_output(k.api, ctx, 0, c.odims, c.ond, &y) != NULL:   # (the Python path asks again, and reports it)
+    status[0] = qc_ort_output(k.api, ctx, 0, c.odims, c.ond, &y)
+    if status[0] != NULL:
         return False
     return c.run(c, x, y, scratch) == 0
 
