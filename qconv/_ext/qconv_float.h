@@ -96,6 +96,19 @@ QC_TGT_AVX2 static void qc_f32_pack(const qc_gemm_args *g, int tile, int k)
     }
 }
 
+/* the scales and offsets of 8 channels at table index i (float16 or float32 tables; offsets 0 when symmetric) */
+QC_TGT_AVX2 static inline __attribute__((always_inline)) void qc_f32_tables8(const qc_gemm_args *g, int64_t i,
+                                                                            __m256 *sc, __m256 *of)
+{
+    if (g->hscale) {
+        *sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hscale + i)));
+        *of = g->hoffset ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hoffset + i))) : _mm256_setzero_ps();
+    } else {
+        *sc = _mm256_loadu_ps(g->scale + i);
+        *of = g->offset ? _mm256_loadu_ps(g->offset + i) : _mm256_setzero_ps();
+    }
+}
+
 /* Taps t0 .. t1-1 of block k for NC columns x 8*NV channels (NV = 2: 16 channels, half h of the tile; NV = 1: its
  * first 8, for a last tile whose other 8 hold no stored output) from the packed floats: NV*NC accumulators, NV
  * weight vectors and one broadcast per code. The partial sums of a column live in acc (32 floats a column) between
@@ -141,14 +154,7 @@ void qc_f32_half(const qc_gemm_args *g, const int e0, const int NC, const int NV
     for (int q = 0; q < NV; ++q) {
         const int64_t c = 16 * h + 8 * q;
         __m256 sc, of;
-        if (g->hscale) {
-            sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hscale + tt + c)));
-            of = g->hoffset ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hoffset + tt + c)))
-                            : _mm256_setzero_ps();
-        } else {
-            sc = _mm256_loadu_ps(g->scale + tt + c);
-            of = g->offset ? _mm256_loadu_ps(g->offset + tt + c) : _mm256_setzero_ps();
-        }
+        qc_f32_tables8(g, tt + c, &sc, &of);
 #pragma GCC unroll 6
         for (int e = 0; e < NC; ++e) {
             __m256 f = _mm256_fmadd_ps(sc, q ? a1[e] : a0[e], _mm256_mul_ps(of, _mm256_set1_ps(s[e0 + e])));
@@ -238,14 +244,7 @@ QC_TGT_AVX2 static void qc_gemv_f32_avx2(const qc_gemm_args *g)
                         order);
                     const int64_t c = 16 * h + 8 * q;
                     __m256 sc, of;
-                    if (g->hscale) {
-                        sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hscale + tt + c)));
-                        of = g->hoffset ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g->hoffset + tt + c)))
-                                        : _mm256_setzero_ps();
-                    } else {
-                        sc = _mm256_loadu_ps(g->scale + tt + c);
-                        of = g->offset ? _mm256_loadu_ps(g->offset + tt + c) : _mm256_setzero_ps();
-                    }
+                    qc_f32_tables8(g, tt + c, &sc, &of);
                     __m256 f = _mm256_fmadd_ps(sc, i8, _mm256_mul_ps(of, _mm256_set1_ps(s)));
                     float *out = g->out + to + c;
                     if (add) f = _mm256_add_ps(f, _mm256_loadu_ps(out));
