@@ -698,39 +698,37 @@ class CpuEngine:
             return None
         n, _, h, w = xshape
         oh, ow = yshape[2], yshape[3]
-        o = self.spec.out_channels
         if self._dw is not None:
-            macs = n * oh * ow * o * self.spec.weight.taps
-            if self._dw.channel_blocks(0):
-                serial = macs < SERIAL_MACS // DW_BLOCK_SERIAL_DIV
-            else:
-                serial = macs < SERIAL_MACS and n * self.spec.in_channels < DW_SERIAL_PLANES
-            return self._dw.native(tuple(xshape), tuple(yshape), 1 if serial else self.threads)
+            return self._dw.native(tuple(xshape), tuple(yshape), self._dw_threads(n, oh, ow, 0))
         if self._direct is not None and oh * ow >= DIRECT_MIN_PIXELS:
-            macs = n * oh * ow * o * self.spec.in_channels * self.spec.weight.taps
-            return self._direct.native(tuple(xshape), tuple(yshape), 1 if macs < SERIAL_MACS else self.threads)
+            return self._direct.native(tuple(xshape), tuple(yshape), self._conv_threads(n, oh, ow))
         if self._direct_int8_able and n * oh * ow >= self.amx_min_cols:
-            macs = n * oh * ow * o * self.spec.in_channels * self.spec.weight.taps
-            return self._di8_plan().native(tuple(xshape), tuple(yshape),
-                                                 1 if macs < SERIAL_MACS else self.threads)
+            return self._di8_plan().native(tuple(xshape), tuple(yshape), self._conv_threads(n, oh, ow))
         return None
+
+    def _dw_threads(self, n, oh, ow, nc4hw4_output: int) -> int:
+        """Threads of a depthwise call (the serial rules of DW_SERIAL_PLANES and DW_BLOCK_SERIAL_DIV)."""
+        macs = n * oh * ow * self.spec.out_channels * self.spec.weight.taps
+        if self._dw.channel_blocks(nc4hw4_output):
+            serial = macs < SERIAL_MACS // DW_BLOCK_SERIAL_DIV
+        else:
+            serial = macs < SERIAL_MACS and n * self.spec.in_channels < DW_SERIAL_PLANES
+        return 1 if serial else self.threads
+
+    def _conv_threads(self, n, oh, ow) -> int:
+        """Threads of a direct (float or int8) call: one under SERIAL_MACS multiply-adds."""
+        macs = n * oh * ow * self.spec.out_channels * self.spec.in_channels * self.spec.weight.taps
+        return 1 if macs < SERIAL_MACS else self.threads
 
     def _run(self, x, nchw: bool, y, n, h, w, oh, ow):
         """The call itself on checked arguments (the caller holds ``self._lock``)."""
-        o = self.spec.out_channels
         oscale, ozp = self.output_qparams if self.output_qparams is not None else (None, 0)
         if self._dw is not None:
-            macs = n * oh * ow * o * self.spec.weight.taps
-            if self._dw.channel_blocks(int(not nchw)):
-                serial = macs < SERIAL_MACS // DW_BLOCK_SERIAL_DIV
-            else:
-                serial = macs < SERIAL_MACS and n * self.spec.in_channels < DW_SERIAL_PLANES
-            return self._dw.forward(x, int(nchw), y, int(not nchw), 1 if serial else self.threads,
+            return self._dw.forward(x, int(nchw), y, int(not nchw), self._dw_threads(n, oh, ow, int(not nchw)),
                                     self.threads)
         self._last_direct = self._direct is not None and oh * ow >= DIRECT_MIN_PIXELS
         if self._last_direct:
-            macs = n * oh * ow * o * self.spec.in_channels * self.spec.weight.taps
-            nt = 1 if macs < SERIAL_MACS else self.threads
+            nt = self._conv_threads(n, oh, ow)
             buf = scratch.arena().take("direct", self._direct.buffer_floats(x, int(nchw), nt), np.float32)
             return self._direct.forward(x, int(nchw), y, int(not nchw), nt, buf)
         self._last_direct_int8 = 0
