@@ -113,6 +113,26 @@ def test_engine_bitwise_gemm_and_oracle(kernel, case, threads):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("c,hw,stride,n", [(3, 12, 1, 1), (3, 17, 2, 1), (5, 10, 1, 1), (6, 9, 3, 2), (13, 7, 1, 1)])
+def test_quantization_bands_cover_every_row(kernel, c, hw, stride, n):
+    """Few input channels (a stem's 3) give few quads: their quantization is cut into bands of phase-plane rows,
+    about 8 items a thread (qc_di8_quant_bands), whose union must be every row, the last band's slack included;
+    bitwise the tiled GEMM's results on 1, 2 and 3 threads."""
+    rng = np.random.default_rng(c * hw)
+    w = quantize_weight(rng.standard_normal((20, c, 3, 3)).astype(np.float32), symmetric=False)
+    spec = ConvSpec(w, None, stride, 1, 1, "hardswish", "tensor")
+    x = rng.standard_normal((n, c, hw, hw + 3)).astype(np.float32)
+    for threads in (1, 2, 3):
+        direct = CpuEngine(spec, kernel=kernel, threads=threads, direct_int8=True, depthwise=False)
+        direct.amx_min_cols = 1
+        y = direct.forward(x)
+        assert direct.last_call["split"] == "direct-int8"
+        gemm = CpuEngine(spec, kernel=kernel, threads=threads, direct_int8=False, depthwise=False)
+        gemm.amx_min_cols = 1
+        np.testing.assert_array_equal(y, gemm.forward(x), err_msg=f"{threads} threads")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_engine_out_and_nonfinite(kernel):
     """``out=`` is written in place; NaN input is refused by name, as on the GEMM path."""
     rng = np.random.default_rng(5)

@@ -23,7 +23,7 @@ cdef extern from "qconv_direct_int8.h" nogil:
         int64_t N, C, H, W, OH, OW
         int32_t KH, KW, sh, sw, dh, dw, pt, pl
         int32_t quads, kg, steps
-        int32_t nblocks, bq, spb, planes
+        int32_t nblocks, bq, spb, planes, qbands
         int32_t O, otiles
         int64_t Hq, Wq, rows, plane, nvirt, runs, sample_bytes, psum_len
         const int8_t *wa
@@ -46,6 +46,8 @@ cdef extern from "qconv_direct_int8.h" nogil:
         const int64_t *toff
     void qc_di8_setup(qc_di8_job *j)
     void qc_di8_offsets(const qc_di8_job *j, int64_t *toff)
+    int32_t qc_di8_quant_bands(const qc_di8_job *j, int threads)
+    int64_t qc_di8_quant_items(const qc_di8_job *j)
     void qc_di8_quant(const qc_di8_job *j, int64_t item)
     void qc_di8_psum(const qc_di8_job *j, int64_t item)
     int64_t qc_di8_amx_items(const qc_di8_job *j)
@@ -78,6 +80,18 @@ cdef int64_t _vnni_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept no
     return 0
 
 
+cdef void _passes(qc_di8_job *j, int64_t items, int64_t chunk, bint amx, int threads) noexcept nogil:
+    """The plan's three passes over ``j`` (x, y, scratch and activation parameters set): quantized phase planes,
+    the pixel sums (weights with offsets), the compute items."""
+    cdef int64_t nq
+    j.qbands = qc_di8_quant_bands(j, threads)
+    nq = qc_di8_quant_items(j)
+    _parallel_for(nq, _chunk_of(nq, threads), _quant_items, j, threads)
+    if j.psum != NULL:
+        _parallel_for(j.N * j.rows, 4, _psum_items, j, threads)
+    _parallel_for(items, chunk, _run_items if amx else _vnni_items, j, threads)
+
+
 ctypedef struct _Di8Native:
     qc_native base
     qc_di8_job j                # shape, weights, its own tap offsets (the run sets x, y, the scratch pointers)
@@ -100,10 +114,7 @@ cdef int64_t _di8_native_run(const qc_native *n, const float *x, float *y, void 
     j.qs, j.z, j.dx = qs, z, dx
     j.xq = s
     j.psum = <int32_t *> (s + d.psum_at) if j.offset != NULL else NULL
-    _parallel_for(j.N * j.planes, _chunk_of(j.N * j.planes, d.nt), _quant_items, &j, d.nt)
-    if j.psum != NULL:
-        _parallel_for(j.N * j.rows, 4, _psum_items, &j, d.nt)
-    _parallel_for(d.items, d.chunk, _run_items if d.amx else _vnni_items, &j, d.nt)
+    _passes(&j, d.items, d.chunk, d.amx, d.nt)
     return 0
 
 
@@ -258,7 +269,7 @@ cdef class DirectInt8Plan:
         cdef const float[::1] qsv = qs
         cdef const int32_t[::1] zv = z
         cdef const float[::1] dxv = dx
-        cdef int64_t N = x.shape[0], nq, nb, chunk, items
+        cdef int64_t N = x.shape[0], nb, chunk, items
         if x.shape[1] != j.C or y.shape[1] != j.O or y.shape[0] != N or qs.shape[0] < N:
             raise ValueError("x, y or the activation parameters do not match this layer")
         if scratch.shape[0] < self.scratch_bytes(N, x.shape[2], x.shape[3], y.shape[2], y.shape[3]):
@@ -273,13 +284,9 @@ cdef class DirectInt8Plan:
         if j.offset != NULL:
             nb = (nb + 63) // 64 * 64
             j.psum = <int32_t *> &scratch[nb]
-        nq = j.planes
         cdef bint amx = self.use_amx
         items = qc_di8_amx_items(j) if amx else qc_di8_vnni_items(j)
         chunk = max(1, items // (8 * threads))
         with nogil:
-            _parallel_for(N * nq, _chunk_of(N * nq, threads), _quant_items, j, threads)
-            if j.psum != NULL:
-                _parallel_for(N * j.rows, 4, _psum_items, j, threads)
-            _parallel_for(items, chunk, _run_items if amx else _vnni_items, j, threads)
+            _passes(j, items, chunk, amx, threads)
         return y

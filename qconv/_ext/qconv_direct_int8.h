@@ -28,7 +28,7 @@
  * Blocks: block b owns steps b*spb .. (b+1)*spb - 1 of every tap, and step b*spb + j, row r reads input quad
  * b*bq + j*kg + r (AmxConvWeightLayout); its I_b and S_b sum over those steps alone.
  *
- * Work: quantization items (sample, quad), pixel-sum items (sample, phase-plane row; only with offsets), then compute
+ * Work: quantization items (sample, quad, band of its phase-plane rows: qc_di8_quant_bands), pixel-sum items (sample, phase-plane row; only with offsets), then compute
  * items. AMX: (sample, pair of 16-channel tiles, block of run pairs), four accumulator tiles per run pair; one
  * weight block: the K sequence (tap, step) cut into chunks whose weights stay in L1 across the run pairs; several:
  * block after block. VNNI (qc_di8_vnni_run): (sample, 16-channel tile, group of 3 runs, or 2 where that computes
@@ -48,6 +48,7 @@ typedef struct {
     int32_t nblocks, bq, spb;     /* weight blocks, quads of a block, K steps of a block per tap */
     int32_t planes;               /* quad planes the kernels read: AMX AmxConvWeightLayout.quads_padded (its tiles
                                    * span whole K steps), VNNI quads (it skips the zero-padded rows of a step) */
+    int32_t qbands;               /* bands of phase-plane rows per quantized quad (qc_di8_quant_bands) */
     int32_t O, otiles;            /* output channels, 16-channel tiles */
     /* set by qc_di8_setup */
     int64_t Hq, Wq, rows;         /* phase planes and their rows in a quad (sh*sw*Hq) */
@@ -115,6 +116,21 @@ static void qc_di8_setup(qc_di8_job *j)
         j->rb = j->nblocks > 1 || (int64_t)j->KH * j->KW * j->steps <= j->kchunk ? 2 : QC_DI8_RB;
 }
 
+/* bands of phase-plane rows a quad's quantization is cut into for `threads` threads: enough items for about 8 a
+ * thread where the samples' quads alone are fewer (a 3-channel stem is one quad), whole planes otherwise */
+static inline int32_t qc_di8_quant_bands(const qc_di8_job *j, int threads)
+{
+    const int64_t quads = j->N * j->planes, want = 8 * (int64_t)threads;
+    int64_t b = quads >= want ? 1 : (want + quads - 1) / quads;
+    b = b > j->rows ? j->rows : b;
+    return (int32_t)(b < 1 ? 1 : b);
+}
+
+static inline int64_t qc_di8_quant_items(const qc_di8_job *j)
+{
+    return j->N * j->planes * j->qbands;
+}
+
 static void qc_di8_offsets(const qc_di8_job *j, int64_t *toff)
 {
     for (int ky = 0; ky < j->KH; ++ky)
@@ -131,19 +147,22 @@ static inline void qc_di8_fill32(uint32_t *p, int64_t n, uint32_t v)
     for (int64_t i = 0; i < n; ++i) p[i] = v;
 }
 
-/* quantization item (sample n, quad c4): the quad's phase planes of sample n, padding and slack included */
+/* quantization item (sample n, quad c4, band b of its qbands): rows [r0, r1) of the quad's phase planes of sample
+ * n (row r: phase r / Hq, its row r % Hq), padding included; the last band adds the slack */
 QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
 {
-    const int64_t nq = j->planes, n = item / nq, c4 = item % nq;
+    const int64_t nq = j->planes, nb = j->qbands, n = item / (nq * nb), c4 = item / nb % nq, b = item % nb;
+    const int64_t rpb = (j->rows + nb - 1) / nb, r0 = b * rpb < j->rows ? b * rpb : j->rows;
+    const int64_t r1 = r0 + rpb < j->rows ? r0 + rpb : j->rows;
     const int32_t zpu = j->z[n] + 128;
     const uint32_t fill = 0x01010101u * (uint32_t)(zpu & 255);
     uint32_t *plane = (uint32_t *)(j->xq + n * j->sample_bytes + c4 * j->plane);
     const int64_t Hq = j->Hq, Wq = j->Wq, W = j->W, H = j->H, sh = j->sh, sw = j->sw;
     if (c4 >= j->quads) {   /* a padded quad (zero weights): any value, kept defined */
-        qc_di8_fill32(plane, j->plane / 4, fill);
+        qc_di8_fill32(plane + r0 * Wq, (b == nb - 1 ? j->plane / 4 : r1 * Wq) - r0 * Wq, fill);
         return;
     }
-    qc_di8_fill32(plane + j->rows * Wq, QC_DI8_SLACK, fill);
+    if (b == nb - 1) qc_di8_fill32(plane + j->rows * Wq, QC_DI8_SLACK, fill);
     const __m512 q = _mm512_set1_ps(j->qs[n]);
     const __m512i zv = _mm512_set1_epi32(zpu), lo = _mm512_set1_epi32(j->qlo + 128);
     const __m512i hi = _mm512_set1_epi32(j->qhi + 128);
@@ -157,47 +176,47 @@ QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
         xc[i] = c < j->C ? j->x + (n * j->C + c) * H * W : NULL;
         real += c < j->C;
     }
-    for (int64_t pa = 0; pa < sh; ++pa)
-        for (int64_t pb = 0; pb < sw; ++pb) {
-            uint32_t *ph = plane + (pa * sw + pb) * Hq * Wq;
-            /* column jj of this phase reads input column jj*sw + x0: inside the input for jj in [jlo, jhi) */
-            const int64_t x0 = pb - j->pl;
-            int64_t jlo = x0 >= 0 ? 0 : (-x0 + sw - 1) / sw;
-            int64_t jhi = W - x0 <= 0 ? 0 : (W - 1 - x0) / sw + 1;
-            jhi = jhi > Wq ? Wq : jhi;
-            jlo = jlo > jhi ? jhi : jlo;
-            for (int64_t i = 0; i < Hq; ++i) {
-                uint32_t *row = ph + i * Wq;
-                const int64_t yy = i * sh + pa - j->pt;
-                if (yy < 0 || yy >= H || jlo >= jhi) { qc_di8_fill32(row, Wq, fill); continue; }
-                qc_di8_fill32(row, jlo, fill);
-                qc_di8_fill32(row + jhi, Wq - jhi, fill);
-                for (int64_t jj = jlo; jj < jhi; jj += 16) {
-                    const int64_t cnt = jhi - jj >= 16 ? 16 : jhi - jj;
-                    const __mmask16 m = cnt == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1);
-                    __m512i acc = _mm512_setzero_si512();
-                    for (int c = 0; c < 4; ++c) {
-                        __m512i v = zv;
-                        if (c < real) {
-                            const float *src = xc[c] + yy * W + jj * sw + x0;
-                            __m512 f;
-                            if (sw == 1) f = _mm512_maskz_loadu_ps(m, src);
-                            else if (sw == 2) {   /* the even floats of src[0 : 2*cnt - 1] */
-                                const int64_t nf = 2 * cnt - 1;
-                                const __mmask16 m0 = nf >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nf) - 1);
-                                const __mmask16 m1 = nf > 16 ? (__mmask16)((1u << (nf - 16)) - 1) : 0;
-                                f = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, src), even,
-                                                           _mm512_maskz_loadu_ps(m1, src + 16));
-                            } else
-                                f = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, step, src, 4);
-                            v = qc_quant16_avx512(f, q, zv, lo, hi);
-                        }
-                        acc = _mm512_or_si512(acc, _mm512_slli_epi32(v, 8 * c));
+    for (int64_t r = r0; r < r1;) {
+        const int64_t pa = r / Hq / sw, pb = r / Hq % sw;
+        /* column jj of this phase reads input column jj*sw + x0: inside the input for jj in [jlo, jhi) */
+        const int64_t x0 = pb - j->pl;
+        int64_t jlo = x0 >= 0 ? 0 : (-x0 + sw - 1) / sw;
+        int64_t jhi = W - x0 <= 0 ? 0 : (W - 1 - x0) / sw + 1;
+        jhi = jhi > Wq ? Wq : jhi;
+        jlo = jlo > jhi ? jhi : jlo;
+        const int64_t pend = (r / Hq + 1) * Hq < r1 ? (r / Hq + 1) * Hq : r1;   /* this phase's rows in the band */
+        for (; r < pend; ++r) {
+            uint32_t *row = plane + r * Wq;
+            const int64_t i = r % Hq, yy = i * sh + pa - j->pt;
+            if (yy < 0 || yy >= H || jlo >= jhi) { qc_di8_fill32(row, Wq, fill); continue; }
+            qc_di8_fill32(row, jlo, fill);
+            qc_di8_fill32(row + jhi, Wq - jhi, fill);
+            for (int64_t jj = jlo; jj < jhi; jj += 16) {
+                const int64_t cnt = jhi - jj >= 16 ? 16 : jhi - jj;
+                const __mmask16 m = cnt == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1);
+                __m512i acc = _mm512_setzero_si512();
+                for (int c = 0; c < 4; ++c) {
+                    __m512i v = zv;
+                    if (c < real) {
+                        const float *src = xc[c] + yy * W + jj * sw + x0;
+                        __m512 f;
+                        if (sw == 1) f = _mm512_maskz_loadu_ps(m, src);
+                        else if (sw == 2) {   /* the even floats of src[0 : 2*cnt - 1] */
+                            const int64_t nf = 2 * cnt - 1;
+                            const __mmask16 m0 = nf >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nf) - 1);
+                            const __mmask16 m1 = nf > 16 ? (__mmask16)((1u << (nf - 16)) - 1) : 0;
+                            f = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, src), even,
+                                                       _mm512_maskz_loadu_ps(m1, src + 16));
+                        } else
+                            f = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, step, src, 4);
+                        v = qc_quant16_avx512(f, q, zv, lo, hi);
                     }
-                    _mm512_mask_storeu_epi32(row + jj, m, acc);
+                    acc = _mm512_or_si512(acc, _mm512_slli_epi32(v, 8 * c));
                 }
+                _mm512_mask_storeu_epi32(row + jj, m, acc);
             }
         }
+    }
 }
 
 /* pixel-sum item (sample n, row r of the phase planes): per block, psum[p] = sum of u over the block's real channels
