@@ -28,11 +28,12 @@
  * Blocks: block b owns steps b*spb .. (b+1)*spb - 1 of every tap, and step b*spb + j, row r reads input quad
  * b*bq + j*kg + r (AmxConvWeightLayout); its I_b and S_b sum over those steps alone.
  *
- * Work: quantization items (sample, quad, band of its phase-plane rows: qc_di8_quant_bands), pixel-sum items (sample, phase-plane row; only with offsets), then compute
- * items. AMX: (sample, pair of 16-channel tiles, block of run pairs), four accumulator tiles per run pair; one
- * weight block: the K sequence (tap, step) cut into chunks whose weights stay in L1 across the run pairs; several:
- * block after block. VNNI (qc_di8_vnni_run): (sample, 16-channel tile, group of 3 runs, or 2 where that computes
- * fewer padding runs), 8 channels x 3 (2) runs of accumulators in registers, a K step's zero-padded quads skipped.
+ * Work: quantization items (sample, quad, band of its phase-plane rows: qc_di8_quant_bands), pixel-sum items
+ * (sample, phase-plane row; only with offsets), then compute items. AMX: (sample, pair of 16-channel tiles, block of
+ * run pairs), four accumulator tiles per run pair; one weight block: the K sequence (tap, step) cut into chunks
+ * whose weights stay in L1 across the run pairs; several: block after block. VNNI (qc_di8_vnni_run): (sample,
+ * 16-channel tile, group of 3 runs, or 2 where that computes fewer padding runs), 8 channels x 3 (2) runs of
+ * accumulators in registers, a K step's zero-padded quads skipped.
  */
 #ifndef QCONV_DIRECT_INT8_H
 #define QCONV_DIRECT_INT8_H
