@@ -113,6 +113,49 @@ def test_engine_bitwise_gemm_and_oracle(kernel, case, threads):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+@given(case=cases(), threads=st.sampled_from([1, 2]), zp=st.integers(-128, 127),
+       sides=st.sampled_from(["in", "out", "both"]), data=st.data())
+def test_static_int8_bitwise_gemm(kernel, case, threads, zp, sides, data):
+    """The static int8 path (``input_qparams`` / ``output_qparams``, each side alone or both) on the direct int8 conv:
+    an int8 input taken as its own quantization, an int8 output requantized as qc_requant does; bitwise the tiled
+    GEMM's static path (same kernel, and the VNNI kernel's)."""
+    geo, weight, x, bias, act, pa = case
+    kw = {}
+    if sides in ("in", "both"):
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        x = rng.integers(-128, 128, x.shape).astype(np.int8)
+        kw["input_qparams"] = (data.draw(st.sampled_from([0.004, 0.05, 1.5])), zp)
+    if sides in ("out", "both"):
+        kw["output_qparams"] = (data.draw(st.sampled_from([0.01, 0.1, 3.0])), data.draw(st.integers(-128, 127)))
+    spec = ConvSpec(weight, bias, geo.stride, geo.padding, geo.dilation, act, "tensor", post_affine=pa)
+    direct = CpuEngine(spec, kernel=kernel, threads=threads, direct_int8=True, depthwise=False, **kw)
+    direct.amx_min_cols = 1
+    y = direct.forward(x)
+    assert direct.last_call["split"] == "direct-int8"
+    assert y.dtype == (np.int8 if "output_qparams" in kw else np.float32)
+    for k in dict.fromkeys([kernel, "avx512vnni"]):
+        gemm = CpuEngine(spec, kernel=k, threads=threads, direct_int8=False, depthwise=False, **kw)
+        gemm.amx_min_cols = 1
+        np.testing.assert_array_equal(y, gemm.forward(x))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_static_int8_saturates_and_keeps_no_native_call(kernel):
+    """Outputs beyond the int8 range clamp to -128 / 127 exactly as the GEMM path's (a tiny output scale), and the
+    static layer offers the custom operator no native call (its tensors are int8)."""
+    rng = np.random.default_rng(11)
+    w = quantize_weight(rng.standard_normal((24, 20, 3, 3)).astype(np.float32), symmetric=False)
+    spec = ConvSpec(w, rng.standard_normal(24).astype(np.float32), 2, 1, 1, "hardswish", "tensor")
+    x = rng.integers(-128, 128, (1, 20, 17, 15)).astype(np.int8)
+    kw = dict(input_qparams=(0.03, -5), output_qparams=(0.001, 3))
+    direct = CpuEngine(spec, kernel=kernel, direct_int8=True, **kw)
+    y = direct.forward(x)
+    assert direct.last_call["split"] == "direct-int8" and (y == 127).any() and (y == -128).any()
+    np.testing.assert_array_equal(y, CpuEngine(spec, kernel=kernel, direct_int8=False, **kw).forward(x))
+    assert direct.native_call(x.shape, y.shape) is None
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("c,hw,stride,n", [(3, 12, 1, 1), (3, 17, 2, 1), (5, 10, 1, 1), (6, 9, 3, 2), (13, 7, 1, 1)])
 def test_quantization_bands_cover_every_row(kernel, c, hw, stride, n):
     """Few input channels (a stem's 3) give few quads: their quantization is cut into bands of phase-plane rows,

@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The direct int8 conv of the qconv CPU engine (kernels ``"amx"`` and ``"avx512vnni"``, ``act_quant="tensor"``,
-one group, weights per channel or in blocks of a multiple of 4 channels; any stride, padding and dilation).
+"""The direct int8 conv of the qconv CPU engine (kernels ``"amx"`` and ``"avx512vnni"``, ``act_quant="tensor"`` or
+the static int8 path, one group, weights per channel or in blocks of a multiple of 4 channels; any stride, padding
+and dilation).
 
 :class:`DirectInt8Plan` runs such a layer without im2col, indirection table or transposing store: the input is
 quantized once into padded quad-major phase planes from which AMX loads its B tiles in place (the VNNI kernel: its
@@ -37,6 +38,10 @@ cdef extern from "qconv_direct_int8.h" nogil:
         const float *pa_t
         const float *x
         float *y
+        const int8_t *xi
+        int8_t *yi
+        float oscale
+        int32_t ozp
         uint8_t *xq
         int32_t *psum
         const float *qs
@@ -118,13 +123,13 @@ cdef int64_t _di8_native_run(const qc_native *n, const float *x, float *y, void 
     return 0
 
 
-def is_direct_int8(spec) -> bool:
+def is_direct_int8(spec, bint static_input=False) -> bool:
     """True when ``spec`` (:class:`~qconv.geometry.ConvSpec`) is a layer this path runs: one group, per-channel
-    weights or blocks of a multiple of 4 channels, dynamic per-tensor activations (``act_quant="tensor"``); any
-    stride, padding, dilation."""
+    weights or blocks of a multiple of 4 channels, dynamic per-tensor activations (``act_quant="tensor"``) or
+    (``static_input``) an int8 input with its own scale and zero point; any stride, padding, dilation."""
     from ..layouts.amx import AmxConvWeightLayout
     w = spec.weight
-    return AmxConvWeightLayout.supports(w) and spec.act_quant == "tensor" and w.bits in (4, 8)
+    return AmxConvWeightLayout.supports(w) and (static_input or spec.act_quant == "tensor") and w.bits in (4, 8)
 
 
 cdef class DirectInt8Plan:
@@ -132,9 +137,10 @@ cdef class DirectInt8Plan:
 
     ``spec``: the layer's :class:`~qconv.geometry.ConvSpec` (:func:`is_direct_int8`); ``layout``: its
     :class:`~qconv.layouts.amx.AmxConvWeightLayout`; ``post_affine``: None or float32 ``(O,)`` scale and shift
-    applied after the activation (the session's fused BatchNorm-like tail). Per call, :meth:`forward` takes the
-    per-sample activation parameters (``qs``, ``z``, ``dx``, as :func:`qconv._ext._cpu.fill_tensor_params` fills
-    them) and a uint8 scratch of :meth:`scratch_bytes`.
+    applied after the activation (the session's fused BatchNorm-like tail); ``output_qparams``: None (float32
+    output) or the static int8 output's ``(scale, zero_point)``. Per call, :meth:`forward` takes the per-sample
+    activation parameters (``qs``, ``z``, ``dx``, as :func:`qconv._ext._cpu.fill_tensor_params` fills them; for an
+    int8 input 1, its zero point and its scale) and a uint8 scratch of :meth:`scratch_bytes`.
     """
     cdef qc_di8_job job
     cdef object keep
@@ -145,18 +151,21 @@ cdef class DirectInt8Plan:
     cdef readonly object layout
     cdef readonly str kernel
     cdef bint use_amx
+    cdef readonly bint out_int8
     cdef int64_t shape_key[5]   # the (N, H, W, OH, OW) the job is set up for
 
-    def __init__(self, spec, layout, post_affine=None, str kernel="amx"):
+    def __init__(self, spec, layout, post_affine=None, str kernel="amx", output_qparams=None, bint static_input=False):
         cdef qc_di8_job *j = &self.job
         if kernel not in ("amx", "avx512vnni"):
             raise ValueError(f"kernel must be 'amx' or 'avx512vnni', got {kernel!r}")
         self.kernel = kernel
         self.use_amx = kernel == "amx"
         self.shape_key[0] = -1
-        if not is_direct_int8(spec):
+        if not is_direct_int8(spec, static_input):
             raise ValueError("the direct int8 conv runs one-group layers (per channel, or blocks of a multiple of 4 "
-                             "channels) with act_quant='tensor'")
+                             "channels) with act_quant='tensor' or a static int8 input")
+        self.out_int8 = output_qparams is not None
+        j.oscale, j.ozp = (output_qparams[0], output_qparams[1]) if self.out_int8 else (1.0, 0)
         w = spec.weight
         o, ocp = w.out_channels, layout.oc_padded
         kh, kw = w.kernel_size
@@ -230,12 +239,15 @@ cdef class DirectInt8Plan:
 
     def native(self, tuple xshape, tuple yshape, int threads):
         """The engine's direct int8 call (per-tensor activation parameters, then :meth:`forward`) of NCHW float32
-        ``x`` of ``xshape`` into ``y`` of ``yshape`` on ``threads`` threads, as a
-        :class:`~qconv._ext._cpu.NativeCall` for the custom operator; None when out of memory."""
+        ``x`` of ``xshape`` into float32 ``y`` of ``yshape`` on ``threads`` threads, as a
+        :class:`~qconv._ext._cpu.NativeCall` for the custom operator; None when out of memory (or the plan has an
+        int8 output)."""
         cdef _Di8Native *d
         cdef NativeCall call
         cdef int64_t N = xshape[0], H = xshape[2], W = xshape[3], OH = yshape[2], OW = yshape[3], nb
         cdef int64_t[::1] tv
+        if self.out_int8:
+            return None
         self._shape(N, H, W, OH, OW)
         nb = (N * self.job.sample_bytes + 63) // 64 * 64
         psum_at = nb
@@ -250,6 +262,7 @@ cdef class DirectInt8Plan:
         tv = toff
         qc_di8_offsets(&d.j, &tv[0])
         d.j.toff = &tv[0]
+        d.j.xi, d.j.yi = NULL, NULL
         d.j.qlo, d.j.qhi = -128, 127
         d.nt, d.amx, d.variant = threads, self.use_amx, _cpu.KERNELS[self.kernel]
         d.items = qc_di8_amx_items(&d.j) if self.use_amx else qc_di8_vnni_items(&d.j)
@@ -260,12 +273,17 @@ cdef class DirectInt8Plan:
         return call
 
     def forward(self, x, y, qs, z, dx, uint8_t[::1] scratch, int threads):
-        """``y`` (float32 NCHW, C-contiguous) = the layer on float32 NCHW ``x`` (C-contiguous, finite), with the
-        per-sample activation parameters ``qs`` float32, ``z`` int32, ``dx`` float32 ``(N,)`` (clip range
-        [-128, 127]); ``scratch``: at least :meth:`scratch_bytes` bytes. Returns ``y``."""
+        """``y`` (NCHW, C-contiguous; int8 when the plan has ``output_qparams``, else float32) = the layer on NCHW
+        ``x`` (C-contiguous; float32 and finite, or int8: the static path), with the per-sample activation
+        parameters ``qs`` float32, ``z`` int32, ``dx`` float32 ``(N,)`` (clip range [-128, 127]); ``scratch``: at
+        least :meth:`scratch_bytes` bytes. Returns ``y``."""
         cdef qc_di8_job *j = &self.job
-        cdef const float[:, :, :, ::1] xv = x
-        cdef float[:, :, :, ::1] yv = y
+        cdef const float[:, :, :, ::1] xv
+        cdef const int8_t[:, :, :, ::1] xiv
+        cdef float[:, :, :, ::1] yv
+        cdef int8_t[:, :, :, ::1] yiv
+        if (y.dtype == np.int8) != self.out_int8:
+            raise ValueError(f"y must be {'int8' if self.out_int8 else 'float32'} for this plan, got {y.dtype}")
         cdef const float[::1] qsv = qs
         cdef const int32_t[::1] zv = z
         cdef const float[::1] dxv = dx
@@ -274,7 +292,19 @@ cdef class DirectInt8Plan:
             raise ValueError("x, y or the activation parameters do not match this layer")
         if scratch.shape[0] < self.scratch_bytes(N, x.shape[2], x.shape[3], y.shape[2], y.shape[3]):
             raise ValueError("scratch too small")
-        j.x, j.y = &xv[0, 0, 0, 0], &yv[0, 0, 0, 0]
+        j.x, j.xi, j.y, j.yi = NULL, NULL, NULL, NULL
+        if x.dtype == np.int8:
+            xiv = x
+            j.xi = &xiv[0, 0, 0, 0]
+        else:
+            xv = x
+            j.x = &xv[0, 0, 0, 0]
+        if self.out_int8:
+            yiv = y
+            j.yi = &yiv[0, 0, 0, 0]
+        else:
+            yv = y
+            j.y = &yv[0, 0, 0, 0]
         j.qs, j.z, j.dx = &qsv[0], &zv[0], &dxv[0]
         j.qlo, j.qhi = -128, 127
         cdef int64_t a0 = (-<int64_t> <size_t> &scratch[0]) & 63   # 64-byte aligned tile rows (0 from the arena)

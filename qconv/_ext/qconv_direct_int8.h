@@ -7,10 +7,13 @@
  *   y[n][o][oy][ox] = clamp(dx * fma(s[o], I, off[o] * S) + bias[o], lo, hi), then the tail activation (hardswish, silu) and v * ps + pt
  * with the float operations, in the order, of the VNNI kernel's epilogue (qc_vnni_facc, qc_vnni_fin) and of the
  * store's tail activation / post-affine: the results are bitwise those of the tiled GEMM path.
+ * The static int8 path (the engine's input_qparams / output_qparams), each side on its own: an int8 input xi is
+ * taken as its own quantization (xq = xi, z its zero point, dx its scale: no pass over x for a range), and an int8
+ * output yi stores qc_requant's clip(round(y / oscale) + ozp, -128, 127) of the same y (qc_requant16_avx512).
  * Scope: any stride, kernel size, dilation and padding, one group, weights per channel or in blocks of a multiple
  * of 4 channels (symmetric or with offsets; several blocks: each block's integer sums I_b, S_b and the float sum
  * F = sum over b of fma(s_b, I_b, off_b * S_b) in the GEMM's order, then dx * F + bias), int8 or int4 weights,
- * float32 NCHW input and output.
+ * float32 (or int8) NCHW input and output.
  *
  * Layout. Per sample the input is quantized once into a padded quad-major buffer of bytes U = xq + 128: per quad
  * (4 channels), the sh*sw phase planes of the zero-padded input, phase (a, b) holding padded rows a, a+sh, ... and
@@ -67,9 +70,13 @@ typedef struct {
     float lo, hi;
     int32_t tail;
     const float *pa_s, *pa_t;     /* post-affine per channel, or NULL */
-    /* per call */
+    /* per call: float x and y, or (the static path) int8 xi and / or yi with the other NULL */
     const float *x;
     float *y;
+    const int8_t *xi;
+    int8_t *yi;
+    float oscale;                 /* int8 output: y ~= (yi - ozp) * oscale */
+    int32_t ozp;
     uint8_t *xq;
     int32_t *psum;                /* NULL when offset is NULL */
     const float *qs, *dx;         /* per sample */
@@ -148,6 +155,24 @@ static inline void qc_di8_fill32(uint32_t *p, int64_t n, uint32_t v)
     for (int64_t i = 0; i < n; ++i) p[i] = v;
 }
 
+/* 16 columns (cnt valid, mask m) of an int8 input row at stride sw from src, as the bytes U = xi + 128 in int32
+ * lanes (0 + 128 past cnt) */
+QC_TGT_512 static inline __m512i qc_di8_load_i8(const int8_t *src, int64_t cnt, int64_t sw, __mmask16 m)
+{
+    __m512i v;
+    if (sw == 1) v = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, src));
+    else if (sw == 2) {   /* the even bytes of src[0 : 2*cnt - 1]: int16 lanes, then each int32 lane's low half */
+        const int64_t nb = 2 * cnt - 1;
+        const __mmask32 mb = nb >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << nb) - 1);
+        v = _mm512_cvtepi16_epi32(_mm512_cvtepi32_epi16(_mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mb, src))));
+    } else {
+        int32_t t[16] __attribute__((aligned(64))) = {0};
+        for (int64_t i = 0; i < cnt; ++i) t[i] = src[i * sw];
+        v = _mm512_load_si512((const void *)t);
+    }
+    return _mm512_add_epi32(v, _mm512_set1_epi32(128));
+}
+
 /* quantization item (sample n, quad c4, band b of its qbands): rows [r0, r1) of the quad's phase planes of sample
  * n (row r: phase r / Hq, its row r % Hq), padding included; the last band adds the slack */
 QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
@@ -171,10 +196,12 @@ QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
     const __m512i step = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                             _mm512_set1_epi32((int)sw));
     const float *xc[4];
+    const int8_t *xb[4];
     int real = 0;
     for (int i = 0; i < 4; ++i) {
-        const int64_t c = 4 * c4 + i;
-        xc[i] = c < j->C ? j->x + (n * j->C + c) * H * W : NULL;
+        const int64_t c = 4 * c4 + i, at = (n * j->C + c) * H * W;
+        xc[i] = c < j->C && j->x ? j->x + at : NULL;
+        xb[i] = c < j->C && j->xi ? j->xi + at : NULL;
         real += c < j->C;
     }
     for (int64_t r = r0; r < r1;) {
@@ -198,7 +225,8 @@ QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
                 __m512i acc = _mm512_setzero_si512();
                 for (int c = 0; c < 4; ++c) {
                     __m512i v = zv;
-                    if (c < real) {
+                    if (c < real && xb[c]) v = qc_di8_load_i8(xb[c] + yy * W + jj * sw + x0, cnt, sw, m);
+                    else if (c < real) {
                         const float *src = xc[c] + yy * W + jj * sw + x0;
                         __m512 f;
                         if (sw == 1) f = _mm512_maskz_loadu_ps(m, src);
@@ -284,7 +312,11 @@ void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, con
     const __m512 zero = _mm512_setzero_ps();
     const int mmax = j->O - 16 * ot < 16 ? (int)(j->O - 16 * ot) : 16;
     const int64_t ohw = j->OH * j->OW;
-    float *y0 = j->y + (n * j->O + 16 * ot) * ohw;
+    const int o8 = j->yi != NULL;
+    float *y0 = o8 ? NULL : j->y + (n * j->O + 16 * ot) * ohw;
+    int8_t *b0 = o8 ? j->yi + (n * j->O + 16 * ot) * ohw : NULL;
+    const __m512 osc = _mm512_set1_ps(j->oscale);
+    const __m512i ozp = _mm512_set1_epi32(j->ozp);
     for (int m = 0; m < mmax; ++m) {
         const __m512i acc = _mm512_loadu_si512((const void *)(cbuf + 16 * m));
         const __m512i i = _mm512_sub_epi32(acc, _mm512_set1_epi32(zpu * wsx[m]));
@@ -297,6 +329,11 @@ void qc_di8_epi_rows(const qc_di8_job *j, int64_t n, int64_t ot, int64_t v0, con
         f = _mm512_fmadd_ps(dx, f, _mm512_set1_ps(bias[m]));
         f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
         f = qc_tail_affine512(f, hs, pa, _mm512_set1_ps(pa ? pas[m] : 1.0f), _mm512_set1_ps(pa ? pat[m] : 0.0f));
+        if (o8) {
+            const __m128i b = qc_requant16_avx512(f, osc, ozp);
+            for (int s = 0; s < nseg; ++s) _mm_mask_storeu_epi8(b0 + m * ohw + sg->off[s], sg->mask[s], b);
+            continue;
+        }
         float *yo = y0 + m * ohw;
         if (nseg == 1) _mm512_mask_storeu_ps(yo + sg->off[0], sg->mask[0], f);
         else for (int s = 0; s < nseg; ++s) _mm512_mask_storeu_ps(yo + sg->off[s], sg->mask[s], f);

@@ -32,7 +32,8 @@ passes are pure cost there.
 Depthwise layers (``groups == in_channels``) run :class:`qconv._ext._depthwise.DepthwisePlan` and prepare
 nothing else (no GEMM tiles or tables).
 
-Direct int8 conv (kernels ``"amx"`` and ``"avx512vnni"``, ``act_quant="tensor"``, float NCHW output, one group,
+Direct int8 conv (kernels ``"amx"`` and ``"avx512vnni"``, ``act_quant="tensor"`` or the static int8 path below,
+NCHW calls, one group,
 weights per channel or in blocks of a multiple of 4 channels; any stride, padding, dilation): :class:`qconv._ext._direct_int8.DirectInt8Plan`
 (``qconv_direct_int8.h``) quantizes the input once into padded channel-quad-major phase planes, from which AMX loads
 its pixel tiles in place (VNNI: 16-pixel vectors), against :class:`~qconv.layouts.amx.AmxConvWeightLayout` weight
@@ -478,19 +479,18 @@ class CpuEngine:
     def _direct_int8_wanted(self) -> bool:
         """Whether NCHW calls of at least ``amx_min_cols`` output pixels take the direct int8 conv (prepared on the
         first). Option ``direct_int8``: None = automatic (kernel ``"amx"`` or ``"avx512vnni"``, dynamic per-tensor
-        activations, float output, one group, weights per channel or in blocks of a multiple of 4 channels, not
-        depthwise) unless
+        activations or a static int8 input, float or static int8 output, one group, weights per channel or in blocks
+        of a multiple of 4 channels, not depthwise) unless
         ``$QCONV_CPU_DIRECT_INT8=0``, False = the tiled GEMM, True = the direct int8 conv (a ValueError for other
         layers or kernels)."""
         opt = self._direct_int8_option
         if opt is not None and not isinstance(opt, (bool, np.bool_)):
             raise TypeError(f"direct_int8 must be None, True or False, got {opt!r}")
         able = (self._dw is None and self._direct is None and self.kernel in ("amx", "avx512vnni")
-                and _direct_int8 is not None and self.input_qparams is None and self.output_qparams is None
-                and _direct_int8.is_direct_int8(self.spec))
+                and _direct_int8 is not None and _direct_int8.is_direct_int8(self.spec, self.int8_input))
         if opt and not able:
-            raise ValueError("direct_int8=True needs kernel 'amx' or 'avx512vnni', act_quant='tensor', float output, "
-                             "one group, and weights per channel or in blocks of a multiple of 4 channels (not "
+            raise ValueError("direct_int8=True needs kernel 'amx' or 'avx512vnni', act_quant='tensor' or a static int8 "
+                             "input, one group, and weights per channel or in blocks of a multiple of 4 channels (not "
                              "depthwise)")
         want = os.environ.get(ENV_DIRECT_INT8, "1") != "0" if opt is None else bool(opt)
         return bool(want and able)
@@ -761,13 +761,14 @@ class CpuEngine:
         if self._direct_int8_plan is None:
             from ..layouts.amx import AmxConvWeightLayout
             self._direct_int8_plan = _direct_int8.DirectInt8Plan(
-                self.spec, AmxConvWeightLayout.for_weight(self.spec.weight), self.spec.post_affine, self.kernel)
+                self.spec, AmxConvWeightLayout.for_weight(self.spec.weight), self.spec.post_affine, self.kernel,
+                self.output_qparams, self.int8_input)
         return self._direct_int8_plan
 
     def _forward_direct_int8(self, x, y, n, h, w, oh, ow):
-        """The direct int8 conv (:class:`~qconv._ext._direct_int8.DirectInt8Plan`) of a float32 NCHW ``x`` into
-        ``y``: per-tensor activation parameters as the GEMM path computes them, then the plan (bitwise the GEMM
-        path's results)."""
+        """The direct int8 conv (:class:`~qconv._ext._direct_int8.DirectInt8Plan`) of an NCHW ``x`` into ``y``:
+        per-tensor activation parameters as the GEMM path computes them (an int8 input's own: 1, its zero point,
+        its scale), then the plan (bitwise the GEMM path's results)."""
         plan = self._di8_plan()
         key = ("direct_int8", n, h, w)
         sizes = self._sizes.get(key)
@@ -782,7 +783,11 @@ class CpuEngine:
                  ("dx", n, np.dtype(np.float32))))
         nt = 1 if sizes[0] < SERIAL_MACS else self.threads
         s = scratch.arena().take_all(sizes[1])
-        if not _cpu.fill_tensor_params(x.reshape(-1), nt, self.kernel, s["qs"], s["z"], s["dx"]):
+        if self.input_qparams is not None:
+            s["qs"].fill(1)
+            s["z"].fill(self.input_qparams[1])
+            s["dx"].fill(self.input_qparams[0])
+        elif not _cpu.fill_tensor_params(x.reshape(-1), nt, self.kernel, s["qs"], s["z"], s["dx"]):
             raise ValueError("x contains NaN or infinite values")
         plan.forward(x, y, s["qs"], s["z"], s["dx"], s["Q"], nt)
         self._last_direct_int8 = nt
