@@ -209,6 +209,31 @@ def test_engine_env_and_small_calls(kernel, monkeypatch):
     assert eng.last_call["split"] != "direct-int8"
 
 
+@pytest.mark.skipif(not _cpu.kernel_supported("avx512vnni"), reason="this CPU (or OS) cannot run the 'avx512vnni' "
+                    "kernel")
+@pytest.mark.parametrize("c,k,stride,block,direct", [
+    (256, 3, 1, 0, False), (128, 3, 2, 0, False), (96, 3, 1, 0, True), (128, 3, 1, 0, True), (64, 3, 2, 0, True),
+    (512, 1, 1, 0, True), (128, 3, 1, 32, False), (64, 3, 2, 32, False), (96, 3, 1, 32, True), (32, 3, 2, 32, True),
+    (256, 1, 1, 32, False), (128, 1, 1, 32, True)])
+def test_vnni_rule_gives_wide_convs_to_the_gemm(c, k, stride, block, direct):
+    """On the VNNI kernel, convs of more than one tap and DI8_VNNI_GEMM_CHANNELS input channels (half at a stride,
+    half again with weight blocks; 1x1 convs only with blocks) take the tiled GEMM (the same bits), unless
+    direct_int8=True; narrower layers stay direct."""
+    from qconv.cpu import engine as E
+    assert E.DI8_VNNI_GEMM_CHANNELS == 256
+    rng = np.random.default_rng(c + k)
+    w = quantize_weight(rng.standard_normal((32, c, k, k)).astype(np.float32), block_size=block, symmetric=not block)
+    spec = ConvSpec(w, None, stride, k // 2)
+    x = rng.standard_normal((1, c, 9, 10)).astype(np.float32)
+    auto = CpuEngine(spec, kernel="avx512vnni")
+    y = auto.forward(x)
+    assert (auto.last_call["split"] == "direct-int8") == direct
+    assert (auto.native_call(x.shape, y.shape) is not None) == direct
+    forced = CpuEngine(spec, kernel="avx512vnni", direct_int8=True)
+    np.testing.assert_array_equal(y, forced.forward(x))
+    assert forced.last_call["split"] == "direct-int8"
+
+
 def test_other_kernels_keep_the_gemm():
     """The scalar and AVX2 kernels have no direct int8 conv: automatic is the GEMM, True is refused by name."""
     spec = ConvSpec(quantize_weight(np.ones((8, 8, 3, 3), np.float32)), None, 1, 1)

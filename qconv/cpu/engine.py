@@ -138,6 +138,16 @@ MAX_THREADS = 256
 # kernel="amx": GEMM calls of at least this many output columns run on AMX tiles, smaller ones (GEMVs) on the VNNI
 # kernel over the packed tiles (bitwise the same results); the AMX tiles are packed at the first such call.
 AMX_MIN_COLS = 4
+# kernel="avx512vnni": layers of at least this many input channels run the tiled GEMM, not the direct int8 conv,
+# when they have more than one tap; half as many at a stride above 1, and half again with weight blocks, whose
+# per-block epilogue the direct conv runs per 16-pixel run (1x1 convs: only with blocks, from this many). The direct
+# conv computes every row's padding columns as virtual pixels (a 14-wide 3x3 row: 16 for 14); the GEMM gathers each
+# input value once for all output channels. Measured 2026-12-07 (Zen 4, 2 threads, one process, GEMM time / direct
+# time): int8 per channel 3x3 256@14 0.84-0.91, 256@28 0.94, 128->256 s2 @28 0.89, 256->512 s2 @14 0.90, 512@7
+# 1.00, while 64@56 1.16-1.23, 64@14 1.27, 128@28 0.97-1.01, 128@14 1.03, 64->128 s2 @56 1.06 and every 1x1 conv
+# (1.09-1.37) keep the direct conv; int4 block 32 3x3 128@28 0.90, 128@14 0.90, 256@14 0.76, 512@7 0.77, 96@14 0.97,
+# 64@56 1.17; 1x1 256->1024@14 0.77-0.78 (int8 blocks 0.91-0.94), 128->512@28 0.96-1.01. AMX keeps the direct conv.
+DI8_VNNI_GEMM_CHANNELS = 256
 # ... and only for layers whose blocks hold at least this many reduction values (padding included): AMX pads each
 # block to the 64-byte K step, so shorter blocks (1x1 convs and linears with block 32) waste half its work and pay
 # a tile store and epilogue per block; measured on the AMX Xeon (2 threads): batch-8 4096->4096 int4 block-32
@@ -702,7 +712,7 @@ class CpuEngine:
             return self._dw.native(tuple(xshape), tuple(yshape), self._dw_threads(n, oh, ow, 0))
         if self._direct is not None and oh * ow >= DIRECT_MIN_PIXELS:
             return self._direct.native(tuple(xshape), tuple(yshape), self._conv_threads(n, oh, ow))
-        if self._direct_int8_able and n * oh * ow >= self.amx_min_cols:
+        if self._di8_takes(n, oh, ow):
             return self._di8_plan().native(tuple(xshape), tuple(yshape), self._conv_threads(n, oh, ow))
         return None
 
@@ -714,6 +724,20 @@ class CpuEngine:
         else:
             serial = macs < SERIAL_MACS and n * self.spec.in_channels < DW_SERIAL_PLANES
         return 1 if serial else self.threads
+
+    def _di8_takes(self, n, oh, ow) -> bool:
+        """Whether an NCHW call with ``(n, oh, ow)`` outputs runs the direct int8 conv: the layer can, the call has
+        at least ``amx_min_cols`` output pixels, and (kernel ``"avx512vnni"``) the rule of
+        :data:`DI8_VNNI_GEMM_CHANNELS` leaves it there."""
+        if not self._direct_int8_able or n * oh * ow < self.amx_min_cols:
+            return False
+        w = self.spec.weight
+        if self.kernel != "avx512vnni" or self._direct_int8_option:
+            return True
+        if w.taps == 1:
+            return w.n_blocks == 1 or w.in_channels < DI8_VNNI_GEMM_CHANNELS
+        wide = DI8_VNNI_GEMM_CHANNELS // (1 if max(self.spec.stride) == 1 else 2) // (1 if w.n_blocks == 1 else 2)
+        return w.in_channels < wide
 
     def _conv_threads(self, n, oh, ow) -> int:
         """Threads of a direct (float or int8) call: one under SERIAL_MACS multiply-adds."""
@@ -732,7 +756,7 @@ class CpuEngine:
             buf = scratch.arena().take("direct", self._direct.buffer_floats(x, int(nchw), nt), np.float32)
             return self._direct.forward(x, int(nchw), y, int(not nchw), nt, buf)
         self._last_direct_int8 = 0
-        if self._direct_int8_able and nchw and n * oh * ow >= self.amx_min_cols:
+        if nchw and self._di8_takes(n, oh, ow):
             return self._forward_direct_int8(x, y, n, h, w, oh, ow)
         if self._plan is None:
             self._prepare_gemm()
