@@ -39,7 +39,7 @@ def test_gemv_mma_matches_reference(cl_device, data):
     assert_matches_reference(y, x, weight, bias, activation=act, act_quant=None)
 
 
-SCHEMES = [(4, 0, True), (8, 0, False), (4, 32, False), (8, 32, True), (4, 128, True), (8, 16, False), (8, 64, True)]
+SCHEMES = [(4, 0, True), (8, 0, False), (4, 32, False), (8, 32, True), (4, 128, True), (4, 128, False), (8, 16, False), (8, 64, True)]
 
 
 @pytest.mark.parametrize("variant", sorted(gpu.GEMV_MMA_VARIANTS))

@@ -20,7 +20,7 @@ spec                       layout (logical q is int8 ``(O, I, kh, kw)``)        
 ``OpenCLGemvMMALayout``     ``[ceil(O/16)][ceil(I/KT)][32][16]``, ``KT`` = 64     ``gemv_mma.cl``
                             (int4) or 32 (int8): lane ``l``'s 16 bytes are its
                             ``mma.m16n8k16`` A fragments
-``OpenCLGemvMMAScaleLayout``  ``[ceil(O/16)][n_blocks][8][2 or 4]``: rows ``g``,    ``gemv_mma.cl`` (blocks)
+``OpenCLGemvMMAScaleLayout``  ``[1 or 2][ceil(O/16)][n_blocks][8][2]``: rows ``g``,  ``gemv_mma.cl`` (blocks)
                             ``g + 8`` of a tile's block (scales, then offsets)
 ``OpenCLScaleLayout``       scales/offsets ``(O, n_blocks)`` -> ``[n_blocks][ceil(O/4)*4]``  every kernel
                             float32 or float16 (``vload_half``)
@@ -714,15 +714,17 @@ class OpenCLGemvMMALayout:
 @dataclass(frozen=True)
 class OpenCLGemvMMAScaleLayout:
     """Block scales (and offsets) of the tensor-core GEMV's blockwise path (``gemv_mma.cl`` without
-    ``NBLK1``): ``[ceil(O/16)][n_blocks][8][2 or 4]``, the numbers lane ``l`` of a warp folds its block sums
-    with, next to each other, so that one 4- or 8-byte (float16; 8 or 16 bytes as float32) load per block
-    brings them.
+    ``NBLK1``): ``[ceil(O/16)][n_blocks][8][2]`` per plane (the scales; with ``asym`` the offsets follow as a
+    second plane, ``[2][ceil(O/16)][n_blocks][8][2]``), the numbers lane ``l`` of a warp folds its block sums
+    with, next to each other, so that one 4-byte (float16; 8 bytes as float32) load per block brings them. The
+    planes are apart because a block's scale is read by all four lanes of a row pair and its offset by one
+    (the lanes share out the offsets' terms).
 
     Logical values: float32 ``(O, n_blocks)`` scales, or, with ``asym``, ``(2, O, n_blocks)``: scales then
-    offsets. Output channels go in tiles of 16 rows; for tile ``T``, block ``b`` and ``g = l // 4`` in
-    ``0..7`` the entry holds ``s[16T + g, b], s[16T + g + 8, b]`` (then ``o[16T + g, b], o[16T + g + 8, b]``
-    with ``asym``): the rows ``g`` and ``g + 8`` of ``mma.m16n8k32``'s C fragment. Rows ``>= O`` hold 0.
-    ``dtype``: ``"float32"`` or ``"float16"`` (read with ``vloada_half2`` / ``vloada_half4``).
+    offsets. Output channels go in tiles of 16 rows; for plane ``v``, tile ``T``, block ``b`` and ``g = l // 4``
+    in ``0..7`` the entry holds ``v[16T + g, b], v[16T + g + 8, b]``: the rows ``g`` and ``g + 8`` of
+    ``mma.m16n8k32``'s C fragment. Rows ``>= O`` hold 0. ``dtype``: ``"float32"`` or ``"float16"`` (read with
+    ``vloada_half2``).
     """
 
     dtype: str = "float16"
@@ -735,9 +737,9 @@ class OpenCLGemvMMAScaleLayout:
             raise ValueError(f"dtype must be 'float32' or 'float16', got {self.dtype!r}")
 
     @property
-    def per_lane(self) -> int:
-        """Numbers per (tile, block, g) entry: 2 (scales) or 4 (scales, offsets)."""
-        return 4 if self.asym else 2
+    def planes(self) -> int:
+        """1 (scales) or 2 (scales, then offsets)."""
+        return 2 if self.asym else 1
 
     @property
     def build_options(self) -> tuple[str, ...]:
@@ -751,21 +753,21 @@ class OpenCLGemvMMAScaleLayout:
             raise ValueError(f"gemv mma scales must be {form}, got shape {shape}")
         return shape[-2:]
 
-    def packed_shape(self, shape) -> tuple[int, int, int, int]:
+    def packed_shape(self, shape) -> tuple[int, ...]:
         o, nb = self._onb(shape)
-        return (_cdiv(o, self.TILE_ROWS), nb, 8, self.per_lane)
+        return (2,) * self.asym + (_cdiv(o, self.TILE_ROWS), nb, 8, 2)
 
     def pack_array(self, values) -> np.ndarray:
         """float32 ``(O, n_blocks)`` or ``(2, O, n_blocks)`` -> :attr:`dtype` :meth:`packed_shape`."""
         v = np.asarray(values)
         if v.dtype != np.float32:
             raise ValueError(f"gemv mma scales must be float32, got {v.dtype}")
-        ot, nb, _, _ = self.packed_shape(v.shape)
+        ot, nb = self.packed_shape(v.shape)[-4:-2]
         o = v.shape[-2]
-        full = np.zeros((2 if self.asym else 1, ot * 16, nb), np.float32)
+        full = np.zeros((self.planes, ot * 16, nb), np.float32)
         full[:, :o] = v.reshape(-1, o, nb)
-        t = full.reshape(-1, ot, 2, 8, nb)  # (value, tile, half of the tile's rows, g, block)
-        t = t.transpose(1, 4, 3, 0, 2).reshape(ot, nb, 8, self.per_lane)
+        t = full.reshape(-1, ot, 2, 8, nb)  # (plane, tile, half of the tile's rows, g, block)
+        t = t.transpose(0, 1, 4, 3, 2).reshape(self.packed_shape(v.shape))
         with np.errstate(over="ignore"):
             return np.ascontiguousarray(t.astype(self.dtype))
 
@@ -777,9 +779,9 @@ class OpenCLGemvMMAScaleLayout:
         if packed.shape != want or packed.dtype != np.dtype(self.dtype):
             raise ValueError(f"packed gemv mma scales must be {self.dtype} {want}, got {packed.dtype} "
                              f"{packed.shape}")
-        ot = want[0]
-        t = packed.astype(np.float32).reshape(ot, nb, 8, -1, 2).transpose(3, 0, 4, 2, 1)
-        full = t.reshape(-1, ot * 16, nb)[:, :o]
+        ot = want[-4]
+        t = packed.astype(np.float32).reshape(self.planes, ot, nb, 8, 2).transpose(0, 1, 4, 3, 2)
+        full = t.reshape(self.planes, ot * 16, nb)[:, :o]
         return np.ascontiguousarray(full.reshape(tuple(int(s) for s in shape)))
 
     @classmethod

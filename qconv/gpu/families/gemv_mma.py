@@ -33,8 +33,10 @@ def unsupported(layer, problem=None, variant=None):
             return f"its scale blocks must be 16, 32{', 64' if w.bits == 4 else ''} or a multiple of {kt} " \
                    f"input channels, got {bc}"
     ks = cdiv(w.q.shape[1], kt) * kt // 16
-    # x's digits, sums of x, max |x| and the warps' int64 parts (32 warps at most), the emulation's tiles
-    need = 64 * ks + 4 * cdiv(w.q.shape[1], 16) + 4 * 1024 + 8 * 1024 + (0 if layer.mma_native else 4 * 32 * 192)
+    # x's digits, sums of x (per block; with offsets per 16-channel step too), max |x| and the warps' int64
+    # parts (32 warps at most), the emulation's tiles
+    need = (64 * ks + 4 * cdiv(w.q.shape[1], 16) + (4 * ks if w.offsets is not None else 0) + 4 * 1024 + 8 * 1024
+            + (0 if layer.mma_native else 4 * 32 * 192))
     if need > int(layer.device.local_mem_size):
         return (f"x's digits need {need} bytes of local memory for {w.q.shape[1]} input channels; "
                 f"{layer.device.name} has {int(layer.device.local_mem_size)}")

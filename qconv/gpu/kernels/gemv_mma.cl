@@ -24,12 +24,15 @@
  * to the bytes 16 q (the two's-complement nibble q = (q + 8) ^ 8 under a byte's top half: one xor-and),
  * the factor 16 leaves with 2^sh.
  *
- * Scale blocks (no NBLK1): the scales (and offsets) are in OpenCLGemvMMAScaleLayout, [ceil(O/16)][NBLK][8][2|4]:
- * one 4- or 8-byte load per block brings a lane the numbers of its rows g and g + 8. Each fold starts its
- * product from zero (FOLDM = 1: the products of a load are independent), turns lane t's two columns into one
- * integer (c0 2^8 + c1: |.| < 2^28) and one float (the only rounding, as in the per-layer path), times the
- * block's scale; lane t = 0's columns weigh 2^16 more (applied once, at the end); the offsets' terms are the
- * offset times the block's sum of x (lanes t = 0).
+ * Scale blocks (no NBLK1): the scales (then, ASYM, the offsets: a second plane) are in OpenCLGemvMMAScaleLayout,
+ * [ceil(O/16)][NBLK][8][2] each: one 4-byte (float16) load per block brings a lane the numbers of its rows g and
+ * g + 8. Each fold starts its product from zero (FOLDM = 1: the products of a load are independent), turns lane
+ * t's two columns into one integer (c0 2^8 + c1: |.| < 2^28) and one float (the only rounding, as in the
+ * per-layer path), times the block's scale; lane t = 0's columns weigh 2^16 more (applied once, at the end).
+ * The offsets' terms, offset times the block's sum of x, are shared out: of a batch's U x NFOLD folds, lane t
+ * loads the offsets of folds t, t + 4, ... with the batch and adds their terms after its products; the four
+ * lanes' sums are added at the tile's end. The sums of x: per 16-channel step, from the quads of the digits
+ * pass (a sum over the step's four lanes), then per XB channels.
  *
  * NDRange: local (32, SPLIT) = SPLIT warps, G work-groups (the engine: at most the device's resident ones);
  * group g takes the tiles g, g + G, ...; warp lk takes loads kl = lk, lk + SPLIT, ... of the tile, a batch of
@@ -42,7 +45,8 @@
  *
  * Without -DNV_PTX the mma is emulated through local memory (each lane writes its fragments, every lane
  * computes its four sums with dp4a), for devices without PTX (CI on PoCL): integer sums, so the emulation
- * gives the same bits as the tensor cores.
+ * gives the same bits as the tensor cores; so are the sums over a quad's lanes (shfl.sync there), whose float
+ * additions go in another order.
  *
  * Build options: QBITS, SCALE_HALF, ASYM, NBLK1 | BLOCK_CH (16, 32 or a multiple of 32), HAS_BIAS, ACT,
  * OUT_NCHW, G_IC, G_OC, SPLIT, U, PIPE, NV_PTX.
@@ -76,6 +80,12 @@
 #define NBLK (IC / BLOCK_CH)
 #endif
 #define NXB CDIV(IC, XB)
+#ifdef NBLK1
+#define NBLK_OR1 1
+#else
+#define NBLK_OR1 NBLK
+#endif
+#define NOFF CDIV(U * NFOLD_ASYM, 4) /* a lane's share of a batch's offsets (folds t, t + 4, ...) */
 
 #ifdef NV_PTX
 inline uint prmt(uint a, uint b, uint sel) {
@@ -91,6 +101,15 @@ inline void mma_s8(int *d, const int *c, uint a0, uint a1, uint a2, uint a3, uin
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y),
                    "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
 }
+/* the sum of v over the 4 lanes of this lane's quad (lanes 4g .. 4g + 3) */
+inline float quad_sum(float v) {
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, 1, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v));
+    v += r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, 2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v));
+    return v + r;
+}
+#define QUAD_SUM(v) quad_sum(v)
 #else
 /* prmt.b32 (selector nibbles 0-7 pick bytes of {b, a}; no sign modes) */
 inline uint prmt(uint a, uint b, uint sel) {
@@ -119,6 +138,16 @@ inline void mma_emul(int *d, const int *c, uint a0, uint a1, uint a2, uint a3, u
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
+/* quad_sum through the warp's tile s (every item of the work-group calls it) */
+inline float quad_sum_emul(float v, int lane, __local float *s) {
+    s[lane] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int q = lane & ~3;
+    const float r = (s[q] + s[q + 1]) + (s[q + 2] + s[q + 3]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+#define QUAD_SUM(v) quad_sum_emul(v, lane, (__local float *)As)
 #endif
 
 /* the digits of X (|X| < 2^29) as signed bytes: byte 0 = d3 (weight 1) ... byte 3 = d0 (2^24) */
@@ -170,33 +199,44 @@ inline long lane_sum(const int *c, int r, int t) {
 #define NFOLD 1
 typedef float fold_t; /* unused */
 #else
-/* a fold's numbers (OpenCLGemvMMAScaleLayout entry): scales of rows g, g + 8, then (ASYM) their offsets */
-#ifdef ASYM
-typedef float4 fold_t;
-#ifdef SCALE_HALF
-#define LOAD_FOLD(p, i) vloada_half4((i), (p))
-#else
-#define LOAD_FOLD(p, i) vload4((i), (p))
-#endif
-#else
+/* a fold's numbers (OpenCLGemvMMAScaleLayout entry): the scales (or offsets) of rows g, g + 8 */
 typedef float2 fold_t;
 #ifdef SCALE_HALF
 #define LOAD_FOLD(p, i) vloada_half2((i), (p))
 #else
 #define LOAD_FOLD(p, i) vload2((i), (p))
 #endif
-#endif
 #define NFOLD FPL
+/* fold f of load kl: its block and whether it holds the block's last product (HALVES: a block per fold) */
+#define FOLD_BLOCK(kl, f) (HALVES ? (kl) * FPL + (f) : ((kl) * NMMA + (f) * FOLDM + FOLDM - 1) / MPB)
+#define FOLD_LAST(kl, f) (HALVES || ((kl) * NMMA + (f) * FOLDM + FOLDM) % MPB == 0)
+#endif
+#if defined(ASYM) && !defined(NBLK1)
+#define NFOLD_ASYM NFOLD
+#else
+#define NFOLD_ASYM 0
 #endif
 
-/* loads kl = base + lk + j SPLIT (clamped) of tile `tile` for j < U, and their folds' numbers */
-inline void load_batch(__global const uint4 *wq, __global const SCALE_T *ws, int tile, int base, int lk, int lane,
-                       uint4 *wv, fold_t *sv) {
+/* loads kl = base + lk + j SPLIT (clamped) of tile `tile` for j < U, their folds' scales and (ASYM) this lane's
+ * share of their offsets (folds e = t, t + 4, ... of the U x NFOLD, from the plane wof) */
+inline void load_batch(__global const uint4 *wq, __global const SCALE_T *ws, __global const SCALE_T *wof, int tile,
+                       int base, int lk, int lane, uint4 *wv, fold_t *sv, fold_t *ov) {
 #ifdef NBLK1
     (void)ws;
     (void)sv;
 #else
     const int g = lane >> 2;
+#endif
+#if NFOLD_ASYM
+#pragma unroll
+    for (int i = 0; i < NOFF; ++i) {
+        const int e = min(4 * i + (lane & 3), U * NFOLD - 1), j = e / NFOLD, f = e % NFOLD;
+        const int klc = min(base + lk + j * SPLIT, KL - 1);
+        ov[i] = LOAD_FOLD(wof, ((size_t)tile * NBLK + min(FOLD_BLOCK(klc, f), NBLK - 1)) * 8 + g);
+    }
+#else
+    (void)wof;
+    (void)ov;
 #endif
 #pragma unroll
     for (int j = 0; j < U; ++j) {
@@ -230,6 +270,7 @@ void gemv_mma(__global const float *x,
 
     __local uint2 xb[4 * (KS / 2) * 4]; /* [digit column][step pair][t]: the B fragments (b0, b1) */
 #ifdef ASYM
+    __local float xstep[KS];            /* sums of x per 16-channel step */
     __local float xsum[NXB];            /* sums of x per XB channels: the offsets' factor */
 #endif
     __local float red[QT];              /* max |x| */
@@ -253,8 +294,9 @@ void gemv_mma(__global const float *x,
     }
     const int tile0 = get_group_id(0);
     uint4 wv[U];
-    fold_t sv[U * NFOLD];
-    load_batch(wq, ws, min(tile0, OT - 1), 0, lk, lane, wv, sv);
+    fold_t sv[U * NFOLD], ov[NOFF > 0 ? NOFF : 1];
+    __global const SCALE_T *wof = ws + (size_t)OT * NBLK_OR1 * 16; /* the offsets' plane (blocks, ASYM) */
+    load_batch(wq, ws, wof, min(tile0, OT - 1), 0, lk, lane, wv, sv, ov);
 
     const float amax = work_group_amax(red, m, lin, QT);
     const bool finite = isfinite(amax);
@@ -263,8 +305,14 @@ void gemv_mma(__global const float *x,
 #pragma unroll
     for (int i = 0; i < NPQ; ++i) {
         const int p = lin + i * QT;
+        const float4 u = XREG ? xv[i] : load_quad(x, p); /* zeros past IC */
+#ifdef ASYM
+        const float su = QUAD_SUM((u.x + u.y) + (u.z + u.w)); /* quad p = 4 s + t: step s's sum */
+        if ((p & 3) == 0 && p < KS * 4)
+            xstep[p >> 2] = su;
+#endif
         if (p < KS * 4) {
-            const float4 v = (XREG ? xv[i] : load_quad(x, p)) * sc.x * sc.y;
+            const float4 v = u * sc.x * sc.y;
             /* slot order of the step's channels (see the header): digits of each in one word */
 #if QBITS == 4
             const uint d0 = digits(v.x), d1 = digits(v.z), d2 = digits(v.y), d3 = digits(v.w);
@@ -281,15 +329,16 @@ void gemv_mma(__global const float *x,
             xw[3 * KS * 4 + o] = prmt(lo01, lo23, 0x5410u); /* column 3: d3 */
         }
     }
+    barrier(CLK_LOCAL_MEM_FENCE);
 #ifdef ASYM
     for (int b = lin; b < NXB; b += QT) {
         float s = 0.0f;
-        for (int k = b * XB; k < min(IC, (b + 1) * XB); ++k)
-            s += x[k];
+        for (int i = b * (XB / 16); i < min(KS, (b + 1) * (XB / 16)); ++i)
+            s += xstep[i];
         xsum[b] = s;
     }
-#endif
     barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 #if defined(NBLK1) && defined(ASYM)
     float xtotal = 0.0f;
     for (int b = 0; b < NXB; ++b)
@@ -324,9 +373,9 @@ void gemv_mma(__global const float *x,
             const int ntile = more ? tile : tile + NG, nbase = more ? base + SPLIT * U : 0;
 #ifdef PIPE
             uint4 wn[U];
-            fold_t sn[U * NFOLD];
+            fold_t sn[U * NFOLD], on[NOFF > 0 ? NOFF : 1];
             if (ntile < OT)
-                load_batch(wq, ws, ntile, nbase, lk, lane, wn, sn);
+                load_batch(wq, ws, wof, ntile, nbase, lk, lane, wn, sn, on);
 #endif
 #pragma unroll
             for (int j = 0; j < U; ++j) {
@@ -355,19 +404,11 @@ void gemv_mma(__global const float *x,
                         }
                         const int f = HALVES ? 2 * mm + h : mm / FOLDM;   /* this load's fold */
                         const int blk = HALVES ? 2 * pr + h : pr / MPB;
-                        const bool last = HALVES || (pr + 1) % MPB == 0; /* the block's last product */
                         if (HALVES || (mm + 1) % FOLDM == 0) {
                             if (valid && blk < NBLK) {
                                 const fold_t fs = sv[j * NFOLD + f];
                                 ya = fma(fs.x, (float)((d[0] << 8) + d[1]), ya);
                                 yb = fma(fs.y, (float)((d[2] << 8) + d[3]), yb);
-#ifdef ASYM
-                                if (last) { /* the offset times the block's sum of x, once */
-                                    const float xs = xsum[blk];
-                                    za = fma(fs.z, xs, za);
-                                    zb = fma(fs.w, xs, zb);
-                                }
-#endif
                             }
                         } else {
                             c[0] = d[0], c[1] = d[1], c[2] = d[2], c[3] = d[3];
@@ -376,6 +417,20 @@ void gemv_mma(__global const float *x,
 #endif
                 }
             }
+#if NFOLD_ASYM
+            /* this lane's share of the batch's offsets: offset times the block's sum of x, at its last fold */
+#pragma unroll
+            for (int i = 0; i < NOFF; ++i) {
+                const int e = 4 * i + t, j = e / NFOLD, f = e % NFOLD;
+                const int kl = base + lk + j * SPLIT, blk = FOLD_BLOCK(kl, f);
+                if ((U * NFOLD % 4 == 0 || e < U * NFOLD) && (KL % (SPLIT * U) == 0 || kl < KL) && FOLD_LAST(kl, f)
+                    && blk < NBLK) {
+                    const float xs = xsum[blk];
+                    za = fma(ov[i].x, xs, za);
+                    zb = fma(ov[i].y, xs, zb);
+                }
+            }
+#endif
 #ifdef PIPE
 #pragma unroll
             for (int j = 0; j < U; ++j)
@@ -383,9 +438,12 @@ void gemv_mma(__global const float *x,
 #pragma unroll
             for (int j = 0; j < U * NFOLD; ++j)
                 sv[j] = sn[j];
+#pragma unroll
+            for (int i = 0; i < NOFF; ++i)
+                ov[i] = on[i];
 #else
             if (ntile < OT)
-                load_batch(wq, ws, ntile, nbase, lk, lane, wv, sv);
+                load_batch(wq, ws, wof, ntile, nbase, lk, lane, wv, sv, ov);
 #endif
         }
 
@@ -401,8 +459,10 @@ void gemv_mma(__global const float *x,
             part[(lk * 16 + g + 8) * 2 + t] = as_int(yb * wt);
 #endif
         }
-#if defined(ASYM) && !defined(NBLK1)
+#if NFOLD_ASYM
         __local float *zpart = red; /* red is free after the max */
+        za = QUAD_SUM(za);
+        zb = QUAD_SUM(zb);
         if (t == 0) {
             zpart[lk * 16 + g] = za;
             zpart[lk * 16 + g + 8] = zb;
