@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on the AMX device host (H200 box, Xeon with amx_int8): build, the CPU tests, the conv benchmark.
-# Usage: bash benchmarks/amx_device.sh [tests|bench|all] ; logs go to $OUT (or ./amx_out).
+# Usage: bash benchmarks/amx_device.sh [tests|bench|noamx|zoo|all] ; logs go to $OUT (or ./amx_out).
+# zoo: the real-weight models against onnxruntime float (benchmarks/labs/host_zoo.py), from $ZOO_DIR (default ./zoo_dir,
+# made here by `python -m benchmarks.labs.host_zoo prepare zoo_dir` and carried).
 set -u
 OUT=${OUT:-./amx_out}; mkdir -p "$OUT"
 what=${1:-all}
@@ -50,5 +52,9 @@ if [ "$what" = noamx ] || [ "$what" = all ]; then
     --quick --skip "numpy,torch conv2d,torch linear,onnxruntime Conv,onnxruntime MatMul ,1 thread" \
     --json "$OUT/bench_noamx.json" > "$OUT/bench_noamx.md" 2> "$OUT/bench_noamx.err"
   echo "noamx rc=$?"; grep -A40 "fastest peer" "$OUT/bench_noamx.md" | head -30
+fi
+if [ "$what" = zoo ]; then
+  timeout ${ZOO_TIMEOUT:-300} python3 -m benchmarks.labs.host_zoo run "${ZOO_DIR:-zoo_dir}" --rounds ${ZOO_ROUNDS:-2} \
+    2>&1 | tee "$OUT/zoo.txt"
 fi
 exit $status
