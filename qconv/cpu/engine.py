@@ -490,7 +490,8 @@ class CpuEngine:
         """Whether NCHW calls of at least ``amx_min_cols`` output pixels take the direct int8 conv (prepared on the
         first). Option ``direct_int8``: None = automatic (kernel ``"amx"`` or ``"avx512vnni"``, dynamic per-tensor
         activations or a static int8 input, float or static int8 output, one group, weights per channel or in blocks
-        of a multiple of 4 channels, not depthwise) unless
+        of a multiple of 4 channels, not depthwise; on ``"avx512vnni"`` not the wide layers of
+        :data:`DI8_VNNI_GEMM_CHANNELS`) unless
         ``$QCONV_CPU_DIRECT_INT8=0``, False = the tiled GEMM, True = the direct int8 conv (a ValueError for other
         layers or kernels)."""
         opt = self._direct_int8_option
@@ -503,7 +504,7 @@ class CpuEngine:
                              "input, one group, and weights per channel or in blocks of a multiple of 4 channels (not "
                              "depthwise)")
         want = os.environ.get(ENV_DIRECT_INT8, "1") != "0" if opt is None else bool(opt)
-        return bool(want and able)
+        return bool(want and able and (opt or self._di8_vnni_rule()))
 
     def _sign_form(self, w) -> bool:
         """True when the AVX2 kernel multiplies these int8 weights in its exact ``vpmaddubsw`` sign form (signed
@@ -725,19 +726,21 @@ class CpuEngine:
             serial = macs < SERIAL_MACS and n * self.spec.in_channels < DW_SERIAL_PLANES
         return 1 if serial else self.threads
 
-    def _di8_takes(self, n, oh, ow) -> bool:
-        """Whether an NCHW call with ``(n, oh, ow)`` outputs runs the direct int8 conv: the layer can, the call has
-        at least ``amx_min_cols`` output pixels, and (kernel ``"avx512vnni"``) the rule of
-        :data:`DI8_VNNI_GEMM_CHANNELS` leaves it there."""
-        if not self._direct_int8_able or n * oh * ow < self.amx_min_cols:
-            return False
+    def _di8_vnni_rule(self) -> bool:
+        """False when the rule of :data:`DI8_VNNI_GEMM_CHANNELS` gives this layer to the tiled GEMM (kernel
+        ``"avx512vnni"`` only; the automatic choice, not ``direct_int8=True``)."""
         w = self.spec.weight
-        if self.kernel != "avx512vnni" or self._direct_int8_option:
+        if self.kernel != "avx512vnni":
             return True
         if w.taps == 1:
             return w.n_blocks == 1 or w.in_channels < DI8_VNNI_GEMM_CHANNELS
         wide = DI8_VNNI_GEMM_CHANNELS // (1 if max(self.spec.stride) == 1 else 2) // (1 if w.n_blocks == 1 else 2)
         return w.in_channels < wide
+
+    def _di8_takes(self, n, oh, ow) -> bool:
+        """Whether an NCHW call with ``(n, oh, ow)`` outputs runs the direct int8 conv: the layer takes it and the
+        call has at least ``amx_min_cols`` output pixels."""
+        return self._direct_int8_able and n * oh * ow >= self.amx_min_cols
 
     def _conv_threads(self, n, oh, ow) -> int:
         """Threads of a direct (float or int8) call: one under SERIAL_MACS multiply-adds."""
