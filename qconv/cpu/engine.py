@@ -811,9 +811,7 @@ class CpuEngine:
         nt = 1 if sizes[0] < SERIAL_MACS else self.threads
         s = scratch.arena().take_all(sizes[1])
         if self.input_qparams is not None:
-            s["qs"].fill(1)
-            s["z"].fill(self.input_qparams[1])
-            s["dx"].fill(self.input_qparams[0])
+            self._act_params(x, True, n, s)   # the static input's own parameters, as on the GEMM path
         elif not _cpu.fill_tensor_params(x.reshape(-1), nt, self.kernel, s["qs"], s["z"], s["dx"]):
             raise ValueError("x contains NaN or infinite values")
         plan.forward(x, y, s["qs"], s["z"], s["dx"], s["Q"], nt)
