@@ -312,6 +312,57 @@ def test_the_tail_activations_are_the_same_bits_in_scalar_and_avx2_code():
     np.testing.assert_array_equal(_cpu_testing._test_tail(v, 0, 0), v)   # code 0: untouched
 
 
+@pytest.mark.parametrize("variant, kernel", [(1, "avx2"), (2, "avx512vnni")])
+def test_hardswish_product_form_is_the_division_on_every_float32(variant, kernel):
+    """hardswish's two vector forms (qconv_kernels.h: the division by 6, and the product by float32(1/6) with one
+    remainder correction, which Intel CPUs run) give the same bits on all 2^32 float32 bit patterns, NaN for NaN.
+    Each epilogue runs one of them (``$QCONV_HSWISH``, else by CPU vendor), so each kernel's results do not depend on
+    which."""
+    from qconv._ext import _cpu_testing
+
+    if kernel not in KERNELS:
+        pytest.skip(f"this CPU cannot run the {kernel!r} kernel")
+    assert _cpu_testing._test_hswish_mismatches(variant) == 0
+
+
+_HSWISH_CHILD = """
+import sys, numpy as np, qconv
+from qconv._ext import _cpu
+from qconv.cpu import CpuEngine
+from qconv.geometry import ConvSpec
+rng = np.random.default_rng(3)
+x = rng.standard_normal((1, 24, 20, 20)).astype(np.float32) * 4
+x.reshape(-1)[:64] = [0.0, -0.0, 1e-39, -1e-39, 1e-37, -3.0, -2.9999998, 3.0] * 8
+outs = []
+for kernel in sys.argv[2:]:
+    for groups, k, aq in ((24, 3, None), (24, 5, None), (1, 3, None), (1, 3, "tensor"), (1, 1, "tensor")):
+        w = qconv.quantize_weight(rng.standard_normal((24, 24 // groups, k, k)).astype(np.float32), groups=groups)
+        spec = ConvSpec(w, rng.standard_normal(24).astype(np.float32), (1, 1), (k // 2, k // 2), (1, 1),
+                        "hardswish", aq)
+        outs.append(CpuEngine(spec, threads=2, kernel=kernel).forward(x))
+np.save(sys.argv[1], np.concatenate([o.ravel() for o in outs]))
+print(_cpu.hswish_form())
+"""
+
+
+def test_hardswish_forms_give_the_same_layers(tmp_path):
+    """Layers with hardswish (depthwise, direct float, direct int8 and GEMM paths, each kernel this CPU runs) give
+    the same bits with ``$QCONV_HSWISH=mul`` and ``=div``, each in a fresh process (the form is decided at import)."""
+    import os
+    import subprocess
+    import sys
+
+    got = {}
+    for form in ("mul", "div"):
+        out = tmp_path / f"{form}.npy"
+        r = subprocess.run([sys.executable, "-c", _HSWISH_CHILD, str(out), *KERNELS], capture_output=True, text=True,
+                           env={**os.environ, "QCONV_HSWISH": form}, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.split()[-1] == form
+        got[form] = np.load(out)
+    assert np.array_equal(got["mul"].view(np.uint32), got["div"].view(np.uint32))
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("direct", [False, True])
 def test_float_activations_take_nonfinite_through_the_layer(kernel, direct):

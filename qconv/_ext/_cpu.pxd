@@ -61,6 +61,9 @@ cdef extern from "qconv_kernels.h" nogil:
                          int64_t dst_stride)
     void qc_requant(float *v, int64_t n, float scale, int32_t zp, int variant)
     void qc_tail(float *v, int64_t n, int tail, int variant)
+    int64_t qc_hswish_mismatches(int variant)
+    void qc_hs_init()
+    int qc_hs_mul()
     void qc_affine_rows(float *v, int64_t rows, int64_t ld, int64_t n, const float *s, const float *t, int variant)
     void qc_store_nchw(const float *OUT, int64_t ldo, int G, int Og, int OCp, float *yf, int8_t *yi, int64_t ohw,
                        int ncols, int variant)

@@ -38,11 +38,20 @@ KERNELS = {"scalar": QC_KERNEL_SCALAR, "avx2": QC_KERNEL_AVX2, "avx512vnni": QC_
 UNIT = QC_UNIT
 SRC_UNIT = QC_SRC_UNIT
 
+qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
+
 
 def kernel_supported(str name):
     """True when this CPU runs the named micro-kernel (``scalar``, ``avx2``, ``avx512vnni``, ``amx``; ``amx`` also
     needs the OS to grant the tile data state, asked once per process)."""
     return bool(qc_kernel_supported(KERNELS[name]))
+
+
+def hswish_form():
+    """``"mul"`` or ``"div"``: how this module's epilogues divide hardswish's product by 6 (``qconv_kernels.h``: the
+    product by 1/6 with a remainder correction on Intel CPUs, the division elsewhere, ``$QCONV_HSWISH`` at import
+    overriding; the same bits either way)."""
+    return "mul" if qc_hs_mul() else "div"
 
 
 def best_kernel():

