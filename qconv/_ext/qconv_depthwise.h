@@ -722,7 +722,7 @@ QC_TGT_512 static inline __m512 qc_dw_flat_epi(__m512 a, __m512 sc, __m512 bias,
 
 /* output pixels [p0, p1) of output channels o[g] (g < QC_DW_FG; ng of them stored), input planes P[g]: per vector of
  * 16 pixels, the fma chains over the taps (tap t at P[g] + toff[t] + p, lanes masked by j->fmask), the epilogue,
- * the store. Two vectors a step while more than one remains: eight chains, each weight broadcast once for both. */
+ * the store */
 QC_TGT_512 static inline __attribute__((always_inline))
 void qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_t *toff, int64_t K, const int64_t *o,
                     int ng, int64_t p0, int64_t p1, float *const *y, const int tail, const int pa)
@@ -738,36 +738,9 @@ void qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_t *to
     }
     const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
     const float *P0 = P[0], *P1 = P[1], *P2 = P[2], *P3 = P[3], *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
-    int64_t p = p0;
-    for (; p1 - p > 16; p += 32) {   /* pixels p .. p+15 (chains a), p+16 .. p+31 (chains b; the last may be partial) */
-        const uint16_t *m = j->fmask + (p >> 4) * K, *mb = m + K;
-        /* named chains (an array of them was kept on the stack by GCC) */
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-        for (int64_t t = 0; t < K; ++t) {
-            const __mmask16 mt = (__mmask16)m[t], nt = (__mmask16)mb[t];
-            const int64_t off = toff[t] + p;
-            __m512 v = _mm512_set1_ps(w0[t]);
-            a0 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(mt, P0 + off), a0);
-            b0 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(nt, P0 + off + 16), b0);
-            v = _mm512_set1_ps(w1[t]);
-            a1 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(mt, P1 + off), a1);
-            b1 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(nt, P1 + off + 16), b1);
-            v = _mm512_set1_ps(w2[t]);
-            a2 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(mt, P2 + off), a2);
-            b2 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(nt, P2 + off + 16), b2);
-            v = _mm512_set1_ps(w3[t]);
-            a3 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(mt, P3 + off), a3);
-            b3 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(nt, P3 + off + 16), b3);
-        }
-        const __mmask16 st = p1 - p >= 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p1 - p - 16)) - 1);
-        const __m512 a[QC_DW_FG] = {a0, a1, a2, a3}, b[QC_DW_FG] = {b0, b1, b2, b3};
-        for (int g = 0; g < ng; ++g) {
-            _mm512_storeu_ps(y[g] + p, qc_dw_flat_epi(a[g], sc[g], bias[g], lo, hi, tail, pa, ps[g], pt[g]));
-            _mm512_mask_storeu_ps(y[g] + p + 16, st, qc_dw_flat_epi(b[g], sc[g], bias[g], lo, hi, tail, pa, ps[g], pt[g]));
-        }
-    }
-    if (p < p1) {   /* the last 1 .. 16 pixels */
+    for (int64_t p = p0; p < p1; p += 16) {
         const uint16_t *m = j->fmask + (p >> 4) * K;
+        /* four named chains (an array of them was kept on the stack by GCC) */
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int64_t t = 0; t < K; ++t) {
             const __mmask16 mt = (__mmask16)m[t];
@@ -777,7 +750,7 @@ void qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_t *to
             a2 = _mm512_fmadd_ps(_mm512_set1_ps(w2[t]), _mm512_maskz_loadu_ps(mt, P2 + off), a2);
             a3 = _mm512_fmadd_ps(_mm512_set1_ps(w3[t]), _mm512_maskz_loadu_ps(mt, P3 + off), a3);
         }
-        const __mmask16 st = (__mmask16)((1u << (p1 - p)) - 1);   /* p1 - p <= 16 */
+        const __mmask16 st = p1 - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p1 - p)) - 1);
         const __m512 a[QC_DW_FG] = {a0, a1, a2, a3};
         for (int g = 0; g < ng; ++g)
             _mm512_mask_storeu_ps(y[g] + p, st, qc_dw_flat_epi(a[g], sc[g], bias[g], lo, hi, tail, pa, ps[g], pt[g]));
