@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the AMX device host (H200 box, Xeon with amx_int8): build, the CPU tests, the conv benchmark.
-# Usage: bash benchmarks/amx_device.sh [tests|bench|noamx|zoo|all] ; logs go to $OUT (or ./amx_out).
+# Usage: bash benchmarks/amx_device.sh [tests|bench|noamx|zoo|di8|all] ; logs go to $OUT (or ./amx_out).
 # zoo: the real-weight models against onnxruntime float (benchmarks/labs/host_zoo.py), from $ZOO_DIR (default ./zoo_dir,
 # made here by `python -m benchmarks.labs.host_zoo prepare zoo_dir` and carried).
 set -u
@@ -52,6 +52,9 @@ if [ "$what" = noamx ] || [ "$what" = all ]; then
     --quick --skip "numpy,torch conv2d,torch linear,onnxruntime Conv,onnxruntime MatMul ,1 thread" \
     --json "$OUT/bench_noamx.json" > "$OUT/bench_noamx.md" 2> "$OUT/bench_noamx.err"
   echo "noamx rc=$?"; grep -A40 "fastest peer" "$OUT/bench_noamx.md" | head -30
+fi
+if [ "$what" = di8 ]; then   # the direct int8 conv's AMX and VNNI codes, layer by layer (benchmarks/labs/di8_variants.py)
+  timeout ${DI8_TIMEOUT:-300} taskset -c 0,1 python3 -m benchmarks.labs.di8_variants 2>&1 | tee "$OUT/di8.txt"
 fi
 if [ "$what" = zoo ]; then
   timeout ${ZOO_TIMEOUT:-300} python3 -m benchmarks.labs.host_zoo run "${ZOO_DIR:-zoo_dir}" --rounds ${ZOO_ROUNDS:-2} \
