@@ -176,3 +176,52 @@ def test_native_squeeze_excitation_gives_the_python_bits(c, r, gate, relu_node, 
             _run(sess, bad)
     finally:
         _ortops.set_native(True)
+
+
+def _head_model(c, m, classes, hw_pool: bool, seed=0):
+    """x (n, c, h, w) -> Conv 3x3 c->c + Relu -> GlobalAveragePool -> Conv 1x1 c->m (one pixel: the tiled GEMM)
+    + HardSwish -> Flatten -> MatMul m->classes + Add: a classifier's head."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[:-1] if len(shape) == 2 else shape[1:])))\
+            .astype(np.float32)
+
+    inits = [numpy_helper.from_array(w(c, c, 3, 3), "w0"), numpy_helper.from_array(w(c), "b0"),
+             numpy_helper.from_array(w(m, c, 1, 1), "w1"), numpy_helper.from_array(w(m), "b1"),
+             numpy_helper.from_array(w(m, classes), "w2"), numpy_helper.from_array(w(classes), "b2")]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["a"], name="body", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["ar"], name="relu"),
+             helper.make_node("GlobalAveragePool", ["ar"], ["p"], name="pool"),
+             helper.make_node("Conv", ["p", "w1", "b1"], ["h"], name="head"),
+             helper.make_node("HardSwish", ["h"], ["hs"], name="hswish"),
+             helper.make_node("Flatten", ["hs"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "w2"], ["mm"], name="fc"),
+             helper.make_node("Add", ["mm", "b2"], ["y"], name="fc_bias")]
+    g = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", c, "h", "w"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    mp = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    mp.ir_version = 8
+    return mp
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(c=st.integers(1, 40), m=st.integers(1, 300), classes=st.integers(1, 20), n=st.integers(1, 3),
+       hw=st.tuples(st.integers(1, 9), st.integers(1, 9)), act=st.sampled_from([None, "none", "tensor", "row"]),
+       scheme=st.sampled_from([None, "int4-b32-asym"]), threads=st.sampled_from([1, 2]), seed=st.integers(0, 2**31))
+def test_native_gemm_calls_give_the_python_bits(python_calls, c, m, classes, n, hw, act, scheme, threads, seed):
+    """The tiled GEMM's calls (a conv on one pixel, a QMatMul) run natively with float, per-tensor or per-row
+    activations and give the Python path's bits; a NaN goes to the Python path's error."""
+    q = qo.quantize_model(_head_model(c, m, classes, True, seed % 1000), measure=False,
+                          **({} if scheme is None else {"scheme": scheme}))
+    sess = qo.InferenceSession(q, threads=threads, **({} if act is None else {"act_quant": act}))
+    x = np.random.default_rng(seed).standard_normal((n, c) + hw).astype(np.float32)
+    fc = qk.KERNELS[f"{sess._id}/fc"]
+    native = _check_native_matches_python(sess, x, python_calls)
+    assert "head" in native and fc._native is not None
+    got = _run(sess, x)
+    bad = x.copy()
+    bad[-1, -1, 0, 0] = np.nan
+    with pytest.raises(Exception, match="NaN"):
+        _run(sess, bad)
+    assert np.array_equal(_run(sess, x), got)

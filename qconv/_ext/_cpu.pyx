@@ -133,6 +133,21 @@ cdef class NativeCall:
         cdef qc_native *b = <qc_native *> self.mem
         return tuple(b.dims[i] for i in range(b.nd)), tuple(b.odims[i] for i in range(b.ond))
 
+    def set_shapes(self, tuple xshape, tuple yshape):
+        """Match inputs of ``xshape`` (into outputs of ``yshape``) instead: the same C-contiguous values under other
+        dimensions (a ``QMatMul``'s ``(..., K)`` rows are its engine's ``(rows, K, 1, 1)``)."""
+        cdef qc_native *b = <qc_native *> self.mem
+        cdef int i
+        old_x, old_y = self.shapes
+        if (len(xshape) > QC_NATIVE_MAX_DIMS or len(yshape) > QC_NATIVE_MAX_DIMS
+                or _count(xshape) != _count(old_x) or _count(yshape) != _count(old_y)):
+            raise ValueError(f"shapes {xshape} -> {yshape} do not hold the values of {old_x} -> {old_y}")
+        b.nd, b.ond = len(xshape), len(yshape)
+        for i in range(b.nd):
+            b.dims[i] = xshape[i]
+        for i in range(b.ond):
+            b.odims[i] = yshape[i]
+
     def disable(self):
         """From now on the custom operator does not run this call (it takes the Python path): the layer it
         prepared is no longer the node's."""
@@ -140,6 +155,13 @@ cdef class NativeCall:
 
     def __dealloc__(self):
         free(self.mem)
+
+
+def _count(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 cdef NativeCall _native_call(size_t nbytes, xshape, yshape, int64_t scratch_bytes, keep):
@@ -1303,6 +1325,48 @@ cdef class ConvPlan:
         self.last_threads = (q.used_threads, j.used_threads, j.channel_split)
         return y
 
+    def native(self, tuple xshape, tuple yshape, int mode, int threads, int act_threads, int64_t quant_serial,
+               offsets, int64_t scratch_bytes):
+        """:meth:`forward` of NCHW float32 ``x`` of ``xshape`` into NCHW float32 ``y`` of ``yshape`` as a
+        :class:`NativeCall` for the custom operator: ``mode`` 0 float activations (``float_act``), 1 per-tensor and
+        2 per-row dynamic int8 activations (:meth:`act_params`' range pass, then the quantization) on ``threads``
+        threads (the range pass on ``act_threads``; inputs of fewer than ``quant_serial`` values quantized on one);
+        ``offsets``: ``{part: byte offset}`` of the parts of :data:`_SCRATCH_PARTS` in a scratch of
+        ``scratch_bytes`` bytes, laid out for the slots of :meth:`bind` (the engine's :attr:`threads`). None for a
+        plan in block mode; the AMX tiles, when the call is to use them, must be bound first (:meth:`set_amx`)."""
+        cdef _GemmNative *d
+        cdef NativeCall call
+        cdef int i
+        if self.job.block_mode or mode not in (0, 1, 2) or (mode == 0) != bool(self.job.float_act):
+            return None
+        call = _native_call(sizeof(_GemmNative), xshape, yshape, scratch_bytes, self)
+        if call is None:
+            return None
+        d = <_GemmNative *> call.mem
+        d.j = self.job
+        d.j.N, d.j.H, d.j.W = xshape[0], xshape[2], xshape[3]
+        d.j.OH, d.j.OW = yshape[2], yshape[3]
+        d.j.OHW = d.j.OH * d.j.OW
+        d.j.P = d.j.N * d.j.OHW
+        d.j.out_nc4hw4 = d.j.out_int8 = 0
+        d.j.oscale, d.j.ozp = 1.0, 0
+        d.j.PS = NULL
+        d.q.int8_input, d.q.nc4hw4 = 0, 0
+        d.q.N, d.q.C, d.q.H, d.q.W = xshape[0], self.job.C, xshape[2], xshape[3]
+        d.q.chpos = &self.chpos[0]
+        d.q.qlo, d.q.qhi = (0, 0) if mode == 0 else (-128, 127) if mode == 1 else (-127, 127)
+        d.q.Ltot1, d.q.GNB, d.q.BCp = self.job.Ltot1, self.job.GNB, self.job.BCp
+        d.q.contiguous, d.q.variant = self.contiguous, self.job.variant
+        d.q.abias = 0 if mode == 0 else self.job.abias
+        d.q.serial_values = quant_serial
+        d.q.PS = NULL
+        d.threads, d.act_threads, d.mode = threads, act_threads, mode
+        d.values = d.q.N * d.q.C * d.q.H * d.q.W
+        for i, part in enumerate(_SCRATCH_PARTS):
+            d.off[i] = offsets.get(part, 0)
+        d.base.run = _gemm_native_run
+        return call
+
     cdef _forward_float(self, ConvJob *j, x, int nchw_input, y, int threads):
         """``float_act``: the float32 input into pixel-major rows of ``Q`` (:func:`_float_pixels`), then the GEMM."""
         cdef QuantJob q
@@ -1319,6 +1383,72 @@ cdef class ConvPlan:
             raise ValueError("x contains NaN or infinite values")
         self.last_threads = (q.used_threads, j.used_threads, j.channel_split)
         return y
+
+
+# ----------------------------------------------------------------------------------------------------
+# the tiled GEMM as a native call (ConvPlan.native)
+# ----------------------------------------------------------------------------------------------------
+ctypedef struct _GemmNative:
+    qc_native base
+    ConvJob j               # the plan's job with this shape's geometry; per-call pointers set by the run
+    QuantJob q
+    int threads             # GEMM and quantization threads (the engine's serial rule applied)
+    int act_threads         # threads of the activation-range pass
+    int mode                # 0: float activations, 1: per-tensor int8, 2: per-row (per-sample) int8
+    int64_t values          # N*C*H*W
+    int64_t off[11]         # byte offsets into the caller's scratch: _SCRATCH_PARTS order
+
+
+# the scratch parts of a native call, in the order of _GemmNative.off (names as CpuEngine._scratch_sizes')
+_SCRATCH_PARTS = ("Q", "PS", "zrow", "AP", "S", "OUT", "DXC", "qs", "z", "dx", "WF")
+
+
+cdef int64_t _gemm_native_run(const qc_native *nb, const float *x, float *y, void *scratch) noexcept nogil:
+    """qc_native.run of :meth:`ConvPlan.native`: :meth:`ConvPlan.forward`'s steps for its mode (the range pass
+    and quantization, or the float rows), then the GEMM, on the caller's scratch. 1 (nothing reliable in y) on a
+    NaN / inf input or a failed allocation."""
+    cdef const _GemmNative *d = <const _GemmNative *> nb
+    cdef ConvJob j = d.j
+    cdef QuantJob q = d.q
+    cdef uint8_t *s = <uint8_t *> scratch
+    cdef float *qs = <float *> (s + d.off[7])
+    cdef int32_t *z = <int32_t *> (s + d.off[8])
+    cdef float *dx = <float *> (s + d.off[9])
+    cdef int64_t i
+    cdef int ok
+    q.x = <const void *> x
+    q.Q = s + d.off[0]
+    q.qs, q.z = qs, z
+    j.Q = q.Q
+    j.zrow = s + d.off[2]
+    j.AP = <const uint8_t **> (s + d.off[3])
+    j.S = <int32_t *> (s + d.off[4])
+    j.OUT = <float *> (s + d.off[5])
+    j.DXC = <float *> (s + d.off[6])
+    j.dxn = dx
+    j.y = <void *> y
+    if d.mode == 0:
+        for i in range(j.N):
+            qs[i], z[i], dx[i] = 1, 0, 1
+        j.WF = <float *> (s + d.off[10])
+        j.zpu = 0
+        memset(s + d.off[2], 0, j.pix_bytes)
+        if _float_pixels(&q, d.threads):
+            return 1
+        return 1 if _run(&j, d.threads) else 0
+    if d.mode == 1:
+        ok = _fill_tensor(x, d.values, x + d.values, d.values // 4, 0, d.act_threads, j.variant, qs, z, dx, j.N)
+    else:
+        ok = _fill_rows(x, 1, j.N, d.values // j.N, 0, d.act_threads, j.variant, qs, z, dx)
+    if ok != 1:
+        return 1
+    q.PS = <int32_t *> (s + d.off[1])
+    j.PS = q.PS
+    j.zpu = z[0] + j.abias
+    memset(s + d.off[2], j.zpu & 255, j.pix_bytes)
+    if _quantize(&q, d.threads):
+        return 1
+    return 1 if _run(&j, d.threads) else 0
 
 
 # ----------------------------------------------------------------------------------------------------

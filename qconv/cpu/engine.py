@@ -703,8 +703,9 @@ class CpuEngine:
     def native_call(self, xshape: tuple, yshape: tuple):
         """The call ``forward_nchw_unchecked`` makes on a float32 NCHW input of ``xshape`` (into ``yshape``), as a
         :class:`qconv._ext._cpu.NativeCall` that onnxruntime's custom operator runs without Python: the same plan,
-        threads and bits, on the depthwise, direct float and direct int8 paths; None on the others (the tiled GEMM,
-        static int8 inputs or outputs, activation ranges the depthwise path reads first)."""
+        threads and bits, on the depthwise, direct float and direct int8 paths and the tiled GEMM (float, per-tensor
+        or per-row activations); None on the others (the GEMM's block mode, static int8 inputs or outputs,
+        activation ranges the depthwise path reads first)."""
         if self.int8_input or self.output_qparams is not None or len(xshape) != 4 or len(yshape) != 4:
             return None
         n, _, h, w = xshape
@@ -715,7 +716,7 @@ class CpuEngine:
             return self._direct.native(tuple(xshape), tuple(yshape), self._conv_threads(n, oh, ow))
         if self._di8_takes(n, oh, ow):
             return self._di8_plan().native(tuple(xshape), tuple(yshape), self._conv_threads(n, oh, ow))
-        return None
+        return self._gemm_native(xshape, yshape)
 
     def _dw_threads(self, n, oh, ow, nc4hw4_output: int) -> int:
         """Threads of a depthwise call (the serial rules of DW_SERIAL_PLANES and DW_BLOCK_SERIAL_DIV)."""
@@ -761,6 +762,21 @@ class CpuEngine:
         self._last_direct_int8 = 0
         if nchw and self._di8_takes(n, oh, ow):
             return self._forward_direct_int8(x, y, n, h, w, oh, ow)
+        self._gemm_ready(n, oh, ow)
+        s = self._bind_scratch(n, h, w)
+        try:
+            qlo, qhi = self._act_params(x, nchw, n, s)
+            xp = self._pixel_major(x, nchw, n, h, w, s) if self._block_mode else None
+            self._plan.forward(x, int(nchw), qlo, qhi, y, int(not nchw),
+                               None if oscale is None else float(oscale), ozp,
+                               1 if s["macs"] < SERIAL_MACS else self.threads, xp, SERIAL_QUANT_VALUES)
+        finally:
+            self._plan.release()
+        return y
+
+    def _gemm_ready(self, n, oh, ow):
+        """The tiled GEMM's plan prepared, and its AMX tiles bound when a call of ``n * oh * ow`` columns is to run
+        on them."""
         if self._plan is None:
             self._prepare_gemm()
         if self.kernel == "amx" and not self._float_act and n * oh * ow >= self.amx_min_cols and (
@@ -772,16 +788,22 @@ class CpuEngine:
                 self._plan.set_amx(self._wa, self.amx_layout.group_stride, self.amx_layout.block_stride,
                                    self.amx_layout.oc_tile_stride, self.amx_layout.block_bytes, self.amx_min_cols)
             self._plan_amx_min = self.amx_min_cols
-        s = self._bind_scratch(n, h, w)
-        try:
-            qlo, qhi = self._act_params(x, nchw, n, s)
-            xp = self._pixel_major(x, nchw, n, h, w, s) if self._block_mode else None
-            self._plan.forward(x, int(nchw), qlo, qhi, y, int(not nchw),
-                               None if oscale is None else float(oscale), ozp,
-                               1 if s["macs"] < SERIAL_MACS else self.threads, xp, SERIAL_QUANT_VALUES)
-        finally:
-            self._plan.release()
-        return y
+
+    def _gemm_native(self, xshape, yshape):
+        """The tiled GEMM's call (float, per-tensor or per-row activations; not block mode, not a static int8
+        input) as the plan's native call, its scratch one block laid out as :meth:`_bind_scratch` binds it."""
+        mode = 0 if self._float_act else {"tensor": 1, "row": 2}.get(self.spec.act_quant)
+        if mode is None or self._block_mode or self.input_qparams is not None:
+            return None
+        n, _, h, w = xshape
+        self._gemm_ready(n, yshape[2], yshape[3])
+        sz = self._scratch_sizes(n, h, w)
+        offsets, nbytes = {}, 0
+        for name, count, dtype in sz["take"]:
+            offsets[name] = nbytes
+            nbytes += (count * dtype.itemsize + 63) // 64 * 64
+        return self._plan.native(tuple(xshape), tuple(yshape), mode, 1 if sz["macs"] < SERIAL_MACS else self.threads,
+                                 self.threads, SERIAL_QUANT_VALUES, offsets, nbytes)
 
     def _di8_plan(self):
         """The layer's :class:`~qconv._ext._direct_int8.DirectInt8Plan` (made on first use)."""

@@ -177,12 +177,30 @@ class MatMulKernel:
                                   threads=threads, post_affine=pa, **options)
         self._forward = _engine_forward(self.layer)
         self.k = qnode.weight.in_channels
+        self._native = None
 
     def out_shape(self, shape) -> tuple:
         if len(shape) < 1 or shape[-1] != self.k:
             raise ValueError(f"qconv node {self.name!r}: the input has {shape[-1] if shape else 0} features on its "
                              f"last axis, the weight takes {self.k} (input shape {tuple(shape)})")
         return tuple(shape[:-1]) + (self.layer.out_channels,)
+
+    def native(self, shape):
+        """The node's call on an input of ``shape`` as a :class:`qconv._ext._cpu.NativeCall` (its engine's call on
+        ``(rows, K, 1, 1)``, matched to the node's own shapes), or None; asked once per kernel, after its first
+        call."""
+        native_call = getattr(self.layer.engine, "native_call", None)
+        shape = tuple(shape)
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        if (self._native is not None or native_call is None or self._forward is None or self.host_affine is not None
+                or rows == 0):
+            return None
+        out = self.out_shape(shape)
+        call = native_call((rows, self.k, 1, 1), (rows, out[-1], 1, 1))
+        if call is not None:
+            call.set_shapes(shape, out)
+        self._native = call   # the custom operator holds its address: it lives as long as the kernel
+        return call
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Writes the result into ``y``, a float32 array of ``out_shape(x.shape)``; returns it."""
