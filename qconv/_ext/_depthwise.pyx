@@ -34,8 +34,6 @@ from libc.string cimport memset
 
 from . import _cpu
 from ._cpu cimport _parallel_for, _chunk_of, qc_native, NativeCall, _native_call, qc_hs_init
-import os as _os
-cdef int QC_DW_STATIC = int(_os.environ.get("QC_DW_STATIC", "0"))
 
 qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
 
@@ -159,7 +157,7 @@ cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
     if r.scr == NULL or r.ptrs == NULL or r.fails == NULL or r.tried == NULL:
         fails[0] = nitems
     else:
-        bad = _parallel_for(nitems, (nitems + nt - 1) // nt if QC_DW_STATIC else _chunk_of(nitems, nt), _items, &r, nt)
+        bad = _parallel_for(nitems, _chunk_of(nitems, nt), _items, &r, nt)
         for t in range(nt):
             fails[0] += r.fails[t]
             free(r.scr[t])
