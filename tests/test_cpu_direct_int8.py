@@ -228,7 +228,7 @@ def test_vnni_rule_gives_wide_convs_to_the_gemm(c, k, stride, block, direct):
     auto = CpuEngine(spec, kernel="avx512vnni")
     y = auto.forward(x)
     assert (auto.last_call["split"] == "direct-int8") == direct
-    assert (auto.native_call(x.shape, y.shape) is not None) == direct
+    assert auto.native_call(x.shape, y.shape) is not None   # either path runs natively in a session
     assert ("direct int8 conv" in auto.describe()) == direct
     forced = CpuEngine(spec, kernel="avx512vnni", direct_int8=True)
     np.testing.assert_array_equal(y, forced.forward(x))

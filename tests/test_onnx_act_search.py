@@ -1,6 +1,8 @@
 """Integer activations measured per node: smoothing (qconv.onnx.smooth), the activation search
 (qconv.onnx.accuracy.search_act_modes), what quantize_model records and what a session's act_quant="auto" runs.
 Small graphs built here with onnx.helper; the zoo's figures are in docs/benchmarks_cpu.md."""
+import pickle
+
 import numpy as np
 import pytest
 
@@ -258,6 +260,14 @@ def test_auto_times_narrow_int8_nodes_and_keeps_the_faster_mode(int8_auto, monke
     again = qo.InferenceSession(q)
     again.run(None, x)
     assert again.act_modes == recorded
+    kernels._act_choices.clear()   # a float choice travels with a pickled session, whatever the copy would time
+    chose = qo.InferenceSession(q)
+    y = chose.run(None, x)[0]
+    monkeypatch.setattr(kernels, "ACT_TIMING_MARGIN", 0.0)
+    kernels._act_choices.clear()
+    copy = pickle.loads(pickle.dumps(chose))
+    assert copy.act_modes == chose.act_modes != recorded
+    assert np.array_equal(copy.run(None, x)[0], y) and copy.act_modes == chose.act_modes
     kernels._act_choices.clear()
     ref = qo.InferenceSession(q, device="reference")
     ref.run(None, x)

@@ -128,6 +128,7 @@ class ConvKernel:
         self._native = None
         self.set_act_quant(act_quant)
         self._timed = timed   # cleared by the first call (or by set_act_quant)
+        self.act_timed = False
 
     def set_act_quant(self, mode) -> None:
         """Run the node with activation mode ``mode`` from now on (layers built once per mode and kept: the
@@ -212,6 +213,7 @@ class ConvKernel:
             mode = None if best[None] < ACT_TIMING_MARGIN * best[spec.act_quant] else spec.act_quant
             _act_choices[key] = mode
         self.set_act_quant(mode)
+        self.act_timed = True   # a pickled session's copy runs this choice (InferenceSession.__getstate__)
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Writes the result into ``y``, a float32 array of ``out_shape(x.shape)``; returns it. With

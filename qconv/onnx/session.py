@@ -228,7 +228,8 @@ class InferenceSession:
 
     A session pickles (``pickle``, ``concurrent.futures.ProcessPoolExecutor``, Dask, Ray): the copy re-creates
     itself from the model's bytes and the arguments above. Bytes or a ``ModelProto`` given are kept for that
-    (a path is read again when the session is pickled: it must not have changed). Of ``sess_options`` the copy
+    (a path is read again when the session is pickled: it must not have changed); the copy runs the activation
+    modes the original's first calls chose by timing (``act_quant="auto"``, see the module docstring). Of ``sess_options`` the copy
     gets the attributes that differ from a new ``SessionOptions`` and ``session.intra_op.allow_spinning``; other
     config entries, initializers and custom-op libraries added to it are not carried. ``device`` must be a string.
     """
@@ -447,11 +448,16 @@ class InferenceSession:
         if not isinstance(self.device, str):
             raise TypeError(f"a session on device {self.device!r} cannot be pickled: give the device as a string "
                             f"(\"opencl:P:D\")")
-        return dict(self._args, model=self._model_bytes())
+        chosen = {k.name: k.layer.spec.act_quant for k in self.kernels if getattr(k, "act_timed", False)}
+        return dict(self._args, model=self._model_bytes(), act_chosen=chosen)
 
     def __setstate__(self, state: dict) -> None:
         so = None if state["sess_options"] is None else _options_from_state(state["sess_options"])
         self.__init__(state["model"], so, state["providers"], state["provider_options"], **state["qconv"])
+        chosen = state.get("act_chosen", {})   # the modes the original's timing chose: the copy runs the same
+        for k in self.kernels:
+            if k.name in chosen:
+                k.set_act_quant(chosen[k.name])
 
     def close(self) -> None:
         """Release the prepared kernels (the session cannot run afterwards)."""
