@@ -214,6 +214,29 @@ def _check_flat_planes(case, affine):
 
 
 @pytest.mark.skipif("avx512vnni" not in KERNELS, reason="the flat planes need AVX-512")
+@pytest.mark.parametrize("k", [3, 5])
+def test_depthwise_flat_sums_tell_an_overflow_from_a_bad_input(k):
+    """Stride 1's flat planes find a NaN / inf input through their sums: finite values whose sums overflow to inf
+    are a result (the blocks' bits, no error), a NaN read only by zero weights is still an error."""
+    rng = np.random.default_rng(k)
+    wf = rng.standard_normal((8, 1, k, k)).astype(np.float32)
+    wf[3] = 0   # channel 3: every weight zero
+    w = qconv.quantize_weight(wf, groups=8)
+    spec = ConvSpec(w, None, 1, k // 2, act_quant=None)
+    flat, blocks = CpuEngine(spec, threads=2, kernel="avx512vnni"), CpuEngine(spec, threads=2, kernel="avx2")
+    x = rng.standard_normal((1, 8, 20, 21)).astype(np.float32)
+    x[0, 1, 4:9, 5:12] = 3.0e38   # finite; the sums overflow
+    y = flat.forward(x)
+    assert flat.last_call["depthwise"] == "flat" and not np.isfinite(y).all()
+    assert np.array_equal(y.view(np.uint32), blocks.forward(x).view(np.uint32))
+    for bad in (np.nan, np.inf, -np.inf):
+        xb = x.copy()
+        xb[0, 3, 7, 20] = bad
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            flat.forward(xb)
+
+
+@pytest.mark.skipif("avx512vnni" not in KERNELS, reason="the flat planes need AVX-512")
 @pytest.mark.parametrize("k, s, hw, path", [(3, 1, 56, "flat"), (3, 1, 112, "flat"), (3, 1, 320, "flat"),
                                             (5, 1, 28, "flat"), (5, 1, 40, "blocks"), (7, 1, 14, "flat"),
                                             (7, 1, 28, "blocks"), (3, 2, 112, "flat"), (5, 2, 80, "flat")])

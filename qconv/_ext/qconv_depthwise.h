@@ -710,8 +710,9 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
  * taps (ky-major, from +0) and the same epilogue as the channel blocks (qc_dw_item_c8), so the same bits, with
  * no transposes and full vectors on small planes (14x14: 13 vectors against 16 pixels of 8 channels per row).
  * A work item is (sample, channel, band of output rows); bands hold a multiple of 16 pixels (but the last), so a
- * band starts at a whole vector of the mask table. The input rows a band reads are checked for NaN / inf first
- * (stride 2: while they are split). */
+ * band starts at a whole vector of the mask table. The input rows a band reads are checked for NaN / inf: stride 2
+ * while they are split; stride 1, whose taps read every input value, through its sums (a NaN / inf tap value makes
+ * them NaN / inf; only then are the rows read again, to tell an overflow of finite values from a bad input). */
 QC_TGT_512 static inline __m512 qc_dw_flat_epi(__m512 a, __m512 sc, __m512 bias, __m512 lo, __m512 hi, int tail, int pa,
                                                __m512 ps, __m512 pt)
 {
@@ -724,9 +725,10 @@ QC_TGT_512 static inline __m512 qc_dw_flat_epi(__m512 a, __m512 sc, __m512 bias,
  * 16 pixels, the fma chains over the taps (tap t at P[g] + toff[t] + p, lanes masked by j->fmask), the epilogue,
  * the store */
 QC_TGT_512 static inline __attribute__((always_inline))
-void qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_t *toff, int64_t K, const int64_t *o,
-                    int ng, int64_t p0, int64_t p1, float *const *y, const int tail, const int pa)
+__mmask16 qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_t *toff, int64_t K, const int64_t *o,
+                         int ng, int64_t p0, int64_t p1, float *const *y, const int tail, const int pa, const int check)
 {
+    __mmask16 bad = 0;
     const float *w[QC_DW_FG];
     __m512 sc[QC_DW_FG], bias[QC_DW_FG], ps[QC_DW_FG], pt[QC_DW_FG];
     for (int g = 0; g < QC_DW_FG; ++g) {
@@ -750,16 +752,32 @@ void qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_t *to
             a2 = _mm512_fmadd_ps(_mm512_set1_ps(w2[t]), _mm512_maskz_loadu_ps(mt, P2 + off), a2);
             a3 = _mm512_fmadd_ps(_mm512_set1_ps(w3[t]), _mm512_maskz_loadu_ps(mt, P3 + off), a3);
         }
+        if (check)   /* a NaN / inf tap value makes its sums NaN / inf (0 * inf is NaN too) */
+            bad = _kor_mask16(bad, _mm512_fpclass_ps_mask(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                                          QC_DW_NONFINITE));
         const __mmask16 st = p1 - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p1 - p)) - 1);
         const __m512 a[QC_DW_FG] = {a0, a1, a2, a3};
         for (int g = 0; g < ng; ++g)
             _mm512_mask_storeu_ps(y[g] + p, st, qc_dw_flat_epi(a[g], sc[g], bias[g], lo, hi, tail, pa, ps[g], pt[g]));
     }
+    return bad;
+}
+
+/* 1 when input rows [r0, r1) of a flat item's channels hold a NaN / inf */
+QC_TGT_512 static int qc_dw_flat_rows_bad(const float *const *X, int ng, int64_t W, int64_t r0, int64_t r1)
+{
+    __mmask16 bad = 0;
+    for (int g = 0; g < ng; ++g)
+        for (int64_t i = r0 * W; i < r1 * W; i += 16) {
+            const __mmask16 m = r1 * W - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (r1 * W - i)) - 1);
+            bad = _kor_mask16(bad, _mm512_fpclass_ps_mask(_mm512_maskz_loadu_ps(m, X[g] + i), QC_DW_NONFINITE));
+        }
+    return bad != 0;
 }
 
 /* Work item (sample n, channels c0 .. c0 + QC_DW_FG - 1, band of output rows) of the flat planes. The last group
  * of channels repeats its last channel in the chains it lacks (computed, not stored). scr: stride 2's phase planes,
- * four per channel. Returns 1 when an input row read holds NaN / inf (nothing stored then). */
+ * four per channel. Returns 1 when an input row read holds NaN / inf (the outputs then hold nothing reliable). */
 QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, float *scr)
 {
     const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, W = j->W, H = j->H;
@@ -772,6 +790,10 @@ QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, floa
     r0 = r0 < 0 ? 0 : r0;
     r1 = r1 > H ? H : r1;
     const int64_t PP = (H + 1) / 2 * OW;   /* stride 2: floats of a phase plane */
+    /* stride 1 with "same" padding reads every input value of rows [r0, r1) in some tap (the output under it sees
+     * it through tap (ph, pw)): the sums then say whether one is NaN / inf, without a pass over the rows first */
+    const int sums = s == 1 && j->ph <= (j->KH - 1) * j->dh && j->pw <= (j->KW - 1) * j->dw && j->ph >= 0
+                     && j->pw >= 0;
     __mmask16 bad = 0;
     const float *P[QC_DW_FG];
     int64_t toff[QC_DW_FLAT_TAPS];
@@ -783,10 +805,7 @@ QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, floa
         }
         if (s == 1) {
             P[g] = xc;
-            for (int64_t i = r0 * W; i < r1 * W; i += 16) {
-                const __mmask16 m = r1 * W - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (r1 * W - i)) - 1);
-                bad |= _mm512_fpclass_ps_mask(_mm512_maskz_loadu_ps(m, xc + i), QC_DW_NONFINITE);
-            }
+            if (!sums) bad |= (__mmask16)qc_dw_flat_rows_bad(&P[g], 1, W, r0, r1);
             continue;
         }
         float *ph = scr + g * 4 * PP;   /* phase (ry, rx) at ph + (2 ry + rx) PP */
@@ -820,7 +839,9 @@ QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, floa
     }
     const int hs = QC_ACT_HARDSWISH, si = QC_ACT_SILU, pa = j->pa_s != NULL;
     const int64_t p0 = oy0 * OW, p1 = oy1 * OW;
+    __mmask16 nf = 0;
     for (int64_t m = 0; m < j->M; ++m) {
+        const int ck = sums && m == 0;
         int64_t o[QC_DW_FG];
         float *y[QC_DW_FG];
         for (int g = 0; g < QC_DW_FG; ++g) {
@@ -829,17 +850,18 @@ QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, floa
         }
         /* tail and pa constant per call: branch-free loops */
         if (j->tail == hs) {
-            if (pa) qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, hs, 1);
-            else qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, hs, 0);
+            if (pa) nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, hs, 1, ck);
+            else nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, hs, 0, ck);
         } else if (j->tail == si) {
-            if (pa) qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, si, 1);
-            else qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, si, 0);
+            if (pa) nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, si, 1, ck);
+            else nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, si, 0, ck);
         } else {
-            if (pa) qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, 0, 1);
-            else qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, 0, 0);
+            if (pa) nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, 0, 1, ck);
+            else nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, 0, 0, ck);
         }
     }
-    return 0;
+    /* a non-finite sum from finite inputs (an overflow) is a result; from a NaN / inf input, nothing reliable */
+    return nf && qc_dw_flat_rows_bad(P, ng, W, r0, r1);
 }
 #endif
 
