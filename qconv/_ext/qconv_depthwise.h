@@ -46,6 +46,8 @@
 #include "qconv_kernels.h"
 
 /* taps per float accumulation chunk: 512 * 255 * 128 < 2^24 */
+/* stride 2's flat planes: output pixels a step of splitting and computing (qc_dw_item_flat) */
+#define QC_DW_SPLIT_PIXELS 256
 #define QC_DW_EXACT_TAPS 512
 /* output rows per pass: their sums are independent FMA chains (the MAC loop is latency-bound on one row) */
 #define QC_DW_NR 4
@@ -775,45 +777,19 @@ QC_TGT_512 static int qc_dw_flat_rows_bad(const float *const *X, int ng, int64_t
     return bad != 0;
 }
 
-/* Work item (sample n, channels c0 .. c0 + QC_DW_FG - 1, band of output rows) of the flat planes. The last group
- * of channels repeats its last channel in the chains it lacks (computed, not stored). scr: stride 2's phase planes,
- * four per channel. Returns 1 when an input row read holds NaN / inf (the outputs then hold nothing reliable). */
-QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, float *scr)
+/* stride 2: input rows [a, b) of channels X[0 .. ng-1] into their phase planes (channel g's at scr + 4 g PP, phase
+ * (ry, rx) at + (2 ry + rx) PP, PP floats a phase plane); returns the lanes that read a NaN / inf */
+QC_TGT_512 static inline __mmask16 qc_dw_flat_split(const qc_dw_job *j, const float *const *X, float *scr, int ng,
+                                                    int64_t a, int64_t b, int64_t PP)
 {
-    const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, W = j->W, H = j->H;
-    const int64_t CG = (j->C + QC_DW_FG - 1) / QC_DW_FG, O = j->C * j->M;
-    const int64_t n = item / (CG * nb), c0 = (item / nb) % CG * QC_DW_FG, b = item % nb;
-    const int64_t oy0 = b * j->band, oy1 = oy0 + j->band < j->OH ? oy0 + j->band : j->OH, OHW = j->OH * OW;
-    const int ng = j->C - c0 < QC_DW_FG ? (int)(j->C - c0) : QC_DW_FG;
-    const int s = j->sh;
-    int64_t r0 = oy0 * s - j->ph, r1 = (oy1 - 1) * s - j->ph + (int64_t)(j->KH - 1) * j->dh + 1;   /* rows read */
-    r0 = r0 < 0 ? 0 : r0;
-    r1 = r1 > H ? H : r1;
-    const int64_t PP = (H + 1) / 2 * OW;   /* stride 2: floats of a phase plane */
-    /* stride 1 with "same" padding reads every input value of rows [r0, r1) in some tap (the output under it sees
-     * it through tap (ph, pw)): the sums then say whether one is NaN / inf, without a pass over the rows first */
-    const int sums = s == 1 && j->ph <= (j->KH - 1) * j->dh && j->pw <= (j->KW - 1) * j->dw && j->ph >= 0
-                     && j->pw >= 0;
+    const int64_t W = j->W, OW = j->OW;
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     __mmask16 bad = 0;
-    const float *P[QC_DW_FG];
-    int64_t toff[QC_DW_FLAT_TAPS];
-    for (int g = 0; g < QC_DW_FG; ++g) {
-        const float *xc = (const float *)j->x + (n * j->C + c0 + (g < ng ? g : ng - 1)) * H * W;
-        if (g >= ng) {
-            P[g] = P[ng - 1];
-            continue;
-        }
-        if (s == 1) {
-            P[g] = xc;
-            if (!sums) bad |= (__mmask16)qc_dw_flat_rows_bad(&P[g], 1, W, r0, r1);
-            continue;
-        }
-        float *ph = scr + g * 4 * PP;   /* phase (ry, rx) at ph + (2 ry + rx) PP */
-        P[g] = ph;
-        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-        for (int64_t iy = r0; iy < r1; ++iy) {
-            const float *src = xc + iy * W;
+    for (int g = 0; g < ng; ++g) {
+        float *ph = scr + g * 4 * PP;
+        for (int64_t iy = a; iy < b; ++iy) {
+            const float *src = X[g] + iy * W;
             float *pe = ph + (iy & 1) * 2 * PP + (iy >> 1) * OW, *po = pe + PP;
             for (int64_t x0 = 0; x0 < OW; x0 += 16) {
                 const int64_t i0 = 2 * x0, l0 = W - i0, l1 = W - i0 - 16, lo = OW - x0;
@@ -827,21 +803,19 @@ QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, floa
             }
         }
     }
-    if (bad) return 1;
-    for (int64_t t = 0; t < K; ++t) {
-        const int64_t dy = t / j->KW * j->dh - j->ph, dx = t % j->KW * j->dw - j->pw;
-        if (s == 1) {
-            toff[t] = dy * W + dx;
-        } else {
-            const int64_t ry = dy & 1, rx = dx & 1;   /* two's complement: dy mod 2 for negative dy too */
-            toff[t] = (ry * 2 + rx) * PP + (dy - ry) / 2 * OW + (dx - rx) / 2;
-        }
-    }
+    return bad;
+}
+
+/* output pixels [p0, p1) of every channel multiplier of the item's channels (inputs P, tap offsets toff); with
+ * check, the lanes whose sums are not finite */
+QC_TGT_512 static inline __mmask16 qc_dw_flat_outputs(const qc_dw_job *j, const float *const *P, const int64_t *toff,
+                                                      int64_t n, int64_t c0, int ng, int64_t p0, int64_t p1, int check)
+{
+    const int64_t K = (int64_t)j->KH * j->KW, O = j->C * j->M, OHW = j->OH * j->OW;
     const int hs = QC_ACT_HARDSWISH, si = QC_ACT_SILU, pa = j->pa_s != NULL;
-    const int64_t p0 = oy0 * OW, p1 = oy1 * OW;
     __mmask16 nf = 0;
     for (int64_t m = 0; m < j->M; ++m) {
-        const int ck = sums && m == 0;
+        const int ck = check && m == 0;
         int64_t o[QC_DW_FG];
         float *y[QC_DW_FG];
         for (int g = 0; g < QC_DW_FG; ++g) {
@@ -860,8 +834,66 @@ QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, floa
             else nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, 0, 0, ck);
         }
     }
-    /* a non-finite sum from finite inputs (an overflow) is a result; from a NaN / inf input, nothing reliable */
-    return nf && qc_dw_flat_rows_bad(P, ng, W, r0, r1);
+    return nf;
+}
+
+/* Work item (sample n, channels c0 .. c0 + QC_DW_FG - 1, band of output rows) of the flat planes. The last group
+ * of channels repeats its last channel in the chains it lacks (computed, not stored). scr: stride 2's phase planes,
+ * four per channel, filled a few output rows ahead of the outputs that read them (QC_DW_SPLIT_PIXELS outputs a
+ * step: the rows just split are still in L1 when the taps read them). Returns 1 when an input row read holds
+ * NaN / inf (the outputs then hold nothing reliable). */
+QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, float *scr)
+{
+    const int64_t nb = qc_dw_bands(j), K = (int64_t)j->KH * j->KW, OW = j->OW, W = j->W, H = j->H;
+    const int64_t CG = (j->C + QC_DW_FG - 1) / QC_DW_FG;
+    const int64_t n = item / (CG * nb), c0 = (item / nb) % CG * QC_DW_FG, b = item % nb;
+    const int64_t oy0 = b * j->band, oy1 = oy0 + j->band < j->OH ? oy0 + j->band : j->OH;
+    const int ng = j->C - c0 < QC_DW_FG ? (int)(j->C - c0) : QC_DW_FG;
+    const int s = j->sh;
+    int64_t r0 = oy0 * s - j->ph, r1 = (oy1 - 1) * s - j->ph + (int64_t)(j->KH - 1) * j->dh + 1;   /* rows read */
+    r0 = r0 < 0 ? 0 : r0;
+    r1 = r1 > H ? H : r1;
+    const int64_t PP = (H + 1) / 2 * OW;   /* stride 2: floats of a phase plane */
+    const float *X[QC_DW_FG], *P[QC_DW_FG];
+    int64_t toff[QC_DW_FLAT_TAPS];
+    for (int g = 0; g < QC_DW_FG; ++g) {
+        X[g] = (const float *)j->x + (n * j->C + c0 + (g < ng ? g : ng - 1)) * H * W;
+        P[g] = s == 1 ? X[g] : scr + (g < ng ? g : ng - 1) * 4 * PP;
+    }
+    for (int64_t t = 0; t < K; ++t) {
+        const int64_t dy = t / j->KW * j->dh - j->ph, dx = t % j->KW * j->dw - j->pw;
+        if (s == 1) {
+            toff[t] = dy * W + dx;
+        } else {
+            const int64_t ry = dy & 1, rx = dx & 1;   /* two's complement: dy mod 2 for negative dy too */
+            toff[t] = (ry * 2 + rx) * PP + (dy - ry) / 2 * OW + (dx - rx) / 2;
+        }
+    }
+    if (s == 1) {
+        /* "same" padding reads every input value of rows [r0, r1) in some tap (the output under it sees it through
+         * tap (ph, pw)): the sums then say whether one is NaN / inf, without a pass over the rows first; a
+         * non-finite sum from finite inputs (an overflow) is a result */
+        const int sums = j->ph <= (j->KH - 1) * j->dh && j->pw <= (j->KW - 1) * j->dw && j->ph >= 0 && j->pw >= 0;
+        if (!sums && qc_dw_flat_rows_bad(X, ng, W, r0, r1)) return 1;
+        const __mmask16 nf = qc_dw_flat_outputs(j, P, toff, n, c0, ng, oy0 * OW, oy1 * OW, sums);
+        return nf && qc_dw_flat_rows_bad(X, ng, W, r0, r1);
+    }
+    /* steps of whole 16-pixel vectors of the mask table: a multiple of 16 / gcd(OW, 16) rows */
+    const int64_t low = OW & -OW, q = 16 / (low < 16 ? low : 16);
+    const int64_t step = ((QC_DW_SPLIT_PIXELS + OW - 1) / OW + q - 1) / q * q;
+    __mmask16 bad = 0;
+    int64_t done = r0;
+    for (int64_t y0 = oy0; y0 < oy1; y0 += step) {
+        const int64_t y1 = y0 + step < oy1 ? y0 + step : oy1;
+        int64_t need = (y1 - 1) * s - j->ph + (int64_t)(j->KH - 1) * j->dh + 1;
+        need = need > r1 ? r1 : need;
+        if (need > done) {
+            bad |= qc_dw_flat_split(j, X, scr, ng, done, need, PP);
+            done = need;
+        }
+        qc_dw_flat_outputs(j, P, toff, n, c0, ng, y0 * OW, y1 * OW, 0);
+    }
+    return bad != 0;
 }
 #endif
 
