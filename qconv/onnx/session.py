@@ -12,8 +12,10 @@ inputs) lists ``"tensor"`` runs per-tensor dynamic int8 where that is faster (th
 VNNI CPUs; with the AVX2 kernel float is faster, and kept), every other conv
 float activations (weight-only quantization; depthwise and grouped convs always:
 :func:`qconv.onnx.kernels.auto_act_quant`); QMatMul nodes per-row symmetric int8 (``qconv.Linear``: a row's result
-never depends on the other rows of the batch, e.g. on the sequence length). ``session.act_modes`` says what each
-node runs. Other engines keep their own default (OpenCL: float). ``act_quant="tensor"`` runs every conv with
+never depends on the other rows of the batch, e.g. on the sequence length). A narrow int8 node (at most
+:data:`~qconv.onnx.kernels.ACT_TIMED_PRODUCTS` products an output: stems, 1x1 convs of few channels) is timed in
+both modes at its first call and runs float where that is clearly faster on this CPU (``QCONV_ACT_TIMING=0``: never;
+:func:`qconv.onnx.measure_model` measures the recorded modes). ``session.act_modes`` says what each node runs. Other engines keep their own default (OpenCL: float). ``act_quant="tensor"`` runs every conv with
 per-tensor dynamic int8, as ``qconv.Conv2d`` does by default; ``"none"`` every node float.
 """
 from __future__ import annotations
@@ -226,7 +228,8 @@ class InferenceSession:
 
     A session pickles (``pickle``, ``concurrent.futures.ProcessPoolExecutor``, Dask, Ray): the copy re-creates
     itself from the model's bytes and the arguments above. Bytes or a ``ModelProto`` given are kept for that
-    (a path is read again when the session is pickled: it must not have changed). Of ``sess_options`` the copy
+    (a path is read again when the session is pickled: it must not have changed); the copy runs the activation
+    modes the original's first calls chose by timing (``act_quant="auto"``, see the module docstring). Of ``sess_options`` the copy
     gets the attributes that differ from a new ``SessionOptions`` and ``session.intra_op.allow_spinning``; other
     config entries, initializers and custom-op libraries added to it are not carried. ``device`` must be a string.
     """
@@ -305,8 +308,6 @@ class InferenceSession:
         #: the fused nodes' kernels: elementwise chains (:mod:`qconv.onnx.fusion`) and squeeze-excitation blocks
         #: (:mod:`qconv.onnx.excite`; the CPU only)
         self.fused = [k for k in kernels.values() if isinstance(k, fused_types)]
-        #: ``{node name: activation mode}`` each qconv node runs with (``"float"`` for float activations)
-        self.act_modes = {k.name: k.layer.spec.act_quant or "float" for k in self.kernels}
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
         given_threads = so.intra_op_num_threads, so.inter_op_num_threads
@@ -336,6 +337,13 @@ class InferenceSession:
             so.intra_op_num_threads, so.inter_op_num_threads = given_threads
         del data
         self._inputs = self._sess.get_inputs()
+
+    @property
+    def act_modes(self) -> dict:
+        """``{node name: activation mode}`` each qconv node runs with now (``"float"`` for float activations). Under
+        ``act_quant="auto"`` a narrow int8 node may turn float at its first call, where that is faster on this CPU
+        (:data:`qconv.onnx.kernels.ACT_TIMED_PRODUCTS`)."""
+        return {k.name: k.layer.spec.act_quant or "float" for k in self.kernels}
 
     def _live(self):
         if self._sess is None:
@@ -440,11 +448,16 @@ class InferenceSession:
         if not isinstance(self.device, str):
             raise TypeError(f"a session on device {self.device!r} cannot be pickled: give the device as a string "
                             f"(\"opencl:P:D\")")
-        return dict(self._args, model=self._model_bytes())
+        chosen = {k.name: k.layer.spec.act_quant for k in self.kernels if getattr(k, "act_timed", False)}
+        return dict(self._args, model=self._model_bytes(), act_chosen=chosen)
 
     def __setstate__(self, state: dict) -> None:
         so = None if state["sess_options"] is None else _options_from_state(state["sess_options"])
         self.__init__(state["model"], so, state["providers"], state["provider_options"], **state["qconv"])
+        chosen = state.get("act_chosen", {})   # the modes the original's timing chose: the copy runs the same
+        for k in self.kernels:
+            if k.name in chosen:
+                k.set_act_quant(chosen[k.name])
 
     def close(self) -> None:
         """Release the prepared kernels (the session cannot run afterwards)."""
