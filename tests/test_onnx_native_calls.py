@@ -225,3 +225,33 @@ def test_native_gemm_calls_give_the_python_bits(python_calls, c, m, classes, n, 
     with pytest.raises(Exception, match="NaN"):
         _run(sess, bad)
     assert np.array_equal(_run(sess, x), got)
+
+
+@settings(max_examples=15, deadline=None)
+@given(c=st.integers(1, 40), n=st.integers(1, 3), hw=st.tuples(st.integers(1, 17), st.integers(1, 17)),
+       threads=st.sampled_from([1, 2]))
+def test_global_average_pool_runs_natively_with_the_means(c, n, hw, threads):
+    """A GlobalAveragePool between qconv nodes is the session's own node (qconv.onnx.pool): the channel means of
+    its input (float32, within 1e-6 of numpy's float64 means), the same bits natively as through Python."""
+    rng = np.random.default_rng(c * 7 + n)
+    w = numpy_helper.from_array((rng.standard_normal((c, c, 1, 1)) / np.sqrt(c)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], name="conv"),
+             helper.make_node("GlobalAveragePool", ["a"], ["y"], name="gap")]
+    g = helper.make_graph(nodes, "gap", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", c, "h", "w"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("a", TensorProto.FLOAT, None)], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    sess = qo.InferenceSession(qo.quantize_model(m, measure=False), threads=threads)
+    assert [type(k).__name__ for k in sess.fused] == ["PoolKernel"]
+    x = rng.standard_normal((n, c) + hw).astype(np.float32)
+    _ortops.set_native(False)
+    try:
+        y, a = sess.run(None, {"x": x})
+    finally:
+        _ortops.set_native(True)
+    assert y.shape == (n, c, 1, 1)
+    np.testing.assert_allclose(y, a.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-6, atol=1e-7)
+    sess.run(None, {"x": x})   # the first call made the native one
+    assert sess.fused[0]._native is not None
+    assert np.array_equal(sess.run(None, {"x": x})[0].view(np.uint32), y.view(np.uint32))

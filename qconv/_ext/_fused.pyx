@@ -327,3 +327,34 @@ def excite_native(tuple shape, list steps, int threads):
             d.steps[k].conv, d.steps[k].op, d.steps[k].p0, d.steps[k].p1 = 0, step[0], step[1], step[2]
     d.base.run = _excite_native_run
     return call
+
+
+ctypedef struct _PoolNative:
+    qc_native base
+    int64_t rows, HW
+    int threads
+
+
+cdef int64_t _pool_native_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
+    """qc_native.run of :func:`pool_native`: channel_means straight into ``y``."""
+    cdef const _PoolNative *d = <const _PoolNative *> n
+    cdef qc_se_job j
+    j.HW, j.x, j.out = d.HW, x, y
+    _parallel_for(d.rows, max(1, 4096 // d.HW), <pool_fn> qc_se_rows(0), &j, d.threads)
+    return 0
+
+
+def pool_native(tuple shape, int threads):
+    """A global average pool (``channel_means`` of float32 NCHW ``x`` of ``shape`` into ``y`` ``(N, C, 1, 1)`` on
+    ``threads`` threads) as a :class:`~qconv._ext._cpu.NativeCall` for the custom operator; None for empty planes."""
+    cdef _PoolNative *d
+    cdef NativeCall call
+    if len(shape) != 4 or shape[0] * shape[1] * shape[2] * shape[3] == 0:
+        return None
+    call = _native_call(sizeof(_PoolNative), shape, (shape[0], shape[1], 1, 1), 0, None)
+    if call is None:
+        return None
+    d = <_PoolNative *> call.mem
+    d.rows, d.HW, d.threads = shape[0] * shape[1], shape[2] * shape[3], threads
+    d.base.run = _pool_native_run
+    return call

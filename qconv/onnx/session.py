@@ -64,6 +64,7 @@ def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_option
     if kernels and layer_options.get("device", "cpu") == "cpu" and fuse_chains:
         from .excite import excite
         from .fusion import fuse
+        from .pool import pools
         outputs, threads = set(wire.graph_outputs(data)), layer_options.get("threads") or 1
         if not any(n.op_type in ("If", "Loop", "Scan") for n in nodes):   # their bodies may read any value
             # squeeze-excitation blocks first (their qconv nodes run inside the block's kernel), then the chains
@@ -74,6 +75,9 @@ def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_option
                 replace.pop(i, None)
             replace.update(e_replace)
             kernels.update(excited)
+            p_replace, pooled = pools(nodes, key_prefix, threads, skip=dropped | set(replace))
+            replace.update(p_replace)
+            kernels.update(pooled)
         f_replace, f_dropped, fused = fuse(nodes, inits, outputs, key_prefix, threads,
                                            skip=dropped | set(replace) - set(keys))
         dropped |= f_dropped
@@ -303,10 +307,11 @@ class InferenceSession:
         del nodes, inits
         from .excite import ExciteKernel
         from .fusion import FusedKernel
-        fused_types = (FusedKernel, ExciteKernel)
+        from .pool import PoolKernel
+        fused_types = (FusedKernel, ExciteKernel, PoolKernel)
         self.kernels = [k for k in kernels.values() if not isinstance(k, fused_types)]   # one per qconv node
-        #: the fused nodes' kernels: elementwise chains (:mod:`qconv.onnx.fusion`) and squeeze-excitation blocks
-        #: (:mod:`qconv.onnx.excite`; the CPU only)
+        #: the fused nodes' kernels: elementwise chains (:mod:`qconv.onnx.fusion`), squeeze-excitation blocks
+        #: (:mod:`qconv.onnx.excite`) and global average pools (:mod:`qconv.onnx.pool`; the CPU only)
         self.fused = [k for k in kernels.values() if isinstance(k, fused_types)]
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
