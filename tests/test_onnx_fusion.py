@@ -13,7 +13,7 @@ pytest.importorskip("qconv._ext._fused")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import qconv.onnx as qo  # noqa: E402
-from qconv.onnx import excite, fusion  # noqa: E402
+from qconv.onnx import excite, fusion, pool  # noqa: E402
 
 
 def _model(c, fh, fw, tail, extra=None):
@@ -64,10 +64,11 @@ def _model(c, fh, fw, tail, extra=None):
 
 def _sessions(model, threads):
     """The model's sessions with and without fused chains; neither fuses its squeeze-excitation block
-    (tests/test_onnx_excite.py), so that the chain here keeps its Mul."""
+    (tests/test_onnx_excite.py) or its pool (qconv.onnx.pool), so that the chain here keeps its Mul."""
     q = qo.quantize_model(model, measure=False)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(excite, "find_blocks", lambda *a, **k: [])
+        m.setattr(pool, "pools", lambda *a, **k: ({}, {}))   # the block's pool stays onnxruntime's too
         fused = qo.InferenceSession(q, threads=threads)
         m.setattr(fusion, "find_chains", lambda *a, **k: [])
         plain = qo.InferenceSession(q, threads=threads)
