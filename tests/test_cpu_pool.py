@@ -1,5 +1,5 @@
 """The CPU engine's one parallel-for (``qconv/_ext/qconv_pool.h``): every item once, thread indices below the
-count, nested calls inline, a stalled worker's chunks taken by the others (through the pool's testing hook), the
+count, a part of the items per thread, nested calls inline, a stalled worker's chunks taken by the others (through the pool's testing hook), the
 same bits on 1, 2 and 3 threads on every path (GEMM int8, float GEMM, GEMV channel split, block mode, direct
 float, Winograd, depthwise), and the default thread count. No timing is asserted: the stalled worker waits until
 every chunk of the call is claimed (with a cap only a broken split reaches)."""
@@ -82,6 +82,21 @@ def test_parallel_for_from_two_python_threads():
     for t in th:
         t.join()
     assert not errors
+
+
+@pytest.mark.parametrize("n, chunk", [(100, 1), (101, 3), (8, 1)])
+def test_each_thread_starts_with_its_own_part(n, chunk):
+    """The items are cut into one contiguous part a thread (in whole chunks), and thread t claims from part t
+    before the others': so with two threads, the worker's first item lies in the second part (whenever it
+    joins, the caller only reaches that part once the first is all claimed). That is what keeps a layer's share of the data on the core that wrote it in the layer before."""
+    nchunks = -(-n // chunk)
+    lo1 = nchunks // 2 * chunk
+    for _ in range(200):
+        tid_of, runs, total, when = T._test_parallel_for(n, chunk, 2, work=3000, order=True)
+        assert (runs == 1).all() and total == nchunks
+        mine = np.flatnonzero(tid_of == 1)
+        if mine.size:
+            assert mine[np.argmin(when[mine])] >= lo1
 
 
 @pytest.mark.parametrize("threads, stalled", [(2, 1), (3, 1), (3, 2)])

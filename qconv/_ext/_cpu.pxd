@@ -194,7 +194,7 @@ cdef int64_t _parallel_for(int64_t n, int64_t chunk, pool_fn fn, void *ctx, int 
 
 cdef inline int64_t _chunk_of(int64_t n, int nthreads) noexcept nogil:
     """A parallel-for chunk for ``n`` small items on ``nthreads`` threads: about 8 chunks a thread. Every chunk is one
-    claim on the pool's shared ticket; claims of single items of a few microseconds each contended for it (a 960@7 3x3
+    claim on a shared counter (its part's); claims of single items of a few microseconds each contended for it (a 960@7 3x3
     depthwise call, 240 items: 85 us on 2 threads against 48 us on one, 29 us with these chunks; Zen 4 VM)."""
     return max(1, n // (8 * max(1, nthreads)))
 cdef void _pool_testing(int stall_tid, int stall_ms, int count) noexcept nogil

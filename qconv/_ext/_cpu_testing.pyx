@@ -33,9 +33,18 @@ def _test_pool_chunks(int threads):
     return [int(_pool_chunks(t)) for t in range(threads)]
 
 
+cdef extern from *:
+    """
+    static inline int64_t qc_test_ticket(int64_t *c) { return __atomic_fetch_add(c, 1, __ATOMIC_RELAXED); }
+    """
+    int64_t qc_test_ticket(int64_t *c) nogil
+
+
 cdef struct _MarkCtx:
     int32_t *tid_of     # (n,) the thread that ran each item (-1 before)
     int32_t *runs       # (n,) times each item ran
+    int64_t *order      # (n,) when each item ran: 0, 1, ... over all threads (NULL: not recorded)
+    int64_t clock       # the next value of order
     int64_t nested      # items per nested parallel-for (0: none)
     int64_t work        # dependent multiply-adds per item (to give other threads time to join)
     int nthreads
@@ -57,25 +66,33 @@ cdef int64_t _mark(void *ctx, int64_t b, int64_t e, int tid) noexcept nogil:
         bad += acc < 0   # keeps the loop
         m.tid_of[i] = tid
         m.runs[i] += 1
+        if m.order != NULL:
+            m.order[i] = qc_test_ticket(&m.clock)
         if m.nested and _parallel_for(m.nested, 1, _mark_nested, NULL, m.nthreads) != m.nested:
             bad += 1
     return 1 + bad * 1000000
 
 
-def _test_parallel_for(int64_t n, int64_t chunk, int threads, int64_t nested=0, int64_t work=0):
+def _test_parallel_for(int64_t n, int64_t chunk, int threads, int64_t nested=0, int64_t work=0, bint order=False):
     """``(tid_of, runs, total)`` of one parallel-for over ``n`` items: the thread index that ran each item, how many
     times each ran, and the returned sum (each chunk returns 1). ``nested``: every item also runs a parallel-for of
     that many items from inside the body (it must run inline; a wrong count adds 10**6 to the sum); ``work``:
-    dependent multiply-adds per item, so that the other threads have time to join."""
+    dependent multiply-adds per item, so that the other threads have time to join. ``order``: a fourth value, when
+    each item ran (int64: 0, 1, ... over all threads)."""
     tid_of = np.full(max(n, 1), -1, np.int32)
     runs = np.zeros(max(n, 1), np.int32)
+    when = np.full(max(n, 1), -1, np.int64)
     cdef int32_t[::1] tv = tid_of
     cdef int32_t[::1] rv = runs
+    cdef int64_t[::1] ov = when
     cdef _MarkCtx m
     cdef int64_t total
     m.tid_of, m.runs, m.nested, m.work, m.nthreads = &tv[0], &rv[0], nested, work, threads
+    m.order, m.clock = (&ov[0] if order else NULL), 0
     with nogil:
         total = _parallel_for(n, chunk, _mark, &m, threads)
+    if order:
+        return tid_of[:n], runs[:n], int(total), when[:n]
     return tid_of[:n], runs[:n], int(total)
 
 
@@ -91,6 +108,7 @@ def _test_parallel_for_burst(const int64_t[::1] ns, int threads, int64_t rounds,
     cdef int32_t[::1] rv = runs
     cdef _MarkCtx m
     m.tid_of, m.runs, m.nested, m.work, m.nthreads = &tv[0], &rv[0], 0, work, threads
+    m.order, m.clock = NULL, 0
     with nogil:
         for r in range(rounds):
             for c in range(ns.shape[0]):

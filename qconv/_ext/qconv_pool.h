@@ -4,9 +4,12 @@
  *
  * calls fn(ctx, begin, end, tid) on disjoint ranges [begin, end) covering items 0 .. n-1 exactly once, with
  * tid in [0, nthreads) (the calling thread is tid 0; per-thread scratch indexed by tid stays private: one tid
- * is never used by two threads at once). Items are handed out `chunk` at a time from one atomic counter, so a
- * thread that the OS deschedules (a core taken by another process) simply takes fewer chunks: the others take
- * the rest. Which thread runs an item never changes what the item computes, so callers that split over outputs
+ * is never used by two threads at once). The items are cut into nthreads contiguous parts, each with its own
+ * atomic counter; thread tid takes `chunk` items at a time from part tid, then from the parts after it (tid + 1,
+ * ..., wrapping). So a thread that the OS deschedules (a core taken by another process) simply takes fewer chunks:
+ * the others take the rest; and when every thread is on time, thread t runs the same share of the items in every
+ * call (the t-th), so consecutive layers that cut their work alike find their inputs in the cache of the core that
+ * wrote them. Which thread runs an item never changes what the item computes, so callers that split over outputs
  * (never over a reduction) get the same bits for any thread count. It returns once every item is done, with the
  * sum of fn's return values (counts: failed allocations, non-finite values; an integer sum, so it does not
  * depend on the split either).
@@ -60,19 +63,41 @@ typedef struct {
     int busy;                           /* a call is in flight (1) */
     int sleepers;                       /* workers in work_cv */
     int caller_waiting;                 /* the caller is in done_cv */
-    /* the call in flight: written by the caller before the ticket, read by workers (relaxed atomics: a worker
-     * late for a call may read the next call's fields, but then its claim on the ticket fails) */
+    /* the call in flight: written by the caller before the parts open, read by workers (relaxed atomics: a
+     * worker late for a call may read the next call's fields, but then its claims on the parts fail) */
     qc_pool_fn fn;
     void *ctx;
     int64_t n, chunk;
     int nthreads;
-    uint64_t ticket;                    /* (generation << 32) | next unclaimed item; 0xffffffff: closed */
+    int nparts;                         /* parts of the last call (its nthreads) */
+    uint64_t ticket;                    /* (generation << 32) of the call in flight: the workers wait for it */
     int64_t done;                       /* items finished */
     int64_t sum;                        /* of fn's return values */
 } qc_pool_state;
 
 static qc_pool_state qc_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                                0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0};
+                                0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0, 0};
+
+/* part p of the call in flight: items [lo, hi); next: (generation << 32) | next unclaimed item (0xffffffff:
+ * closed). One cache line a part (the threads claim from their own). */
+typedef struct {
+    uint64_t next;
+    int64_t hi;
+    char pad[48];
+} qc_pool_part;
+
+static qc_pool_part qc_pool_parts[QC_POOL_MAX_THREADS] __attribute__((aligned(64)));
+
+/* 1 while a part of the call of generation gen holds unclaimed items */
+static int qc_pool_left(uint32_t gen, int nparts)
+{
+    for (int p = 0; p < nparts; ++p) {
+        const uint64_t t = __atomic_load_n(&qc_pool_parts[p].next, __ATOMIC_ACQUIRE);
+        if ((uint32_t)(t >> 32) == gen && (int64_t)(t & 0xffffffffu) < __atomic_load_n(&qc_pool_parts[p].hi, __ATOMIC_RELAXED))
+            return 1;
+    }
+    return 0;
+}
 
 static inline void qc_pool_pause(void)
 {
@@ -106,53 +131,52 @@ static inline int qc_pool_spin(int64_t t0, int *k)
     return 1;
 }
 
-/* Claims and runs chunks of the call of generation gen until none is left; the claim fails once the ticket
- * has moved to another generation. The thread whose chunk completes the call wakes a sleeping caller. */
+/* Claims and runs chunks of the call of generation gen, from part tid and then the parts after it, until none is
+ * left; a claim fails once the part's counter has moved to another generation (then the call is over). The thread
+ * whose chunk completes the call wakes a sleeping caller. */
 static void qc_pool_work(uint32_t gen, int tid, int is_worker)
 {
-    uint64_t t = __atomic_load_n(&qc_pool.ticket, __ATOMIC_ACQUIRE);
-    int first = 1;
-    for (;;) {
-        if ((uint32_t)(t >> 32) != gen)
-            return;
-        const int64_t n = __atomic_load_n(&qc_pool.n, __ATOMIC_RELAXED);
-        const int64_t chunk = __atomic_load_n(&qc_pool.chunk, __ATOMIC_RELAXED);
-        const int64_t b = (int64_t)(t & 0xffffffffu);
-        if (b >= n || tid >= __atomic_load_n(&qc_pool.nthreads, __ATOMIC_RELAXED))
-            return;   /* (fields read after the ticket: stale only when the ticket moved on and the claim fails) */
-        if (first && is_worker && tid == __atomic_load_n(&qc_pool_test.stall_tid, __ATOMIC_RELAXED)) {
-            const int ms = __atomic_load_n(&qc_pool_test.stall_ms, __ATOMIC_RELAXED);
-            for (int i = 0; i < ms; ++i) {
-                t = __atomic_load_n(&qc_pool.ticket, __ATOMIC_ACQUIRE);
-                if ((uint32_t)(t >> 32) != gen || (int64_t)(t & 0xffffffffu) >= n)
-                    break;
-                struct timespec ms1 = {0, 1000000};
-                nanosleep(&ms1, NULL);
+    const int nparts = __atomic_load_n(&qc_pool.nparts, __ATOMIC_RELAXED);
+    if (tid >= nparts)
+        return;   /* (fields read before a claim: stale only when the call is over, and then every claim fails) */
+    if (is_worker && tid == __atomic_load_n(&qc_pool_test.stall_tid, __ATOMIC_RELAXED)) {
+        const int ms = __atomic_load_n(&qc_pool_test.stall_ms, __ATOMIC_RELAXED);
+        for (int i = 0; i < ms && qc_pool_left(gen, nparts); ++i) {
+            struct timespec ms1 = {0, 1000000};
+            nanosleep(&ms1, NULL);
+        }
+    }
+    const int64_t n = __atomic_load_n(&qc_pool.n, __ATOMIC_RELAXED);
+    const int64_t chunk = __atomic_load_n(&qc_pool.chunk, __ATOMIC_RELAXED);
+    for (int k = 0; k < nparts; ++k) {
+        qc_pool_part *part = &qc_pool_parts[(tid + k) % nparts];
+        uint64_t t = __atomic_load_n(&part->next, __ATOMIC_ACQUIRE);
+        for (;;) {
+            if ((uint32_t)(t >> 32) != gen)
+                return;
+            const int64_t b = (int64_t)(t & 0xffffffffu), hi = __atomic_load_n(&part->hi, __ATOMIC_RELAXED);
+            if (b >= hi)
+                break;
+            const int64_t e = b + chunk < hi ? b + chunk : hi;
+            if (!__atomic_compare_exchange_n(&part->next, &t, ((uint64_t)gen << 32) | (uint64_t)e, 1,
+                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                continue;   /* t now holds the part's current counter */
+            /* the chunk is ours: the call cannot finish (nor its fields change) before it is counted done */
+            qc_pool_fn fn = __atomic_load_n(&qc_pool.fn, __ATOMIC_RELAXED);
+            void *ctx = __atomic_load_n(&qc_pool.ctx, __ATOMIC_RELAXED);
+            const int64_t r = fn(ctx, b, e, tid);
+            if (r)
+                __atomic_fetch_add(&qc_pool.sum, r, __ATOMIC_RELAXED);   /* ordered before the release of done */
+            if (__atomic_load_n(&qc_pool_test.count, __ATOMIC_RELAXED) && tid < QC_POOL_COUNTED)
+                __atomic_fetch_add(&qc_pool_test.chunks[tid], 1, __ATOMIC_RELAXED);
+            if (__atomic_add_fetch(&qc_pool.done, e - b, __ATOMIC_SEQ_CST) == n
+                    && __atomic_load_n(&qc_pool.caller_waiting, __ATOMIC_SEQ_CST)) {
+                pthread_mutex_lock(&qc_pool.mu);
+                pthread_cond_signal(&qc_pool.done_cv);
+                pthread_mutex_unlock(&qc_pool.mu);
             }
-            first = 0;
-            t = __atomic_load_n(&qc_pool.ticket, __ATOMIC_ACQUIRE);
-            continue;
+            t = __atomic_load_n(&part->next, __ATOMIC_ACQUIRE);
         }
-        first = 0;
-        const int64_t e = b + chunk < n ? b + chunk : n;
-        if (!__atomic_compare_exchange_n(&qc_pool.ticket, &t, ((uint64_t)gen << 32) | (uint64_t)e, 1,
-                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-            continue;   /* t now holds the current ticket */
-        /* the chunk is ours: the call cannot finish (nor its fields change) before it is counted done */
-        qc_pool_fn fn = __atomic_load_n(&qc_pool.fn, __ATOMIC_RELAXED);
-        void *ctx = __atomic_load_n(&qc_pool.ctx, __ATOMIC_RELAXED);
-        const int64_t r = fn(ctx, b, e, tid);
-        if (r)
-            __atomic_fetch_add(&qc_pool.sum, r, __ATOMIC_RELAXED);   /* ordered before the release of done */
-        if (__atomic_load_n(&qc_pool_test.count, __ATOMIC_RELAXED) && tid < QC_POOL_COUNTED)
-            __atomic_fetch_add(&qc_pool_test.chunks[tid], 1, __ATOMIC_RELAXED);
-        if (__atomic_add_fetch(&qc_pool.done, e - b, __ATOMIC_SEQ_CST) == n
-                && __atomic_load_n(&qc_pool.caller_waiting, __ATOMIC_SEQ_CST)) {
-            pthread_mutex_lock(&qc_pool.mu);
-            pthread_cond_signal(&qc_pool.done_cv);
-            pthread_mutex_unlock(&qc_pool.mu);
-        }
-        t = __atomic_load_n(&qc_pool.ticket, __ATOMIC_ACQUIRE);
     }
 }
 
@@ -243,19 +267,28 @@ static int64_t qc_parallel_for(int64_t n, int64_t chunk, qc_pool_fn fn, void *ct
             nthreads = (int)nchunks;
         nthreads = qc_pool_grow(nthreads);
         if (nthreads > 1) {
-            /* Close the last call's ticket before its fields change: a worker still holding that ticket (all
-             * of its items claimed) reads the new n, and without the close its claim of [old n, ...) would
-             * succeed against the unchanged ticket, run an item of no call and count it in the new call's
-             * done (a lost or early completion). A closed ticket has its own generation and no items. */
+            /* Close the last call's parts before its fields change: a worker still holding one of their counters
+             * (all of its items claimed) reads the new fields, and without the close its claim of [old end, ...)
+             * could succeed against the unchanged counter, run an item of no call and count it in the new call's
+             * done (a lost or early completion). A closed counter has its own generation and no items. */
             const uint32_t gen = (uint32_t)(qc_pool.ticket >> 32) + 2;
-            __atomic_store_n(&qc_pool.ticket, ((uint64_t)(gen - 1) << 32) | 0xffffffffu, __ATOMIC_SEQ_CST);
+            const int closing = qc_pool.nparts > nthreads ? qc_pool.nparts : nthreads;
+            for (int p = 0; p < closing; ++p)
+                __atomic_store_n(&qc_pool_parts[p].next, ((uint64_t)(gen - 1) << 32) | 0xffffffffu, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&qc_pool.ticket, (uint64_t)(gen - 1) << 32, __ATOMIC_SEQ_CST);
             __atomic_store_n(&qc_pool.fn, fn, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.ctx, ctx, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.n, n, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.chunk, chunk, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.nthreads, nthreads, __ATOMIC_RELEASE);
+            __atomic_store_n(&qc_pool.nparts, nthreads, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.done, 0, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.sum, 0, __ATOMIC_RELEASE);
+            for (int p = 0; p < nthreads; ++p) {   /* part p: chunks [nchunks p / T, nchunks (p + 1) / T) */
+                const int64_t lo = nchunks * p / nthreads * chunk, hi = nchunks * (p + 1) / nthreads * chunk;
+                __atomic_store_n(&qc_pool_parts[p].hi, hi < n ? hi : n, __ATOMIC_RELEASE);
+                __atomic_store_n(&qc_pool_parts[p].next, ((uint64_t)gen << 32) | (uint64_t)lo, __ATOMIC_SEQ_CST);
+            }
             __atomic_store_n(&qc_pool.ticket, (uint64_t)gen << 32, __ATOMIC_SEQ_CST);
             if (__atomic_load_n(&qc_pool.sleepers, __ATOMIC_SEQ_CST)) {
                 pthread_mutex_lock(&qc_pool.mu);
