@@ -204,6 +204,7 @@ QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
         xb[i] = c < j->C && j->xi ? j->xi + at : NULL;
         real += c < j->C;
     }
+    const int fast = sw == 1 && real == 4 && xc[3] != NULL && xb[3] == NULL;
     for (int64_t r = r0; r < r1;) {
         const int64_t pa = r / Hq / sw, pb = r / Hq % sw;
         /* column jj of this phase reads input column jj*sw + x0: inside the input for jj in [jlo, jhi) */
@@ -219,6 +220,23 @@ QC_TGT_512 static void qc_di8_quant(const qc_di8_job *j, int64_t item)
             if (yy < 0 || yy >= H || jlo >= jhi) { qc_di8_fill32(row, Wq, fill); continue; }
             qc_di8_fill32(row, jlo, fill);
             qc_di8_fill32(row + jhi, Wq - jhi, fill);
+            if (fast) {   /* the loop below, unrolled: float input, stride 1, four real channels */
+                const float *s0 = xc[0] + yy * W + x0, *s1 = xc[1] + yy * W + x0;
+                const float *s2 = xc[2] + yy * W + x0, *s3 = xc[3] + yy * W + x0;
+                for (int64_t jj = jlo; jj < jhi; jj += 16) {
+                    const int64_t cnt = jhi - jj >= 16 ? 16 : jhi - jj;
+                    const __mmask16 m = cnt == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1);
+                    const __m512i v0 = qc_quant16_avx512(_mm512_maskz_loadu_ps(m, s0 + jj), q, zv, lo, hi);
+                    const __m512i v1 = qc_quant16_avx512(_mm512_maskz_loadu_ps(m, s1 + jj), q, zv, lo, hi);
+                    const __m512i v2 = qc_quant16_avx512(_mm512_maskz_loadu_ps(m, s2 + jj), q, zv, lo, hi);
+                    const __m512i v3 = qc_quant16_avx512(_mm512_maskz_loadu_ps(m, s3 + jj), q, zv, lo, hi);
+                    const __m512i acc = _mm512_or_si512(
+                        _mm512_or_si512(v0, _mm512_slli_epi32(v1, 8)),
+                        _mm512_or_si512(_mm512_slli_epi32(v2, 16), _mm512_slli_epi32(v3, 24)));
+                    _mm512_mask_storeu_epi32(row + jj, m, acc);
+                }
+                continue;
+            }
             for (int64_t jj = jlo; jj < jhi; jj += 16) {
                 const int64_t cnt = jhi - jj >= 16 ? 16 : jhi - jj;
                 const __mmask16 m = cnt == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << cnt) - 1);
