@@ -69,14 +69,13 @@ typedef struct {
     void *ctx;
     int64_t n, chunk;
     int nthreads;
-    int nparts;                         /* parts of the last call (its nthreads) */
     uint64_t ticket;                    /* (generation << 32) of the call in flight: the workers wait for it */
     int64_t done;                       /* items finished */
     int64_t sum;                        /* of fn's return values */
 } qc_pool_state;
 
 static qc_pool_state qc_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                                0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0, 0};
+                                0, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0, 0};
 
 /* part p of the call in flight: items [lo, hi); next: (generation << 32) | next unclaimed item (0xffffffff:
  * closed). One cache line a part (the threads claim from their own). */
@@ -136,7 +135,7 @@ static inline int qc_pool_spin(int64_t t0, int *k)
  * whose chunk completes the call wakes a sleeping caller. */
 static void qc_pool_work(uint32_t gen, int tid, int is_worker)
 {
-    const int nparts = __atomic_load_n(&qc_pool.nparts, __ATOMIC_RELAXED);
+    const int nparts = __atomic_load_n(&qc_pool.nthreads, __ATOMIC_RELAXED);   /* one part a thread */
     if (tid >= nparts)
         return;   /* (fields read before a claim: stale only when the call is over, and then every claim fails) */
     if (is_worker && tid == __atomic_load_n(&qc_pool_test.stall_tid, __ATOMIC_RELAXED)) {
@@ -272,7 +271,7 @@ static int64_t qc_parallel_for(int64_t n, int64_t chunk, qc_pool_fn fn, void *ct
              * could succeed against the unchanged counter, run an item of no call and count it in the new call's
              * done (a lost or early completion). A closed counter has its own generation and no items. */
             const uint32_t gen = (uint32_t)(qc_pool.ticket >> 32) + 2;
-            const int closing = qc_pool.nparts > nthreads ? qc_pool.nparts : nthreads;
+            const int closing = qc_pool.nthreads > nthreads ? qc_pool.nthreads : nthreads;   /* the last call's parts */
             for (int p = 0; p < closing; ++p)
                 __atomic_store_n(&qc_pool_parts[p].next, ((uint64_t)(gen - 1) << 32) | 0xffffffffu, __ATOMIC_SEQ_CST);
             __atomic_store_n(&qc_pool.ticket, (uint64_t)(gen - 1) << 32, __ATOMIC_SEQ_CST);
@@ -281,7 +280,6 @@ static int64_t qc_parallel_for(int64_t n, int64_t chunk, qc_pool_fn fn, void *ct
             __atomic_store_n(&qc_pool.n, n, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.chunk, chunk, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.nthreads, nthreads, __ATOMIC_RELEASE);
-            __atomic_store_n(&qc_pool.nparts, nthreads, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.done, 0, __ATOMIC_RELEASE);
             __atomic_store_n(&qc_pool.sum, 0, __ATOMIC_RELEASE);
             for (int p = 0; p < nthreads; ++p) {   /* part p: chunks [nchunks p / T, nchunks (p + 1) / T) */
