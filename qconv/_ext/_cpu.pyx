@@ -202,32 +202,42 @@ cdef int64_t _refuse_allocations(int64_t k) noexcept nogil:
 # ----------------------------------------------------------------------------------------------------
 cdef struct _RangeCtx:
     const float *x
-    int64_t n, A, N, M, nchunk
+    int64_t n, A, N, M, nchunk      # _minmax: values a chunk; _absmax_rows: chunks a row
     float *part
     int variant
 
 
 cdef int64_t _minmax_chunks(void *ctx, int64_t c0, int64_t c1, int tid) noexcept nogil:
-    """Parallel-for body of :func:`_minmax`: the partials of 65536-value chunks ``c0 .. c1-1``."""
+    """Parallel-for body of :func:`_minmax`: the partials of chunks ``c0 .. c1-1`` (``r.nchunk`` values each; an
+    empty last chunk holds ``x[0]``, which changes neither bound)."""
     cdef _RangeCtx *r = <_RangeCtx *> ctx
     cdef int64_t c, a, b
     for c in range(c0, c1):
-        a = c * 65536
-        b = a + 65536 if a + 65536 < r.n else r.n
+        a = c * r.nchunk
+        b = a + r.nchunk if a + r.nchunk < r.n else r.n
+        if a >= b:
+            r.part[2 * c] = r.x[0]
+            r.part[2 * c + 1] = r.x[0]
+            continue
         qc_minmax(r.x + a, b - a, &r.part[2 * c], &r.part[2 * c + 1], r.variant)
     return 0
 
 
 cdef int _minmax(const float *x, int64_t n, int nthreads, float *lo, float *hi, int variant) noexcept nogil:
-    """min and max of ``x[0:n]`` (n >= 1), reduced over chunk partials computed by ``nthreads`` threads.
-    Returns 0, or -1 when the partials could not be allocated."""
+    """min and max of ``x[0:n]`` (n >= 1), reduced over chunk partials computed by ``nthreads`` threads. The chunks
+    (at most 65536 values) are equal and a multiple of ``nthreads`` in number, so the pool's parts give thread t
+    the t-th contiguous share of ``x``: about the values that the direct int8 conv's quantization pass (split by
+    channel quads) then has that thread read, so they are in its core's cache. Returns 0, or -1 when the partials could not be allocated."""
     cdef int64_t nchunk = (n + 65535) // 65536
-    cdef float *part = <float *> qc_alloc(2 * nchunk * sizeof(float))
+    cdef float *part
     cdef int64_t c
     cdef _RangeCtx r
+    if nthreads > 1:
+        nchunk = (nchunk + nthreads - 1) // nthreads * nthreads
+    part = <float *> qc_alloc(2 * nchunk * sizeof(float))
     if part == NULL:
         return -1
-    r.x, r.n, r.part, r.variant = x, n, part, variant
+    r.x, r.n, r.part, r.variant, r.nchunk = x, n, part, variant, (n + nchunk - 1) // nchunk
     _parallel_for(nchunk, 1, _minmax_chunks, &r, nthreads)
     lo[0] = part[0]
     hi[0] = part[1]
