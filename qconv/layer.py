@@ -15,12 +15,15 @@ import numpy as np
 
 from . import _validate as V
 from . import reference
+from ._ext._ortops import run_native
 from .engines import Engine
 from .geometry import ConvSpec
 from .layouts.nc4hw4 import NC4HW4
 from .weights import QuantizedWeight
 
 LAYOUTS = ("nchw", "nc4hw4")
+# input shapes a layer keeps prepared CPU calls for (more: the oldest are dropped)
+NATIVE_SHAPES = 8
 PUBLIC_NC4HW4 = NC4HW4(4)
 
 
@@ -106,7 +109,11 @@ class Conv2d:
     ``x``, ``y`` must be a float32 C-contiguous Array of exactly the output's shape in the layer's context, at
     offset 0, not sharing ``x``'s buffer (``TypeError``/``ValueError`` otherwise); the kernels write it directly
     (no Array is made). Elsewhere ``y`` is a numpy array of the output's shape and dtype, not sharing memory
-    with ``x``, and the result is copied into it (the CPU engine writes a C-contiguous ``y`` directly). On OpenCL a device-array call of a shape seen before takes the
+    with ``x``, and the result is copied into it (the CPU engine writes a C-contiguous ``y`` directly). On the CPU a
+    numpy float32 C-contiguous NCHW call of a shape seen before runs the engine's prepared native call for that
+    shape (``CpuEngine.native_call``, the one onnxruntime's custom operators run; the same bits) without the Python
+    path; what it does not take (other dtypes or layouts, NaN / inf inputs, an ``out`` it cannot write) goes
+    through the checked path, which raises the errors. On OpenCL a device-array call of a shape seen before takes the
     prepared path (:mod:`qconv.gpu.launch`): kernels with their constant arguments bound once, one Array made per
     call (none with ``out``).
     """
@@ -130,6 +137,9 @@ class Conv2d:
         self.engine: Engine = engine_cls(self.spec, **engine_options)
         # device arrays go straight to the engine's prepared path (bound once: calls are hot)
         self._forward_array = self.engine.forward_array if self.engine.supports_device_arrays else None
+        # numpy float32 NCHW inputs of a shape seen before: the CPU engine's prepared call on it ({shape: (call,
+        # output shape)}, None where the engine has none), made after the first checked call of that shape
+        self._native_calls = {} if hasattr(self.engine, "native_call") else None
 
     # --- properties -----------------------------------------------------------------------------
     @property
@@ -224,16 +234,52 @@ class Conv2d:
             if layout not in LAYOUTS:
                 V.check_choice(layout, "layout", LAYOUTS)
             return forward_array(x, layout, out)  # the prepared path (the engine checks x and out)
+        if self._native_calls and type(x) is np.ndarray and layout == "nchw":
+            y = self._run_native(x.shape, x, out)
+            if y is not None:
+                return y
+        x0 = x
         x = self._check_input(x, layout)
         if x.size == 0:  # an empty batch: _check_input lets no other empty input through
             return _into(out, self._empty_output(x, layout), x)
         if _is_cl_array(x) or layout in self.engine.native_layouts:
             if (out is not None and getattr(self.engine, "writes_out", False) and isinstance(out, np.ndarray)
                     and out.flags.c_contiguous and out.flags.writeable):
-                return self.engine.forward(x, layout, out=out)   # written in place (the engine checks it)
-            return _into(out, self.engine.forward(x, layout), x)
+                y = self.engine.forward(x, layout, out=out)   # written in place (the engine checks it)
+            else:
+                y = _into(out, self.engine.forward(x, layout), x)
+            if layout == "nchw":
+                self._prepare_native(x0, y)
+            return y
         y = self.engine.forward(PUBLIC_NC4HW4.unpack_array(x, self.spec.in_channels), "nchw")
         return _into(out, PUBLIC_NC4HW4.pack_array(y), x)
+
+    def _run_native(self, key, x, out):
+        """The prepared call of input shape ``key`` on ``x`` (its values under that shape) into ``out`` (or a new
+        array), or None when there is none or it did not run (the checked path then runs the call)."""
+        entry = self._native_calls.get(key)
+        if entry is None:
+            return None
+        call, oshape = entry
+        if out is None:
+            y = np.empty(oshape, np.float32)
+        elif type(out) is np.ndarray and out.shape == oshape and not np.may_share_memory(out, x):
+            y = out
+        else:
+            return None
+        return y if run_native(call, x, y) else None
+
+    def _prepare_native(self, x, y):
+        """After a checked call on numpy float32 C-contiguous NCHW ``x`` into ``y``: the engine's prepared call
+        on that shape, asked once per shape (a few shapes are kept)."""
+        calls = self._native_calls
+        if (calls is None or type(x) is not np.ndarray or x.dtype != np.float32 or not x.flags.c_contiguous
+                or x.shape in calls or not isinstance(y, np.ndarray) or y.dtype != np.float32):
+            return
+        if len(calls) >= NATIVE_SHAPES:
+            calls.clear()
+        call = self.engine.native_call(x.shape, y.shape)
+        calls[x.shape] = None if call is None else (call, y.shape)
 
 
 class Linear(Conv2d):
@@ -266,9 +312,23 @@ class Linear(Conv2d):
                 raise ValueError(f"x must have shape (N, K), got {x.shape}")
             y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
             return _into(out, y.reshape(y.shape[0], y.shape[1]), x)
+        if self._native_calls and type(x) is np.ndarray and x.ndim == 2:
+            n = x.shape[0]
+            y = self._run_native((n, x.shape[1], 1, 1), x.reshape(n, x.shape[1], 1, 1),
+                                 None if out is None else _rows_as_4d(out))
+            if y is not None:
+                return y.reshape(n, y.shape[1]) if out is None else out
         x = V.float_array(x, "x", ndim=2, finite=False, empty_ok=True)   # Conv2d.__call__ checks values and shape
         y = super().__call__(x.reshape(x.shape[0], x.shape[1], 1, 1))
         return _into(out, y.reshape(y.shape[0], y.shape[1]), x)
+
+
+def _rows_as_4d(out):
+    """A C-contiguous numpy ``(N, O)`` ``out`` as an ``(N, O, 1, 1)`` view, else ``out`` itself (the prepared
+    call then does not run)."""
+    if type(out) is np.ndarray and out.ndim == 2 and out.flags.c_contiguous:
+        return out.reshape(out.shape[0], out.shape[1], 1, 1)
+    return out
 
 
 def _into(out, y, x):

@@ -16,13 +16,16 @@ call takes the GIL and passes the kernel numpy views of onnxruntime's own memory
 
 A Python exception in steps 2-3 goes to the error hook given to :func:`install` and fails the node with its
 message (onnxruntime's ``run`` then raises); neither view outlives the call.
+
+:func:`run_native` runs the same prepared calls for the layers' numpy path (:class:`qconv.Conv2d`), on the same
+per-thread scratch (``qconv_native_scratch.h``: one per process, so it lives here).
 """
 cimport numpy as cnp
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
 
-from ._cpu cimport qc_native
+from ._cpu cimport qc_native, NativeCall
 
 cnp.import_array()
 
@@ -77,8 +80,8 @@ cdef bint _native_on = True
 
 
 def set_native(bint on) -> None:
-    """Whether kernels' native calls run (default True); False sends every call through Python (tests compare
-    the two)."""
+    """Whether kernels' native calls run (default True), and :func:`run_native`; False sends every call through
+    Python (tests compare the two)."""
     global _native_on
     _native_on = on
 
@@ -221,6 +224,38 @@ cdef bint _native(_kernel *k, OrtKernelContext *ctx, const float *x, const int64
     if status[0] != NULL:
         return False
     return c.run(c, x, y, scratch) == 0
+
+
+def run_native(NativeCall call, cnp.ndarray x, cnp.ndarray y) -> bool:
+    """Run ``call`` (a layer's prepared call, :meth:`qconv.cpu.CpuEngine.native_call`) on ``x`` into ``y`` with the
+    calling thread's scratch, without the GIL. ``x`` and ``y``: float32 C-contiguous arrays of the call's shapes
+    (``y`` writable). True when ``y`` holds the result; False when the call did not run (native calls off, another
+    shape or dtype, a disabled call, no scratch memory) or found something wrong (a NaN / inf input): the caller
+    then takes its checked path, which raises the error."""
+    cdef const qc_native *c = <const qc_native *> call.mem
+    cdef const float *xp
+    cdef float *yp
+    cdef void *scratch = NULL
+    cdef int i
+    cdef int64_t r
+    if (not _native_on or c.disabled or x.ndim != c.nd or y.ndim != c.ond
+            or cnp.PyArray_TYPE(x) != cnp.NPY_FLOAT32 or cnp.PyArray_TYPE(y) != cnp.NPY_FLOAT32
+            or not cnp.PyArray_IS_C_CONTIGUOUS(x) or not cnp.PyArray_IS_C_CONTIGUOUS(y)
+            or not cnp.PyArray_ISWRITEABLE(y)):
+        return False
+    for i in range(c.nd):
+        if x.shape[i] != c.dims[i]:
+            return False
+    for i in range(c.ond):
+        if y.shape[i] != c.odims[i]:
+            return False
+    xp = <const float *> cnp.PyArray_DATA(x)
+    yp = <float *> cnp.PyArray_DATA(y)
+    with nogil:
+        if c.scratch_bytes:
+            scratch = qc_native_scratch(c.scratch_bytes)
+        r = c.run(c, xp, yp, scratch) if scratch != NULL or not c.scratch_bytes else -1
+    return r == 0
 
 
 cdef void _destroy(void *kp) noexcept nogil:
