@@ -722,12 +722,34 @@ QC_DW_TGT static int64_t qc_dw_item_c8(const qc_dw_job *j, int64_t item, float *
  * while they are split into phase planes; else through its sums where its taps read every input value of them (a
  * NaN / inf tap value makes them NaN / inf; only then are the rows read again, to tell an overflow of finite values
  * from a bad input), or first. */
-QC_TGT_512 static inline __m512 qc_dw_flat_epi(__m512 a, __m512 sc, __m512 bias, __m512 lo, __m512 hi, int tail, int pa,
-                                               __m512 ps, __m512 pt)
+/* a flat work item's output channels o[g] (g < QC_DW_FG): their weight rows, and their epilogue's numbers */
+typedef struct {
+    const float *w[QC_DW_FG];
+    __m512 sc[QC_DW_FG], bias[QC_DW_FG], ps[QC_DW_FG], pt[QC_DW_FG], lo, hi;
+} qc_dw_flat_ch;
+
+QC_TGT_512 static inline __attribute__((always_inline))
+qc_dw_flat_ch qc_dw_flat_channels(const qc_dw_job *j, const int64_t *o, int64_t K, int pa)
 {
-    /* qc_dw_epi_vec's operations with dx = 1 */
-    const __m512 f = _mm512_fmadd_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(sc, a, _mm512_setzero_ps()), bias);
-    return qc_tail_affine512(_mm512_min_ps(_mm512_max_ps(f, lo), hi), tail, pa, ps, pt);
+    qc_dw_flat_ch c;
+    for (int g = 0; g < QC_DW_FG; ++g) {
+        c.w[g] = j->wq + o[g] * K;
+        c.sc[g] = _mm512_set1_ps(j->scale[o[g]]);
+        c.bias[g] = _mm512_set1_ps(j->bias[o[g]]);
+        c.ps[g] = _mm512_set1_ps(pa ? j->pa_s[o[g]] : 1.0f);
+        c.pt[g] = _mm512_set1_ps(pa ? j->pa_t[o[g]] : 0.0f);
+    }
+    c.lo = _mm512_set1_ps(j->lo);
+    c.hi = _mm512_set1_ps(j->hi);
+    return c;
+}
+
+/* channel g's outputs from its sums a: qc_dw_epi_vec's operations with dx = 1 */
+QC_TGT_512 static inline __attribute__((always_inline))
+__m512 qc_dw_flat_epi(const qc_dw_flat_ch *c, int g, __m512 a, int tail, int pa)
+{
+    const __m512 f = _mm512_fmadd_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(c->sc[g], a, _mm512_setzero_ps()), c->bias[g]);
+    return qc_tail_affine512(_mm512_min_ps(_mm512_max_ps(f, c->lo), c->hi), tail, pa, c->ps[g], c->pt[g]);
 }
 
 /* output pixels [p0, p1) of output channels o[g] (g < QC_DW_FG; ng of them stored), input planes P[g]: per vector of
@@ -738,17 +760,8 @@ __mmask16 qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_
                          int ng, int64_t p0, int64_t p1, float *const *y, const int tail, const int pa, const int check)
 {
     __mmask16 bad = 0;
-    const float *w[QC_DW_FG];
-    __m512 sc[QC_DW_FG], bias[QC_DW_FG], ps[QC_DW_FG], pt[QC_DW_FG];
-    for (int g = 0; g < QC_DW_FG; ++g) {
-        w[g] = j->wq + o[g] * K;
-        sc[g] = _mm512_set1_ps(j->scale[o[g]]);
-        bias[g] = _mm512_set1_ps(j->bias[o[g]]);
-        ps[g] = _mm512_set1_ps(pa ? j->pa_s[o[g]] : 1.0f);
-        pt[g] = _mm512_set1_ps(pa ? j->pa_t[o[g]] : 0.0f);
-    }
-    const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
-    const float *P0 = P[0], *P1 = P[1], *P2 = P[2], *P3 = P[3], *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    const qc_dw_flat_ch c = qc_dw_flat_channels(j, o, K, pa);
+    const float *P0 = P[0], *P1 = P[1], *P2 = P[2], *P3 = P[3], *w0 = c.w[0], *w1 = c.w[1], *w2 = c.w[2], *w3 = c.w[3];
     for (int64_t p = p0; p < p1; p += 16) {
         const uint16_t *m = j->fmask + (p >> 4) * K;
         /* four named chains (an array of them was kept on the stack by GCC) */
@@ -767,7 +780,7 @@ __mmask16 qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_
         const __mmask16 st = p1 - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p1 - p)) - 1);
         const __m512 a[QC_DW_FG] = {a0, a1, a2, a3};
         for (int g = 0; g < ng; ++g)
-            _mm512_mask_storeu_ps(y[g] + p, st, qc_dw_flat_epi(a[g], sc[g], bias[g], lo, hi, tail, pa, ps[g], pt[g]));
+            _mm512_mask_storeu_ps(y[g] + p, st, qc_dw_flat_epi(&c, g, a[g], tail, pa));
     }
     return bad;
 }
@@ -791,16 +804,7 @@ __mmask16 qc_dw_s2_run(const qc_dw_job *j, const float *const *X, int64_t K, con
                        int64_t p1, float *const *y, const int tail, const int pa, const int check, const int NV)
 {
     __mmask16 bad = 0;
-    const float *w[QC_DW_FG];
-    __m512 sc[QC_DW_FG], bias[QC_DW_FG], ps[QC_DW_FG], pt[QC_DW_FG];
-    for (int g = 0; g < QC_DW_FG; ++g) {
-        w[g] = j->wq + o[g] * K;
-        sc[g] = _mm512_set1_ps(j->scale[o[g]]);
-        bias[g] = _mm512_set1_ps(j->bias[o[g]]);
-        ps[g] = _mm512_set1_ps(pa ? j->pa_s[o[g]] : 1.0f);
-        pt[g] = _mm512_set1_ps(pa ? j->pa_t[o[g]] : 0.0f);
-    }
-    const __m512 lo = _mm512_set1_ps(j->lo), hi = _mm512_set1_ps(j->hi);
+    const qc_dw_flat_ch c = qc_dw_flat_channels(j, o, K, pa);
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const int64_t OW = j->OW, W = j->W, H = j->H, KH = j->KH, KW = j->KW, dw = j->dw;
     __mmask16 ma[QC_DW_S2_NV][QC_DW_FLAT_TAPS], mb[QC_DW_S2_NV][QC_DW_FLAT_TAPS];
@@ -824,8 +828,8 @@ __mmask16 qc_dw_s2_run(const qc_dw_job *j, const float *const *X, int64_t K, con
                 if (iy < 0 || iy >= H) continue;
                 for (int64_t kx = 0; kx < KW; ++kx) {
                     const int64_t t = ky * KW + kx, off = iy * W + 2 * ox0 - j->pw + kx * dw;
-                    const __m512 w0 = _mm512_set1_ps(w[0][t]), w1 = _mm512_set1_ps(w[1][t]),
-                                 w2 = _mm512_set1_ps(w[2][t]), w3 = _mm512_set1_ps(w[3][t]);
+                    const __m512 w0 = _mm512_set1_ps(c.w[0][t]), w1 = _mm512_set1_ps(c.w[1][t]),
+                                 w2 = _mm512_set1_ps(c.w[2][t]), w3 = _mm512_set1_ps(c.w[3][t]);
 #define QC_DW_S2_TAP(a, g, v) \
     a = _mm512_fmadd_ps(w##g, _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(ma[v][kx], X[g] + off + 32 * v), even, \
                                                      _mm512_maskz_loadu_ps(mb[v][kx], X[g] + off + 32 * v + 16)), a)
@@ -849,7 +853,7 @@ __mmask16 qc_dw_s2_run(const qc_dw_job *j, const float *const *X, int64_t K, con
                         QC_DW_NONFINITE));
                 for (int g = 0; g < ng; ++g)
                     _mm512_mask_storeu_ps(y[g] + oy * OW + ox0 + 16 * v, st[v],
-                                          qc_dw_flat_epi(acc[v][g], sc[g], bias[g], lo, hi, tail, pa, ps[g], pt[g]));
+                                          qc_dw_flat_epi(&c, g, acc[v][g], tail, pa));
             }
         }
     }
