@@ -2,14 +2,14 @@
 the engine's native call (``CpuEngine.native_call`` through ``_ortops.run_native``) without the Python path. They
 must give the Python path's bits, fall back to it for anything it checks (NaN / inf, ``out`` rules), and stay
 correct from two Python threads."""
-import threading
-
 import numpy as np
 import pytest
 
 import qconv
 from qconv import layer as layer_mod
 from qconv._ext import _ortops
+
+from threading_support import run_interleaved
 
 
 def _conv(kind, rng):
@@ -120,22 +120,11 @@ def test_prepared_calls_from_two_python_threads():
         _ortops.set_native(True)
     layer(xs[0])
     assert _prepared(layer, xs[0]) is not None
-    errors = []
 
-    def work(t):
-        try:
-            for i in range(40):
-                k = (i + t) % len(xs)
-                if not np.array_equal(layer(xs[k]), want[k]):
-                    errors.append((t, i))
-        except BaseException as exc:   # pragma: no cover - reported below
-            errors.append(exc)
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[:3]
+    def work(t):   # the indices of the calls whose result differs from the serial one
+        ks = [(i + t) % len(xs) for i in range(40)]
+        return [i for i, k in enumerate(ks) if not np.array_equal(layer(xs[k]), want[k])]
+    assert run_interleaved(work, 2) == [[], []]
 
 
 def test_prepared_shapes_are_bounded():
