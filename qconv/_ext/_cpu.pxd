@@ -173,10 +173,13 @@ cdef class ConvGeometry:
 cdef extern from "qconv_native.h" nogil:
     enum:
         QC_NATIVE_MAX_DIMS
+        QC_NATIVE_DW
+        QC_NATIVE_DI8
     ctypedef struct qc_native:
         int64_t (*run)(const qc_native *self, const float *x, float *y, void *scratch) noexcept nogil
         int64_t scratch_bytes
         int32_t disabled
+        int32_t kind
         int32_t nd, ond
         int64_t dims[8]
         int64_t odims[8]

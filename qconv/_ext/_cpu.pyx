@@ -133,6 +133,12 @@ cdef class NativeCall:
         cdef qc_native *b = <qc_native *> self.mem
         return tuple(b.dims[i] for i in range(b.nd)), tuple(b.odims[i] for i in range(b.ond))
 
+    @property
+    def kind(self):
+        """The plan that made it: ``"depthwise"`` (float activations), ``"direct int8"``, or ``""`` (another)."""
+        k = (<qc_native *> self.mem).kind
+        return "depthwise" if k == QC_NATIVE_DW else "direct int8" if k == QC_NATIVE_DI8 else ""
+
     def set_shapes(self, tuple xshape, tuple yshape):
         """Match inputs of ``xshape`` (into outputs of ``yshape``) instead: the same C-contiguous values under other
         dimensions (a ``QMatMul``'s ``(..., K)`` rows are its engine's ``(rows, K, 1, 1)``)."""

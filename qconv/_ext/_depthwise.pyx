@@ -33,50 +33,11 @@ from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset
 
 from . import _cpu
-from ._cpu cimport _parallel_for, _chunk_of, qc_native, NativeCall, _native_call, qc_hs_init
+from ._cpu cimport _parallel_for, _chunk_of, qc_native, NativeCall, _native_call, qc_hs_init, QC_NATIVE_DW
 
 qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
 
 
-
-
-cdef extern from "qconv_depthwise.h" nogil:
-    enum:
-        QC_DW_EXACT_TAPS
-        QC_DW_FG
-    ctypedef struct qc_dw_job:
-        int64_t N, C, H, W, OH, OW
-        int32_t M, KH, KW, sh, sw, ph, pw, dh, dw
-        int32_t kind, in_nc4hw4
-        const void *x
-        const int32_t *z
-        const float *dx
-        const float *qs
-        int32_t qlo, qhi, variant
-        const float *wq
-        const float *scale
-        const float *offset
-        const float *bias
-        float lo, hi
-        int32_t tail
-        const float *pa_s
-        const float *pa_t
-        int32_t out_nc4hw4, out_int8, ozp
-        float oscale
-        void *y
-        int64_t band
-        int32_t vec, flat
-        const uint16_t *fmask
-    int64_t qc_dw_items(const qc_dw_job *j)
-    int qc_dw_c8(const qc_dw_job *j)
-    int qc_dw_flat_ok(const qc_dw_job *j)
-    int64_t qc_dw_rs(const qc_dw_job *j)
-    int64_t qc_dw_scratch_floats(const qc_dw_job *j)
-    int64_t qc_dw_scratch_ptrs(const qc_dw_job *j)
-    int64_t qc_dw_item(const qc_dw_job *j, int64_t item, float *scr, const float **ptrs)
-    void qc_dw_thread_setup(const qc_dw_job *j, float *scr, const float **ptrs)
-    void qc_quant(const float *x, int64_t n, float qs, int32_t z, int32_t qlo, int32_t qhi, int32_t abias,
-                  uint8_t *dst, int variant)
 
 
 EXACT_TAPS = QC_DW_EXACT_TAPS
@@ -167,12 +128,6 @@ cdef int64_t _run(qc_dw_job *j, int nt, int64_t *fails) noexcept nogil:
     free(r.fails)
     free(r.tried)
     return bad
-
-
-ctypedef struct _DwNative:
-    qc_native base
-    qc_dw_job j     # every field but x and y
-    int nt
 
 
 cdef int64_t _dw_native_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
@@ -422,6 +377,7 @@ cdef class DepthwisePlan:
         call.keep = (self, qs, z, dx, fmask)
         d.nt = threads
         d.base.run = _dw_native_run
+        d.base.kind = QC_NATIVE_DW
         return call
 
     def _covers(self, int64_t H, int64_t W):

@@ -16,51 +16,10 @@ from .._validate import tail_code
 
 from libc.stdint cimport uint8_t, int8_t, int32_t, int64_t
 from . import _cpu
-from ._cpu cimport _parallel_for, _chunk_of, _fill_tensor, qc_native, NativeCall, _native_call, qc_hs_init
+from ._cpu cimport (_parallel_for, _chunk_of, _fill_tensor, qc_native, NativeCall, _native_call, qc_hs_init,
+                    QC_NATIVE_DI8)
 
 qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
-
-
-cdef extern from "qconv_direct_int8.h" nogil:
-    ctypedef struct qc_di8_job:
-        int64_t N, C, H, W, OH, OW
-        int32_t KH, KW, sh, sw, dh, dw, pt, pl
-        int32_t quads, kg, steps
-        int32_t nblocks, bq, spb, planes, qbands
-        int32_t O, otiles
-        int64_t Hq, Wq, rows, plane, nvirt, runs, sample_bytes, psum_len
-        const int8_t *wa
-        const int32_t *wsx
-        const float *scale
-        const float *offset
-        const float *bias
-        float lo, hi
-        int32_t tail
-        const float *pa_s
-        const float *pa_t
-        const float *x
-        float *y
-        const int8_t *xi
-        int8_t *yi
-        float oscale
-        int32_t ozp
-        uint8_t *xq
-        int32_t *psum
-        const float *qs
-        const float *dx
-        const int32_t *z
-        int32_t qlo, qhi
-        const int64_t *toff
-    void qc_di8_setup(qc_di8_job *j)
-    void qc_di8_offsets(const qc_di8_job *j, int64_t *toff)
-    int32_t qc_di8_quant_bands(const qc_di8_job *j, int threads)
-    int64_t qc_di8_quant_items(const qc_di8_job *j)
-    void qc_di8_quant(const qc_di8_job *j, int64_t item)
-    void qc_di8_psum(const qc_di8_job *j, int64_t item)
-    int64_t qc_di8_amx_items(const qc_di8_job *j)
-    void qc_di8_amx_run(const qc_di8_job *j, int64_t i0, int64_t i1)
-    int64_t qc_di8_vnni_items(const qc_di8_job *j)
-    void qc_di8_vnni_run(const qc_di8_job *j, int64_t i0, int64_t i1)
 
 
 cdef int64_t _quant_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
@@ -87,40 +46,48 @@ cdef int64_t _vnni_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept no
     return 0
 
 
-cdef void _passes(qc_di8_job *j, int64_t items, int64_t chunk, bint amx, int threads) noexcept nogil:
-    """The plan's three passes over ``j`` (x, y, scratch and activation parameters set): quantized phase planes,
-    the pixel sums (weights with offsets), the compute items."""
+cdef void _prepasses(qc_di8_job *j, int threads) noexcept nogil:
+    """The passes before the compute items over ``j`` (x, scratch and activation parameters set): the quantized
+    phase planes, then the pixel sums (weights with offsets)."""
     cdef int64_t nq
     j.qbands = qc_di8_quant_bands(j, threads)
     nq = qc_di8_quant_items(j)
     _parallel_for(nq, _chunk_of(nq, threads), _quant_items, j, threads)
     if j.psum != NULL:
         _parallel_for(j.N * j.rows, 4, _psum_items, j, threads)
+
+
+cdef void _passes(qc_di8_job *j, int64_t items, int64_t chunk, bint amx, int threads) noexcept nogil:
+    """The plan's passes over ``j`` (x, y, scratch and activation parameters set): :func:`_prepasses`, then the
+    compute items."""
+    _prepasses(j, threads)
     _parallel_for(items, chunk, _run_items if amx else _vnni_items, j, threads)
 
 
-ctypedef struct _Di8Native:
-    qc_native base
-    qc_di8_job j                # shape, weights, its own tap offsets (the run sets x, y, the scratch pointers)
-    int nt, amx, variant
-    int64_t chunk, items, count, psum_at, params_at
-
-
-cdef int64_t _di8_native_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
-    """qc_native.run of :meth:`DirectInt8Plan.native`: the per-tensor activation parameters (the engine's
-    fill_tensor_params), then the plan's three passes (nonzero: a NaN / inf input, or no memory)."""
-    cdef const _Di8Native *d = <const _Di8Native *> n
-    cdef qc_di8_job j = d.j
+cdef int _native_job(const _Di8Native *d, qc_di8_job *j, const float *x, float *y, void *scratch) noexcept nogil:
+    """``j`` = the prepared call's job on ``x`` into ``y`` with its ``scratch``: the per-tensor activation parameters
+    (the engine's fill_tensor_params) and the scratch pointers set; nonzero: a NaN / inf input (or no memory)."""
     cdef uint8_t *s = <uint8_t *> scratch
     cdef float *qs = <float *> (s + d.params_at)
-    cdef int32_t *z = <int32_t *> (qs + j.N)
-    cdef float *dx = <float *> (z + j.N)
+    cdef int32_t *z = <int32_t *> (qs + d.j.N)
+    cdef float *dx = <float *> (z + d.j.N)
+    j[0] = d.j
     if _fill_tensor(x, d.count, NULL, 0, 0, d.nt, d.variant, qs, z, dx, j.N) != 1:
         return 1
     j.x, j.y = x, y
     j.qs, j.z, j.dx = qs, z, dx
     j.xq = s
     j.psum = <int32_t *> (s + d.psum_at) if j.offset != NULL else NULL
+    return 0
+
+
+cdef int64_t _di8_native_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
+    """qc_native.run of :meth:`DirectInt8Plan.native`: :func:`_native_job`, then the plan's passes (nonzero: a
+    NaN / inf input, or no memory)."""
+    cdef const _Di8Native *d = <const _Di8Native *> n
+    cdef qc_di8_job j
+    if _native_job(d, &j, x, y, scratch):
+        return 1
     _passes(&j, d.items, d.chunk, d.amx, d.nt)
     return 0
 
@@ -272,6 +239,7 @@ cdef class DirectInt8Plan:
         d.count = N * self.job.C * H * W
         d.psum_at, d.params_at = psum_at, nb
         d.base.run = _di8_native_run
+        d.base.kind = QC_NATIVE_DI8
         return call
 
     def forward(self, x, y, qs, z, dx, uint8_t[::1] scratch, int threads):

@@ -15,6 +15,9 @@
 #include <stdint.h>
 
 #define QC_NATIVE_MAX_DIMS 8
+/* qc_native.kind: 0 another plan's; a _DwNative (DepthwisePlan.native, float activations); a _Di8Native */
+#define QC_NATIVE_DW 1
+#define QC_NATIVE_DI8 2
 
 typedef struct qc_native qc_native;
 typedef int64_t (*qc_native_fn)(const qc_native *self, const float *x, float *y, void *scratch);
@@ -23,6 +26,7 @@ struct qc_native {
     qc_native_fn run;
     int64_t scratch_bytes;
     int32_t disabled;             /* set by NativeCall.disable(): the layer it ran changed, callers take Python */
+    int32_t kind;                 /* the plan's struct this heads (QC_NATIVE_*): what a pair call may look into */
     int32_t nd, ond;
     int64_t dims[QC_NATIVE_MAX_DIMS], odims[QC_NATIVE_MAX_DIMS];
 };

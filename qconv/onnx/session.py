@@ -83,6 +83,17 @@ def _runtime_graph(data, nodes: list, inits: dict, key_prefix: str, layer_option
         dropped |= f_dropped
         replace.update(f_replace)
         kernels.update(fused)
+        if not any(n.op_type in ("If", "Loop", "Scan") for n in nodes):
+            # 1x1 convs and the depthwise convs of their outputs, as one node each
+            from .pair import pair
+            free = {i: k for i, k in keys.items() if nodes[i].op_type == "QConv" and i not in dropped
+                    and wire.read_node(replace[i]).op_type == "QConv"}
+            r_replace, r_dropped, paired = pair(nodes, outputs, key_prefix, free, kernels, threads)
+            for i in r_dropped:
+                replace.pop(i, None)
+            dropped |= r_dropped
+            replace.update(r_replace)
+            kernels.update(paired)
     used = {n for i, node in enumerate(nodes) if i not in replace and i not in dropped for n in node.input}
     used |= {n for i in replace for n in wire.read_node(replace[i]).input}
     # what only the replaced and dropped nodes read goes too (a fused Resize's scales, a Clip's bounds: initializers
@@ -307,11 +318,13 @@ class InferenceSession:
         del nodes, inits
         from .excite import ExciteKernel
         from .fusion import FusedKernel
+        from .pair import PairKernel
         from .pool import PoolKernel
-        fused_types = (FusedKernel, ExciteKernel, PoolKernel)
+        fused_types = (FusedKernel, ExciteKernel, PairKernel, PoolKernel)
         self.kernels = [k for k in kernels.values() if not isinstance(k, fused_types)]   # one per qconv node
         #: the fused nodes' kernels: elementwise chains (:mod:`qconv.onnx.fusion`), squeeze-excitation blocks
-        #: (:mod:`qconv.onnx.excite`) and global average pools (:mod:`qconv.onnx.pool`; the CPU only)
+        #: (:mod:`qconv.onnx.excite`), 1x1 + depthwise pairs (:mod:`qconv.onnx.pair`) and global average pools
+        #: (:mod:`qconv.onnx.pool`; the CPU only)
         self.fused = [k for k in kernels.values() if isinstance(k, fused_types)]
         KERNELS.update(kernels)
         self._finalizer = weakref.finalize(self, _release, list(kernels))
