@@ -41,7 +41,7 @@ ctypedef struct _PairNative:
     qc_native base
     const qc_native *pw         # the children's calls (kept alive by the NativeCall's keep)
     const qc_native *dw
-    int64_t mid_at, child_at    # sequential: the intermediate's and the children's scratch offsets
+    int64_t child_at            # sequential: the children's scratch offset (the intermediate is at 0)
     int nt
     int64_t gch, groups         # fused: channels a group, groups a sample
     int64_t region_at, region_bytes, buf_bytes, dw_bytes   # fused: per-thread regions of the scratch
@@ -63,7 +63,7 @@ cdef inline int64_t _up64(int64_t n) noexcept nogil:
 cdef int64_t _sequential_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
     cdef const _PairNative *d = <const _PairNative *> n
     cdef uint8_t *s = <uint8_t *> scratch
-    cdef float *mid = <float *> (s + d.mid_at)
+    cdef float *mid = <float *> s
     if d.pw.disabled or d.dw.disabled:
         return 1
     if d.pw.run(d.pw, x, mid, <void *> (s + d.child_at)) != 0:
@@ -168,6 +168,7 @@ def pair_call(NativeCall pw, NativeCall dw, str mode="auto", int group_channels=
     cdef _PairNative *d
     cdef NativeCall call
     cdef const _Di8Native *p
+    cdef const _DwNative *w
     cdef int64_t g = 0, nt = 1, mid
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -185,17 +186,17 @@ def pair_call(NativeCall pw, NativeCall dw, str mode="auto", int group_channels=
         g = group_channels or 32
     elif mode == "auto" and fusable:
         p = <const _Di8Native *> a
-        if (even_groups(p.j.O, p.j.N, p.nt)
-                and 32 * 4 * (<const _DwNative *> b).j.H * (<const _DwNative *> b).j.W <= GROUP_BYTES):
+        w = <const _DwNative *> b
+        if even_groups(p.j.O, p.j.N, p.nt) and 32 * 4 * w.j.H * w.j.W <= GROUP_BYTES:
             g = 32
     mid = 4
     for v in mshape:
         mid *= v
+    cdef const qc_dw_job *D = &(<const _DwNative *> b).j
+    cdef int64_t buf_bytes = _up64(g * D.H * D.W * 4), dw_bytes = _up64(4 * qc_dw_scratch_floats(D))
+    cdef int64_t region = buf_bytes + dw_bytes + _up64(sizeof(void *) * qc_dw_scratch_ptrs(D))
     if g:
         nt = (<const _Di8Native *> a).nt
-        region = (_up64(g * (<const _DwNative *> b).j.H * (<const _DwNative *> b).j.W * 4)
-                  + _up64(4 * qc_dw_scratch_floats(&(<const _DwNative *> b).j))
-                  + _up64(sizeof(void *) * qc_dw_scratch_ptrs(&(<const _DwNative *> b).j)))
         call = _native_call(sizeof(_PairNative), xshape, yshape, _up64(a.scratch_bytes) + nt * region, (pw, dw))
     else:
         call = _native_call(sizeof(_PairNative), xshape, yshape,
@@ -207,12 +208,11 @@ def pair_call(NativeCall pw, NativeCall dw, str mode="auto", int group_channels=
     if g:
         d.nt, d.gch = <int> nt, g
         d.groups = ((<const _Di8Native *> a).j.O + g - 1) // g
-        d.buf_bytes = _up64(g * (<const _DwNative *> b).j.H * (<const _DwNative *> b).j.W * 4)
-        d.dw_bytes = _up64(4 * qc_dw_scratch_floats(&(<const _DwNative *> b).j))
+        d.buf_bytes, d.dw_bytes = buf_bytes, dw_bytes
         d.region_at, d.region_bytes = _up64(a.scratch_bytes), region
         d.base.run = _fused_run
     else:
-        d.mid_at, d.child_at = 0, _up64(mid)
+        d.child_at = _up64(mid)
         d.base.run = _sequential_run
     return call
 
