@@ -255,6 +255,30 @@ def test_winograd_only_where_it_applies(monkeypatch):
         eng.forward(bad)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("stride, pad", [(2, 1), (1, 1), (2, 0), (3, 2)])
+def test_phase_plane_bands_refuse_nonfinite_in_every_row(kernel, stride, pad):
+    """A few-channel layer (a stem: 3 channels) cuts its phase planes into row bands, more with more threads: an inf
+    in any row and any column of the input, padding rows around it included, is refused with every split, in both
+    layouts, and finite inputs give the bits of one thread."""
+    rng = np.random.default_rng(11)
+    w = qconv.quantize_weight(rng.standard_normal((8, 3, 3, 3)).astype(np.float32))
+    spec = ConvSpec(w, None, stride, pad, act_quant=None)
+    x = rng.standard_normal((1, 3, 23, 21)).astype(np.float32)
+    engines = [CpuEngine(spec, kernel=kernel, threads=t) for t in (1, 2, 3)]
+    assert {e.path for e in engines} == {"direct"}
+    y1 = engines[0].forward(x)
+    for eng in engines[1:]:
+        assert np.array_equal(eng.forward(x).view(np.uint32), y1.view(np.uint32))
+    for row in range(x.shape[2]):
+        xb = x.copy()
+        xb[0, row % 3, row, (5 * row) % x.shape[3]] = np.inf if row % 2 else np.nan
+        for eng in engines:
+            for layout, xin in (("nchw", xb), ("nc4hw4", P4.pack_array(xb))):
+                with pytest.raises(ValueError, match="NaN or inf"):
+                    eng.forward(xin, layout)
+
+
 def test_direct_option():
     rng = np.random.default_rng(6)
     w = qconv.quantize_weight(rng.standard_normal((4, 4, 1, 1)).astype(np.float32))

@@ -65,7 +65,8 @@ cdef extern from "qconv_direct.h" nogil:
     int64_t qc_direct_thread_floats(const qc_direct_job *j)
     int64_t qc_direct_wf_floats(const qc_direct_job *j)
     void qc_direct_offsets(const qc_direct_job *j, int64_t *koff)
-    int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
+    int64_t qc_direct_pad_bands(const qc_direct_job *j, int threads)
+    int qc_direct_pad(const qc_direct_job *j, int64_t i, int64_t bands, float *xp)
     void qc_direct_dequant(const qc_direct_job *j, int64_t ocb, float *wf)
     int qc_direct_item(const qc_direct_job *j, int64_t item, float *scratch)
 
@@ -113,24 +114,20 @@ cdef struct _RunCtx:
     float *wf
     float *scratch      # thread tid's at scratch + tid * nf
     int64_t nf
+    int64_t npad, bands # phase-plane items (sample, channel, row band) before the weight blocks' (0 in place)
 
 
-cdef int64_t _pad_planes(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
-    """Parallel-for body: the phase planes of (sample, channel) ``i0 .. i1-1``; returns the non-finite count."""
+cdef int64_t _prepare(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Parallel-for body: items ``i0 .. i1-1``, the phase planes' row bands (items below ``npad``), then the
+    dequantized weight of a channel block each; returns the non-finite count."""
     cdef _RunCtx *r = <_RunCtx *> ctx
     cdef int64_t i, bad = 0
     for i in range(i0, i1):
-        bad += qc_direct_pad(r.j, i // r.j.C, i % r.j.C, r.xp)
+        if i < r.npad:
+            bad += qc_direct_pad(r.j, i, r.bands, r.xp)
+        else:
+            qc_direct_dequant(r.j, i - r.npad, r.wf)
     return bad
-
-
-cdef int64_t _dequant_blocks(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
-    """Parallel-for body: the dequantized weight of channel blocks ``i0 .. i1-1``."""
-    cdef _RunCtx *r = <_RunCtx *> ctx
-    cdef int64_t i
-    for i in range(i0, i1):
-        qc_direct_dequant(r.j, i, r.wf)
-    return 0
 
 
 cdef int64_t _strip_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
@@ -143,10 +140,10 @@ cdef int64_t _strip_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept n
 
 
 cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
-    """Phase planes (unless in place), the dequantized weight, then every strip (three parallel-for calls: every
+    """Phase planes (unless in place) and the dequantized weight, then every strip (two parallel-for calls: every
     block is in wf before any strip reads it); returns the NaN / inf count."""
     cdef int64_t parts[4]
-    cdef int64_t npl, bad = 0
+    cdef int64_t npl, n, bad
     cdef int64_t *koff
     cdef _RunCtx r
     _layout(j, nt, parts)
@@ -156,6 +153,7 @@ cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
     r.xp = buf + parts[2]
     r.scratch = buf + parts[3]
     r.nf = qc_direct_thread_floats(j)
+    r.npad, r.bands = 0, 1
     qc_direct_offsets(j, koff)
     j.koff, j.wf = koff, r.wf
     if j.in_place:
@@ -164,10 +162,12 @@ cdef int64_t _run(qc_direct_job *j, int nt, float *buf) noexcept nogil:
         npl = j.N * qc_direct_sample(j)
         memset(r.xp + npl, 0, qc_direct_slack(j) * sizeof(float))
         j.xp = r.xp
-        bad = _parallel_for(j.N * j.C, _chunk_of(j.N * j.C, nt), _pad_planes, &r, nt)
+        r.bands = qc_direct_pad_bands(j, nt)
+        r.npad = j.N * j.C * r.bands
+    n = r.npad + j.OCB
+    bad = _parallel_for(n, _chunk_of(n, nt), _prepare, &r, nt)
     if bad:
         return bad
-    _parallel_for(j.OCB, _chunk_of(j.OCB, nt), _dequant_blocks, &r, nt)
     return _parallel_for(qc_direct_items(j), _chunk_of(qc_direct_items(j), nt), _strip_items, &r, nt)
 
 

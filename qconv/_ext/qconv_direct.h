@@ -194,50 +194,63 @@ static inline int qc_direct_bad(const qc_direct_job *j, const float *v, int64_t 
 
 #ifdef QC_HAVE_X86
 #define QC_TGT_DIRECT512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")))
+#define QC_DIRECT_NONFINITE 0x99   /* vfpclassps classes: QNaN, +inf, -inf, SNaN */
 
 /* both column phases of a row at once: r0[col] = s[2*col - pw], r1[col] = s[2*col + 1 - pw] where the index is in
  * [0, W), else 0, for col < ncols; 32 source floats (masked loads: nothing outside the row is read) give 16 of
  * each. The AVX2 deinterleave below, one phase a call, took as long as the layer's multiply-adds on stride-2
- * grouped layers (208 channels at 28x28). */
-QC_TGT_DIRECT512 static inline __attribute__((always_inline)) void
+ * grouped layers (208 channels at 28x28). Returns nonzero when a float it read is NaN / inf. */
+QC_TGT_DIRECT512 static inline __attribute__((always_inline)) int
 qc_direct_deint2_512(const float *s, int64_t W, int64_t pw, float *r0, float *r1, int64_t ncols)
 {
     const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+    __mmask16 bad = 0;
     for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
         const int64_t base = 2 * c0 - pw;   /* source index of the window's first float */
         const int64_t lo = base < 0 ? -base : 0, hi = W - base < 32 ? W - base : 32;
         const uint64_t m = hi > lo ? ((hi >= 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1)) : 0;
         const __m512 a = _mm512_maskz_loadu_ps((__mmask16)(m & 0xFFFF), s + base);
         const __m512 b = _mm512_maskz_loadu_ps((__mmask16)(m >> 16), s + base + 16);
+        bad |= _mm512_fpclass_ps_mask(a, QC_DIRECT_NONFINITE) | _mm512_fpclass_ps_mask(b, QC_DIRECT_NONFINITE);
         const __mmask16 st = (__mmask16)(ncols - c0 >= 16 ? 0xFFFF : (1u << (ncols - c0)) - 1);
         _mm512_mask_storeu_ps(r0 + c0, st, _mm512_permutex2var_ps(a, ie, b));
         _mm512_mask_storeu_ps(r1 + c0, st, _mm512_permutex2var_ps(a, io, b));
     }
+    return bad != 0;
 }
 
 /* row[col] = s[col - pw] where the index is in [0, W), else 0, for col < ncols: 16 columns a masked load and store
- * (memset, memcpy, memset a row took a third of a grouped layer at 14x14, 2026-12-06) */
-QC_TGT_DIRECT512 static inline __attribute__((always_inline)) void
+ * (memset, memcpy, memset a row took a third of a grouped layer at 14x14, 2026-12-06). Returns nonzero when a float
+ * it read is NaN / inf. */
+QC_TGT_DIRECT512 static inline __attribute__((always_inline)) int
 qc_direct_row1_512(const float *s, int64_t W, int64_t pw, float *row, int64_t ncols)
 {
+    __mmask16 bad = 0;
     for (int64_t c0 = 0; c0 < ncols; c0 += 16) {
         const int64_t base = c0 - pw;
         const int64_t lo = base < 0 ? -base : 0, hi = W - base < 16 ? W - base : 16;
         const __mmask16 m = (__mmask16)(hi > lo ? ((1u << hi) - 1) & ~((1u << lo) - 1) : 0);
         const __mmask16 st = (__mmask16)(ncols - c0 >= 16 ? 0xFFFF : (1u << (ncols - c0)) - 1);
-        _mm512_mask_storeu_ps(row + c0, st, _mm512_maskz_loadu_ps(m, s + base));
+        const __m512 v = _mm512_maskz_loadu_ps(m, s + base);
+        bad |= _mm512_fpclass_ps_mask(v, QC_DIRECT_NONFINITE);
+        _mm512_mask_storeu_ps(row + c0, st, v);
     }
+    return bad != 0;
 }
 
-/* the phase planes of one NCHW channel plane src (H x W) into dst (qc_direct_pad's layout), psw 1 or 2: rows in phase
- * order, no division a row (7x7 and 14x14 planes: a grouped layer's padding took as long as its multiply-adds) */
-QC_TGT_DIRECT512 static void qc_direct_plane512(const qc_direct_job *j, const float *src, float *dst)
+/* rows r0 .. r1-1 of the phase planes of one NCHW channel plane src (H x W) into dst (qc_direct_pad's layout), psw 1
+ * or 2: rows in phase order, no division a row (7x7 and 14x14 planes: a grouped layer's padding took as long as its
+ * multiply-adds). Returns nonzero when a float it read is NaN / inf (every input row and column lies in some phase
+ * plane: Hph*sh >= H + 2*ph, Wph*sw >= W + 2*pw). */
+QC_TGT_DIRECT512 static int qc_direct_plane512(const qc_direct_job *j, const float *src, float *dst, int64_t r0,
+                                              int64_t r1)
 {
     const int64_t hw = j->Hph * j->Wph;
+    int bad = 0;
     for (int ry = 0; ry < j->sh; ++ry) {
-        float *row = dst + (int64_t)ry * j->psw * hw;
-        for (int64_t r = 0; r < j->Hph; ++r, row += j->Wph) {
+        float *row = dst + (int64_t)ry * j->psw * hw + r0 * j->Wph;
+        for (int64_t r = r0; r < r1; ++r, row += j->Wph) {
             const int64_t iy = r * j->sh + ry - j->ph;
             if (iy < 0 || iy >= j->H) {
                 for (int rx = 0; rx < j->psw; ++rx)
@@ -248,10 +261,11 @@ QC_TGT_DIRECT512 static void qc_direct_plane512(const qc_direct_job *j, const fl
                     }
                 continue;
             }
-            if (j->psw == 1) qc_direct_row1_512(src + iy * j->W, j->W, j->pw, row, j->Wph);
-            else qc_direct_deint2_512(src + iy * j->W, j->W, j->pw, row, row + hw, j->Wph);
+            if (j->psw == 1) bad |= qc_direct_row1_512(src + iy * j->W, j->W, j->pw, row, j->Wph);
+            else bad |= qc_direct_deint2_512(src + iy * j->W, j->W, j->pw, row, row + hw, j->Wph);
         }
     }
+    return bad;
 }
 
 /* row[col] = s[ix0 + 2*col] where 0 <= ix0 + 2*col < W, else 0, for col < ncols: 16 floats deinterleaved at a time */
@@ -270,23 +284,40 @@ QC_TGT_AVX2 static void qc_direct_deint2_avx2(const float *s, int64_t W, int64_t
 }
 #endif
 
-/* the phase planes of sample n, channel c into xp (qc_direct_sample layout); returns 1 when the channel holds NaN /
- * inf (x*0 is NaN exactly for them): an NCHW plane is checked whole, in one run (row by row, 7x7 planes spent a
- * third of a grouped layer's time in the checks), NC4HW4 rows as they are copied */
-static int qc_direct_pad(const qc_direct_job *j, int64_t n, int64_t c, float *xp)
+/* phase-plane row bands a channel is cut into for `threads` threads: about 8 items a thread where the samples'
+ * channels alone are fewer (a 3-channel stem: one band a channel left a thread with two of the three planes) */
+static inline int64_t qc_direct_pad_bands(const qc_direct_job *j, int threads)
 {
+    const int64_t planes = j->N * j->C, want = 8 * (int64_t)threads;
+    if (planes >= want) return 1;
+    const int64_t b = (want + planes - 1) / planes;
+    return b < j->Hph ? b : j->Hph;
+}
+
+/* item i of the phase planes (qc_direct_pad_bands bands a channel): rows [r0, r1) of sample n, channel c's planes
+ * into xp (qc_direct_sample layout); returns 1 when the input rows of the band hold NaN / inf (x*0 is NaN exactly for
+ * them; the first band also checks the rows above it and the last the rows below it that no plane holds): NCHW rows
+ * are checked as they are read on AVX-512, else in one run (row by row, 7x7 planes spent a third of a grouped layer's
+ * time in the checks); NC4HW4 rows as they are copied */
+static int qc_direct_pad(const qc_direct_job *j, int64_t i, int64_t bands, float *xp)
+{
+    const int64_t n = i / (j->C * bands), c = i / bands % j->C, band = i % bands;
+    const int64_t r0 = band * j->Hph / bands, r1 = (band + 1) * j->Hph / bands;
     const int64_t hw = j->Hph * j->Wph, step = j->in_nc4hw4 ? 4 : 1;
     const float *src = j->in_nc4hw4 ? j->x + ((c / 4) * j->N + n) * j->H * j->W * 4 + c % 4
                                     : j->x + (n * j->C + c) * j->H * j->W;
     float *dst = xp + n * qc_direct_sample(j) + c * j->sh * j->psw * hw;
-    int bad = step == 1 ? qc_direct_bad(j, src, j->H * j->W) : 0;
+    int bad = 0;
 #ifdef QC_HAVE_X86
-    if (j->vec == 2 && step == 1 && j->psw <= 2) {
-        qc_direct_plane512(j, src, dst);
-        return bad;
-    }
+    if (j->vec == 2 && step == 1 && j->psw <= 2) return qc_direct_plane512(j, src, dst, r0, r1);
 #endif
-    for (int64_t iyp = 0; iyp < j->Hph * j->sh; ++iyp) {
+    if (step == 1) {   /* the band's input rows, clipped to the image */
+        int64_t y0 = band == 0 ? 0 : r0 * j->sh - j->ph, y1 = band == bands - 1 ? j->H : r1 * j->sh - j->ph;
+        y0 = y0 < 0 ? 0 : y0 > j->H ? j->H : y0;
+        y1 = y1 < y0 ? y0 : y1 > j->H ? j->H : y1;
+        bad = qc_direct_bad(j, src + y0 * j->W, (y1 - y0) * j->W);
+    }
+    for (int64_t iyp = r0 * j->sh; iyp < r1 * j->sh; ++iyp) {
         const int64_t iy = iyp - j->ph;
         for (int rx = 0; rx < j->psw; ++rx) {
             float *row = dst + ((iyp % j->sh) * j->psw + rx) * hw + iyp / j->sh * j->Wph;
