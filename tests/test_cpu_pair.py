@@ -1,5 +1,5 @@
 """A 1x1 conv and the depthwise conv of its output as one native call (qconv/_ext/_pair.pyx): fused (channel groups
-through a thread buffer) and sequential, against the two layers' own native calls and their checked paths, bit for
+through a thread buffer), banded (bands of rows, every channel) and sequential, against the two layers' own native calls and their checked paths, bit for
 bit, over channel counts (odd and uneven groups), plane sizes, kernels, strides, activations, batches, threads and the
 AMX and VNNI kernels; "auto"'s rule; errors and fallbacks. The session's pairs: tests/test_onnx_pair.py."""
 import numpy as np
@@ -17,10 +17,12 @@ from qconv.cpu.engine import select_kernel  # noqa: E402
 INT8_KERNELS = {"amx": ["amx", "avx512vnni"], "avx512vnni": ["avx512vnni"]}.get(select_kernel(), [])
 
 
-def _layers(rng, c, o, k, s, act_pw, act_dw, kernel, threads):
-    """(1x1 int8 layer C -> O, depthwise float layer of its O channels)."""
+def _layers(rng, c, o, k, s, act_pw, act_dw, kernel, threads, symmetric=True):
+    """(1x1 int8 layer C -> O, depthwise float layer of its O channels; float activations fold asymmetric
+    depthwise weights' offsets into the weights)."""
     wp = qconv.quantize_weight((rng.standard_normal((o, c, 1, 1)) / np.sqrt(c)).astype(np.float32))
-    wd = qconv.quantize_weight(rng.standard_normal((o, 1, k, k)).astype(np.float32) / k, groups=o)
+    wd = qconv.quantize_weight(rng.standard_normal((o, 1, k, k)).astype(np.float32) / k, groups=o,
+                               symmetric=symmetric)
     pw = qconv.Conv2d(wp, rng.standard_normal(o).astype(np.float32), activation=act_pw, act_quant="tensor",
                       threads=threads, kernel=kernel)
     dw = qconv.Conv2d(wd, rng.standard_normal(o).astype(np.float32), s, k // 2, activation=act_dw, act_quant=None,
@@ -54,10 +56,12 @@ def _same(a, b):
        act_pw=st.sampled_from([None, "relu6", "hardswish", "silu"]),
        act_dw=st.sampled_from([None, "relu", "hardswish"]),
        n=st.integers(1, 2), threads=st.sampled_from([1, 2]), groups=st.sampled_from([16, 32]),
-       kernel=st.sampled_from(INT8_KERNELS or ["amx"]), seed=st.integers(0, 2**31))
-def test_pair_call_gives_the_layers_bits(c, o, hw, k, s, act_pw, act_dw, n, threads, groups, kernel, seed):
+       band=st.integers(0, 9), symmetric=st.booleans(), kernel=st.sampled_from(INT8_KERNELS or ["amx"]),
+       seed=st.integers(0, 2**31))
+def test_pair_call_gives_the_layers_bits(c, o, hw, k, s, act_pw, act_dw, n, threads, groups, band, symmetric, kernel,
+                                         seed):
     rng = np.random.default_rng(seed)
-    pw, dw = _layers(rng, c, o, k, s, act_pw, act_dw, kernel, threads)
+    pw, dw = _layers(rng, c, o, k, s, act_pw, act_dw, kernel, threads, symmetric)
     x = (rng.standard_normal((n, c) + hw) * 2).astype(np.float32)
     a, b, mid, want = _calls(pw, dw, x)
     assert a is not None and b is not None
@@ -67,30 +71,50 @@ def test_pair_call_gives_the_layers_bits(c, o, hw, k, s, act_pw, act_dw, n, thre
         assert n * hw[0] * hw[1] < pw.engine.amx_min_cols
         with pytest.raises(ValueError, match="cannot run fused"):
             _pair.pair_call(a, b, "fused")
-    for mode, g in (("fused", groups), ("sequential", 0), ("auto", 0)):
-        if mode == "fused" and a.kind != "direct int8":
+        with pytest.raises(ValueError, match="cannot run fused"):
+            _pair.pair_call(a, b, "banded")
+    for mode, g in (("fused", groups), ("banded", band), ("sequential", 0), ("auto", 0)):
+        if mode in ("fused", "banded") and a.kind != "direct int8":
             continue
-        call = _pair.pair_call(a, b, mode, g)
+        try:
+            call = _pair.pair_call(a, b, mode, *((g, 0) if mode != "banded" else (0, g)))
+        except ValueError as exc:   # a depthwise conv off the flat planes (the channel blocks)
+            assert mode == "banded" and "flat planes" in str(exc)
+            continue
         assert call.shapes == (x.shape, want.shape)
         if mode != "auto":
             assert _pair.call_mode(call) == mode
+        if _pair.call_mode(call) == "banded":
+            bo = _pair.band_rows(call)
+            assert 1 <= bo <= want.shape[2] and (mode == "auto" or g == 0 or bo >= min(g, want.shape[2]))
         got = _run(call, x, want.shape)
-        assert _same(got, want), f"{mode} (groups {g}) differs: max {np.nanmax(np.abs(got - want))}"
+        assert _same(got, want), f"{mode} (groups / band {g}) differs: max {np.nanmax(np.abs(got - want))}"
 
 
 @pytest.mark.skipif(not INT8_KERNELS, reason="no AVX-512 VNNI / AMX on this CPU")
-def test_auto_fuses_even_groups_of_small_planes_only():
+def test_auto_fuses_even_groups_of_small_planes_and_bands_large_outputs():
     rng = np.random.default_rng(1)
-    cases = [(64, (40, 40), 2, "fused"),        # 2 groups of 32: one a thread
-             (96, (40, 40), 2, "sequential"),   # 3 groups on 2 threads
-             (96, (40, 40), 1, "fused"),
-             (40, (40, 40), 1, "sequential"),   # not groups of 32
-             (64, (100, 100), 2, "sequential")]  # 32 planes of 40 KB: over GROUP_BYTES
-    for o, hw, threads, mode in cases:   # (layers large enough for the engine to give them 2 threads)
-        pw, dw = _layers(rng, 64, o, 3, 1, "relu6", None, INT8_KERNELS[0], threads)
-        a, b, _, _ = _calls(pw, dw, rng.standard_normal((1, 64) + hw).astype(np.float32))
-        assert _pair.call_mode(_pair.pair_call(a, b)) == mode, (o, hw, threads)
+    cases = [(64, (40, 40), 1, 2, True, "fused"),        # 2 groups of 32: one a thread
+             (96, (40, 40), 1, 2, True, "sequential"),   # 3 groups on 2 threads, 614 KB of 1x1 outputs
+             (96, (40, 40), 1, 1, True, "fused"),
+             (40, (40, 40), 1, 1, False, "sequential"),  # not groups of 32, 256 KB
+             (64, (100, 100), 1, 2, True, "banded"),     # 32 planes of 40 KB: over GROUP_BYTES; 2.6 MB
+             (32, (112, 112), 2, 2, False, "banded"),    # one group on 2 threads; 1.6 MB
+             (48, (112, 112), 2, 2, True, "banded")]
+    for o, hw, s, threads, sym, mode in cases:   # (layers large enough for the engine to give them 2 threads)
+        pw, dw = _layers(rng, 16, o, 3, s, "relu6", None, INT8_KERNELS[0], threads, sym)
+        x = rng.standard_normal((1, 16) + hw).astype(np.float32)
+        a, b, _, want = _calls(pw, dw, x)
+        call = _pair.pair_call(a, b)
+        assert _pair.call_mode(call) == mode, (o, hw, threads)
+        assert _same(_run(call, x, want.shape), want)
+        if mode == "banded":   # bands of whole 16-pixel vectors, two a thread, 1x1 rows within GROUP_BYTES
+            bo, ow = _pair.band_rows(call), want.shape[3]
+            assert bo * ow % 16 == 0 and -(-want.shape[2] // bo) >= 2 * threads
+            assert 4 * o * min(hw[0], (bo - 1) * s + 3) * hw[1] <= _pair.GROUP_BYTES
     assert _pair.even_groups(128, 1, 2) and _pair.even_groups(32, 2, 2) and not _pair.even_groups(32, 1, 2)
+    with pytest.raises(ValueError, match="band_rows"):
+        _pair.pair_call(a, b, "banded", 0, -1)
 
 
 def test_sequential_any_paths_and_refusals():

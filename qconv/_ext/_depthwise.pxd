@@ -32,7 +32,9 @@ cdef extern from "qconv_depthwise.h" nogil:
         int64_t band
         int32_t vec, flat
         const uint16_t *fmask
+        int64_t xplane, xrow0
     int64_t qc_dw_items(const qc_dw_job *j)
+    int qc_dw_flat(const qc_dw_job *j)
     int qc_dw_c8(const qc_dw_job *j)
     int qc_dw_flat_ok(const qc_dw_job *j)
     int64_t qc_dw_rs(const qc_dw_job *j)

