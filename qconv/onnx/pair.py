@@ -20,7 +20,7 @@ import numpy as np
 
 #: Whether CPU sessions pair nodes (tests compare sessions with and without).
 ENABLED = True
-#: The pairs' native mode (:func:`qconv._ext._pair.pair_call`: ``"auto"``, ``"banded"`` or ``"sequential"``).
+#: The pairs' native mode (:func:`qconv._ext._pair.pair_call`: ``"auto"`` or ``"sequential"``).
 MODE = "auto"
 
 
