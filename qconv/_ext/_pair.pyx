@@ -85,15 +85,46 @@ cdef int64_t _sequential_run(const qc_native *n, const float *x, float *y, void 
     return d.dw.run(d.dw, mid, y, <void *> (s + d.child_at))
 
 
+cdef inline float *_region(const _GroupCtx *c, int tid, float **dscr, const float ***dptrs) noexcept nogil:
+    """Thread ``tid``'s part of the scratch: its 1x1 output buffer (returned), the depthwise conv's scratch and
+    pointers."""
+    cdef const _PairNative *d = c.d
+    cdef uint8_t *region = c.regions + tid * d.region_bytes
+    dscr[0] = <float *> (region + d.buf_bytes)
+    dptrs[0] = <const float **> (region + d.buf_bytes + d.dw_bytes)
+    return <float *> region
+
+
+cdef inline void _pw_run(const _GroupCtx *c, qc_di8_job *pj, int64_t n, int64_t row, float *y) noexcept nogil:
+    """The 1x1 conv job ``pj`` (a copy of the call's, its channels and rows set) on sample ``n`` from input row
+    ``row`` of its quantized planes (one phase plane: stride 1, no padding) into ``y``."""
+    cdef const qc_di8_job *P = c.pj
+    pj.N = 1
+    pj.xq = P.xq + n * P.sample_bytes + 4 * row * P.Wq
+    pj.qs, pj.z, pj.dx = P.qs + n, P.z + n, P.dx + n
+    if P.psum != NULL:
+        pj.psum = P.psum + n * P.nblocks * P.psum_len + row * P.Wq
+    pj.y = y
+    if c.amx:
+        qc_di8_amx_run(pj, 0, qc_di8_amx_items(pj))
+    else:
+        qc_di8_vnni_run(pj, 0, qc_di8_vnni_items(pj))
+
+
+cdef inline void _dw_sample(qc_dw_job *dj, const qc_dw_job *D, int64_t n) noexcept nogil:
+    """The depthwise job ``dj`` (a copy of the call's) on one sample, ``n``'s activation parameters."""
+    dj.N = 1
+    dj.qs, dj.z, dj.dx = D.qs + n, D.z + n, D.dx + n
+
+
 cdef int64_t _group_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
     """Work items ``i0 .. i1-1`` = (sample, channel group): the 1x1 conv's group into the thread's buffer, then the
     depthwise conv of those channels; returns the depthwise conv's non-finite count."""
     cdef const _GroupCtx *c = <const _GroupCtx *> ctx
     cdef const _PairNative *d = c.d
-    cdef uint8_t *region = c.regions + tid * d.region_bytes
-    cdef float *buf = <float *> region
-    cdef float *dscr = <float *> (region + d.buf_bytes)
-    cdef const float **dptrs = <const float **> (region + d.buf_bytes + d.dw_bytes)
+    cdef float *dscr
+    cdef const float **dptrs
+    cdef float *buf = _region(c, tid, &dscr, &dptrs)
     cdef const qc_di8_job *P = c.pj
     cdef const qc_dw_job *D = c.dj
     cdef qc_di8_job pj
@@ -115,18 +146,11 @@ cdef int64_t _group_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept n
             pj.offset = P.offset + c0
         if P.pa_s != NULL:
             pj.pa_s, pj.pa_t = P.pa_s + c0, P.pa_t + c0
-        pj.xq = P.xq + n * P.sample_bytes
-        pj.qs, pj.z, pj.dx = P.qs + n, P.z + n, P.dx + n
-        if P.psum != NULL:
-            pj.psum = P.psum + n * P.nblocks * P.psum_len
-        pj.y = buf
-        if c.amx:
-            qc_di8_amx_run(&pj, 0, qc_di8_amx_items(&pj))
-        else:
-            qc_di8_vnni_run(&pj, 0, qc_di8_vnni_items(&pj))
+        _pw_run(c, &pj, n, 0, buf)
         # the depthwise conv of those channels (one output channel each) from buf
         dj = D[0]
-        dj.N, dj.C = 1, cn
+        _dw_sample(&dj, D, n)
+        dj.C = cn
         dj.x = <const void *> buf
         dj.y = <void *> (c.y + (n * P.O + c0) * ohw)
         dj.wq, dj.scale, dj.bias = D.wq + c0 * taps, D.scale + c0, D.bias + c0
@@ -134,7 +158,6 @@ cdef int64_t _group_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept n
             dj.offset = D.offset + c0
         if D.pa_s != NULL:
             dj.pa_s, dj.pa_t = D.pa_s + c0, D.pa_t + c0
-        dj.qs, dj.z, dj.dx = D.qs + n, D.z + n, D.dx + n
         for it in range(qc_dw_items(&dj)):
             bad += qc_dw_item(&dj, it, dscr, dptrs)
     return bad
@@ -146,10 +169,9 @@ cdef int64_t _band_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept no
     of the band from it; returns the depthwise conv's non-finite count."""
     cdef const _GroupCtx *c = <const _GroupCtx *> ctx
     cdef const _PairNative *d = c.d
-    cdef uint8_t *region = c.regions + tid * d.region_bytes
-    cdef float *buf = <float *> region
-    cdef float *dscr = <float *> (region + d.buf_bytes)
-    cdef const float **dptrs = <const float **> (region + d.buf_bytes + d.dw_bytes)
+    cdef float *dscr
+    cdef const float **dptrs
+    cdef float *buf = _region(c, tid, &dscr, &dptrs)
     cdef const qc_di8_job *P = c.pj
     cdef const qc_dw_job *D = c.dj
     cdef qc_di8_job pj
@@ -168,26 +190,17 @@ cdef int64_t _band_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept no
         rb = min(D.H, (r1 - 1) * D.sh - D.ph + (D.KH - 1) * D.dh + 1)
         # the 1x1 conv (stride 1, one phase plane) of rows ra .. rb-1: the same planes from row ra, fewer rows
         pj = P[0]
-        pj.N = 1
         pj.H = pj.OH = pj.Hq = pj.rows = rb - ra
         pj.nvirt = (rb - ra - 1) * P.Wq + P.OW
         pj.runs = (pj.nvirt + 15) // 16
-        pj.xq = P.xq + n * P.sample_bytes + 4 * ra * P.Wq
-        pj.qs, pj.z, pj.dx = P.qs + n, P.z + n, P.dx + n
-        if P.psum != NULL:
-            pj.psum = P.psum + n * P.nblocks * P.psum_len + ra * P.Wq
-        pj.y = buf
-        if c.amx:
-            qc_di8_amx_run(&pj, 0, qc_di8_amx_items(&pj))
-        else:
-            qc_di8_vnni_run(&pj, 0, qc_di8_vnni_items(&pj))
+        _pw_run(c, &pj, n, ra, buf)
         # the depthwise conv's items of band b (bands of d.bo rows) of sample n, reading those rows from buf
         dj = D[0]
-        dj.N, dj.band = 1, d.bo
+        _dw_sample(&dj, D, n)
+        dj.band = d.bo
         dj.x = <const void *> buf
         dj.xplane, dj.xrow0 = (rb - ra) * D.W, ra
         dj.y = <void *> (c.y + n * P.O * D.OH * D.OW)
-        dj.qs, dj.z, dj.dx = D.qs + n, D.z + n, D.dx + n
         for cg in range(cgroups):
             bad += qc_dw_item(&dj, cg * d.bands + b, dscr, dptrs)
     return bad
