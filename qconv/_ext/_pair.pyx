@@ -85,16 +85,6 @@ cdef int64_t _sequential_run(const qc_native *n, const float *x, float *y, void 
     return d.dw.run(d.dw, mid, y, <void *> (s + d.child_at))
 
 
-cdef inline float *_region(const _GroupCtx *c, int tid, float **dscr, const float ***dptrs) noexcept nogil:
-    """Thread ``tid``'s part of the scratch: its 1x1 output buffer (returned), the depthwise conv's scratch and
-    pointers."""
-    cdef const _PairNative *d = c.d
-    cdef uint8_t *region = c.regions + tid * d.region_bytes
-    dscr[0] = <float *> (region + d.buf_bytes)
-    dptrs[0] = <const float **> (region + d.buf_bytes + d.dw_bytes)
-    return <float *> region
-
-
 cdef inline void _pw_run(const _GroupCtx *c, qc_di8_job *pj, int64_t n, int64_t row, float *y) noexcept nogil:
     """The 1x1 conv job ``pj`` (a copy of the call's, its channels and rows set) on sample ``n`` from input row
     ``row`` of its quantized planes (one phase plane: stride 1, no padding) into ``y``."""
@@ -117,92 +107,90 @@ cdef inline void _dw_sample(qc_dw_job *dj, const qc_dw_job *D, int64_t n) noexce
     dj.qs, dj.z, dj.dx = D.qs + n, D.z + n, D.dx + n
 
 
-cdef int64_t _group_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
-    """Work items ``i0 .. i1-1`` = (sample, channel group): the 1x1 conv's group into the thread's buffer, then the
-    depthwise conv of those channels; returns the depthwise conv's non-finite count."""
-    cdef const _GroupCtx *c = <const _GroupCtx *> ctx
+cdef int64_t _group_item(const _GroupCtx *c, int64_t item, float *buf, float *dscr, const float **dptrs) noexcept nogil:
+    """Item (sample, channel group): the 1x1 conv's group into the thread's buffer ``buf``, then the depthwise conv of
+    those channels; returns the depthwise conv's non-finite count."""
     cdef const _PairNative *d = c.d
-    cdef float *dscr
-    cdef const float **dptrs
-    cdef float *buf = _region(c, tid, &dscr, &dptrs)
     cdef const qc_di8_job *P = c.pj
     cdef const qc_dw_job *D = c.dj
-    cdef qc_di8_job pj
-    cdef qc_dw_job dj
-    cdef int64_t item, n, c0, cn, it, bad = 0
-    cdef int64_t taps = <int64_t> D.KH * D.KW, ohw = D.OH * D.OW
+    cdef qc_di8_job pj = P[0]
+    cdef qc_dw_job dj = D[0]
+    cdef int64_t it, bad = 0
+    cdef int64_t n = item // d.groups, c0 = item % d.groups * d.gch
+    cdef int64_t cn = P.O - c0 if P.O - c0 < d.gch else d.gch
+    cdef int64_t taps = <int64_t> D.KH * D.KW
     cdef int64_t ostride = <int64_t> P.KH * P.KW * P.steps * 64 * P.kg   # one 16-channel tile of the AMX weights
-    qc_dw_thread_setup(D, dscr, dptrs)
-    for item in range(i0, i1):
-        n = item // d.groups
-        c0 = item % d.groups * d.gch
-        cn = P.O - c0 if P.O - c0 < d.gch else d.gch
-        # the 1x1 conv of sample n, channels c0 .. c0+cn-1 (per-channel tables: one block) into buf
-        pj = P[0]
-        pj.N, pj.O, pj.otiles = 1, <int32_t> cn, <int32_t> ((cn + 15) // 16)
-        pj.wa = P.wa + c0 // 16 * ostride
-        pj.wsx, pj.scale, pj.bias = P.wsx + c0, P.scale + c0, P.bias + c0
-        if P.offset != NULL:
-            pj.offset = P.offset + c0
-        if P.pa_s != NULL:
-            pj.pa_s, pj.pa_t = P.pa_s + c0, P.pa_t + c0
-        _pw_run(c, &pj, n, 0, buf)
-        # the depthwise conv of those channels (one output channel each) from buf
-        dj = D[0]
-        _dw_sample(&dj, D, n)
-        dj.C = cn
-        dj.x = <const void *> buf
-        dj.y = <void *> (c.y + (n * P.O + c0) * ohw)
-        dj.wq, dj.scale, dj.bias = D.wq + c0 * taps, D.scale + c0, D.bias + c0
-        if D.offset != NULL:
-            dj.offset = D.offset + c0
-        if D.pa_s != NULL:
-            dj.pa_s, dj.pa_t = D.pa_s + c0, D.pa_t + c0
-        for it in range(qc_dw_items(&dj)):
-            bad += qc_dw_item(&dj, it, dscr, dptrs)
+    # the 1x1 conv of sample n, channels c0 .. c0+cn-1 (per-channel tables: one block) into buf
+    pj.O, pj.otiles = <int32_t> cn, <int32_t> ((cn + 15) // 16)
+    pj.wa = P.wa + c0 // 16 * ostride
+    pj.wsx, pj.scale, pj.bias = P.wsx + c0, P.scale + c0, P.bias + c0
+    if P.offset != NULL:
+        pj.offset = P.offset + c0
+    if P.pa_s != NULL:
+        pj.pa_s, pj.pa_t = P.pa_s + c0, P.pa_t + c0
+    _pw_run(c, &pj, n, 0, buf)
+    # the depthwise conv of those channels (one output channel each) from buf
+    _dw_sample(&dj, D, n)
+    dj.C = cn
+    dj.x = <const void *> buf
+    dj.y = <void *> (c.y + (n * P.O + c0) * D.OH * D.OW)
+    dj.wq, dj.scale, dj.bias = D.wq + c0 * taps, D.scale + c0, D.bias + c0
+    if D.offset != NULL:
+        dj.offset = D.offset + c0
+    if D.pa_s != NULL:
+        dj.pa_s, dj.pa_t = D.pa_s + c0, D.pa_t + c0
+    for it in range(qc_dw_items(&dj)):
+        bad += qc_dw_item(&dj, it, dscr, dptrs)
     return bad
 
 
-cdef int64_t _band_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
-    """Work items ``i0 .. i1-1`` = (sample, band of depthwise output rows): the 1x1 conv of the input rows the band
-    reads, every channel, into the thread's buffer (channel planes of those rows), then the depthwise conv's items
-    of the band from it; returns the depthwise conv's non-finite count."""
-    cdef const _GroupCtx *c = <const _GroupCtx *> ctx
+cdef int64_t _band_item(const _GroupCtx *c, int64_t item, float *buf, float *dscr, const float **dptrs) noexcept nogil:
+    """Item (sample, band of depthwise output rows): the 1x1 conv of the input rows the band reads, every channel,
+    into the thread's buffer ``buf`` (channel planes of those rows), then the depthwise conv's items of the band from
+    it; returns the depthwise conv's non-finite count."""
     cdef const _PairNative *d = c.d
-    cdef float *dscr
-    cdef const float **dptrs
-    cdef float *buf = _region(c, tid, &dscr, &dptrs)
     cdef const qc_di8_job *P = c.pj
     cdef const qc_dw_job *D = c.dj
-    cdef qc_di8_job pj
-    cdef qc_dw_job dj
-    cdef int64_t item, n, b, r0, r1, ra, rb, cg, bad = 0
-    cdef int64_t cgroups = (D.C + QC_DW_FG - 1) // QC_DW_FG
-    dj = D[0]
-    dj.band = d.bo   # the thread's scratch holds a band of this many rows (pair_call sized it so)
+    cdef qc_di8_job pj = P[0]
+    cdef qc_dw_job dj = D[0]
+    cdef int64_t cg, bad = 0
+    cdef int64_t n = item // d.bands, b = item % d.bands
+    cdef int64_t r0 = b * d.bo
+    cdef int64_t r1 = min(D.OH, r0 + d.bo)
+    cdef int64_t ra = max(0, r0 * D.sh - D.ph)
+    cdef int64_t rb = min(D.H, (r1 - 1) * D.sh - D.ph + (D.KH - 1) * D.dh + 1)
+    # the 1x1 conv (stride 1, one phase plane) of rows ra .. rb-1: the same planes from row ra, fewer rows
+    pj.H = pj.OH = pj.Hq = pj.rows = rb - ra
+    pj.nvirt = (rb - ra - 1) * P.Wq + P.OW
+    pj.runs = (pj.nvirt + 15) // 16
+    _pw_run(c, &pj, n, ra, buf)
+    # the depthwise conv's items of band b (bands of d.bo rows) of sample n, reading those rows from buf
+    _dw_sample(&dj, D, n)
+    dj.band = d.bo
+    dj.x = <const void *> buf
+    dj.xplane, dj.xrow0 = (rb - ra) * D.W, ra
+    dj.y = <void *> (c.y + n * P.O * D.OH * D.OW)
+    for cg in range((D.C + QC_DW_FG - 1) // QC_DW_FG):
+        bad += qc_dw_item(&dj, cg * d.bands + b, dscr, dptrs)
+    return bad
+
+
+cdef int64_t _pair_items(void *ctx, int64_t i0, int64_t i1, int tid) noexcept nogil:
+    """Work items ``i0 .. i1-1`` on thread ``tid``'s part of the scratch (its 1x1 output buffer, the depthwise conv's
+    scratch and pointers): bands (``d.bo``) or channel groups; returns the depthwise conv's non-finite count."""
+    cdef const _GroupCtx *c = <const _GroupCtx *> ctx
+    cdef const _PairNative *d = c.d
+    cdef uint8_t *region = c.regions + tid * d.region_bytes
+    cdef float *buf = <float *> region
+    cdef float *dscr = <float *> (region + d.buf_bytes)
+    cdef const float **dptrs = <const float **> (region + d.buf_bytes + d.dw_bytes)
+    cdef qc_dw_job dj = c.dj[0]
+    cdef int64_t item, bad = 0
+    if d.bo:
+        dj.band = d.bo   # the thread's scratch holds a band of this many rows (pair_call sized it so)
     qc_dw_thread_setup(&dj, dscr, dptrs)
     for item in range(i0, i1):
-        n = item // d.bands
-        b = item % d.bands
-        r0 = b * d.bo
-        r1 = min(D.OH, r0 + d.bo)
-        ra = max(0, r0 * D.sh - D.ph)
-        rb = min(D.H, (r1 - 1) * D.sh - D.ph + (D.KH - 1) * D.dh + 1)
-        # the 1x1 conv (stride 1, one phase plane) of rows ra .. rb-1: the same planes from row ra, fewer rows
-        pj = P[0]
-        pj.H = pj.OH = pj.Hq = pj.rows = rb - ra
-        pj.nvirt = (rb - ra - 1) * P.Wq + P.OW
-        pj.runs = (pj.nvirt + 15) // 16
-        _pw_run(c, &pj, n, ra, buf)
-        # the depthwise conv's items of band b (bands of d.bo rows) of sample n, reading those rows from buf
-        dj = D[0]
-        _dw_sample(&dj, D, n)
-        dj.band = d.bo
-        dj.x = <const void *> buf
-        dj.xplane, dj.xrow0 = (rb - ra) * D.W, ra
-        dj.y = <void *> (c.y + n * P.O * D.OH * D.OW)
-        for cg in range(cgroups):
-            bad += qc_dw_item(&dj, cg * d.bands + b, dscr, dptrs)
+        bad += _band_item(c, item, buf, dscr, dptrs) if d.bo else _group_item(c, item, buf, dscr, dptrs)
     return bad
 
 
@@ -219,9 +207,7 @@ cdef int64_t _fused_run(const qc_native *n, const float *x, float *y, void *scra
     _prepasses(&j, d.nt)
     c.d, c.pj, c.dj, c.y, c.regions = d, &j, &w.j, y, <uint8_t *> scratch + d.region_at
     c.amx = (<const _Di8Native *> d.pw).amx
-    if d.bo:
-        return _parallel_for(j.N * d.bands, 1, _band_items, &c, d.nt) != 0
-    return _parallel_for(j.N * d.groups, 1, _group_items, &c, d.nt) != 0
+    return _parallel_for(j.N * (d.bands if d.bo else d.groups), 1, _pair_items, &c, d.nt) != 0
 
 
 cdef bint _fusable(const _Di8Native *p, const _DwNative *w) noexcept nogil:
