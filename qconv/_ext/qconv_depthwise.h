@@ -804,6 +804,14 @@ __mmask16 qc_dw_flat_run(const qc_dw_job *j, const float *const *P, const int64_
     __mmask16 bad = 0;
     const qc_dw_flat_ch c = qc_dw_flat_channels(j, o, K, pa);
     int64_t p = p0;
+    /* 3x3 and 5x5 kernels with their tap count a constant: the tap loop unrolled (0.93-0.98x the time of the
+     * loop over K on 3x3 16@112 - 128@28 and 5x5 256@14, 2026-12-07, AMX Xeon, 2 threads) */
+    if (K == 9)
+        for (; p + 32 <= p1; p += 32)
+            bad = _kor_mask16(bad, qc_dw_flat_vectors(j, &c, P, toff, 9, ng, p, p1, y, tail, pa, check, 2));
+    else if (K == 25)
+        for (; p + 32 <= p1; p += 32)
+            bad = _kor_mask16(bad, qc_dw_flat_vectors(j, &c, P, toff, 25, ng, p, p1, y, tail, pa, check, 2));
     for (; p + 32 <= p1; p += 32)
         bad = _kor_mask16(bad, qc_dw_flat_vectors(j, &c, P, toff, K, ng, p, p1, y, tail, pa, check, 2));
     for (; p < p1; p += 16)
