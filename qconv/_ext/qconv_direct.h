@@ -467,7 +467,11 @@ QC_TGT_AVX2 static inline __attribute__((always_inline)) void qc_direct_mk_body(
     }
     const float *b = koff ? B : B + k0 * QC_DIRECT_NP;
     for (int64_t k = k0; k < k1; ++k) {
-        if (koff) b = B + koff[k];
+        if (koff) {   /* the row four strips ahead, as in qc_direct_mk512_body */
+            b = B + koff[k];
+            _mm_prefetch((const char *)(b + 4 * QC_DIRECT_NP), _MM_HINT_T0);
+            _mm_prefetch((const char *)(b + 4 * QC_DIRECT_NP + 16), _MM_HINT_T0);
+        }
         const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16);
         __m256 v = _mm256_broadcast_ss(w + 4 * k);
         c00 = _mm256_fmadd_ps(v, b0, c00); c01 = _mm256_fmadd_ps(v, b1, c01); c02 = _mm256_fmadd_ps(v, b2, c02);
