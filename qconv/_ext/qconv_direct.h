@@ -48,6 +48,10 @@
  * and 8 broadcasts a k); a strip's row is two whole cache lines */
 #define QC_DIRECT_NP512 32
 #define QC_DIRECT_MR 4    /* output channels a micro-tile (one wf block) */
+/* strips ahead that the micro-kernels prefetch a phase-plane row: one load instruction walks K rows, which the
+ * hardware's stride prefetch cannot follow (a 3-channel stem at 224x224 ran 0.95x the time from cold caches,
+ * 2026-12-08, AMX VM; 1 and 2 strips ahead: 0.96x) */
+#define QC_DIRECT_PF_STRIPS 4
 #define QC_DIRECT_OG 8    /* wf blocks a group: a group's accumulators, and its weights over a k chunk, stay in L1 */
 #define QC_DIRECT_KC 96   /* k values a chunk: the strip's rows of a chunk stay in L1 for every block of a group */
 /* in-place (1x1) layers with at most this many k values take them all in one chunk: no accumulator round trips; the
@@ -467,10 +471,10 @@ QC_TGT_AVX2 static inline __attribute__((always_inline)) void qc_direct_mk_body(
     }
     const float *b = koff ? B : B + k0 * QC_DIRECT_NP;
     for (int64_t k = k0; k < k1; ++k) {
-        if (koff) {   /* the row four strips ahead, as in qc_direct_mk512_body */
+        if (koff) {   /* the row QC_DIRECT_PF_STRIPS strips ahead */
             b = B + koff[k];
-            _mm_prefetch((const char *)(b + 4 * QC_DIRECT_NP), _MM_HINT_T0);
-            _mm_prefetch((const char *)(b + 4 * QC_DIRECT_NP + 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(b + QC_DIRECT_PF_STRIPS * QC_DIRECT_NP), _MM_HINT_T0);
+            _mm_prefetch((const char *)(b + QC_DIRECT_PF_STRIPS * QC_DIRECT_NP + 16), _MM_HINT_T0);
         }
         const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), b2 = _mm256_loadu_ps(b + 16);
         __m256 v = _mm256_broadcast_ss(w + 4 * k);
@@ -561,13 +565,10 @@ qc_direct_mk512_body(const float *w0, int64_t wstride, const float *B, const int
     const float *b = koff ? B : B + k0 * NP;
     const float *w1 = w0 + wstride;
     for (int64_t k = k0; k < k1; ++k) {
-        /* rows at koff[k] (phase planes): that row's part four strips ahead into L1. One load instruction walks
-         * K rows, which the hardware's stride prefetch cannot follow: a 3-channel stem at 224x224 ran 0.95x the
-         * time from cold caches (2026-12-08, AMX VM; 1 and 2 strips ahead: 0.96x) */
-        if (koff) {
+        if (koff) {   /* rows at koff[k] (phase planes): the row QC_DIRECT_PF_STRIPS strips ahead into L1 */
             b = B + koff[k];
-            _mm_prefetch((const char *)(b + 4 * NP), _MM_HINT_T0);
-            _mm_prefetch((const char *)(b + 4 * NP + 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(b + QC_DIRECT_PF_STRIPS * NP), _MM_HINT_T0);
+            _mm_prefetch((const char *)(b + QC_DIRECT_PF_STRIPS * NP + 16), _MM_HINT_T0);
         }
         const __m512 x0 = _mm512_loadu_ps(b), x1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 8
